@@ -1,0 +1,13 @@
+"""rmsnorm-lab: RMSNorm GPU kernels (CuTe DSL and Triton) that teach and measure the op.
+
+    from rmsnorm_lab import rms_norm, settings
+    y = rms_norm(x, weight, eps=1e-6, offset=0.0, casting_mode="llama", backend="cute")
+"""
+
+__version__ = "0.1.0"
+
+from .settings import settings  # noqa: E402
+from .reference import CASTING_MODES  # noqa: E402
+from .api import rms_norm  # noqa: E402
+
+__all__ = ["rms_norm", "settings", "CASTING_MODES", "__version__"]

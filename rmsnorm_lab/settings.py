@@ -1,0 +1,99 @@
+"""Every toggle of the lab in one object.
+
+``RMSNORM_LAB_<FIELD>`` environment variables are read once, when this module is imported; the
+launch path reads the ``settings`` object (a plain attribute load), never ``os.environ``.
+Notebooks change toggles for a block of code with ``settings.override(...)``::
+
+    from rmsnorm_lab import settings
+    with settings.override(forward_variant="warp"):
+        y = rms_norm(x, w)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Dict, Iterator, Mapping
+
+BACKENDS = ("cute", "triton", "torch")
+FORWARD_VARIANTS = ("auto", "row", "persistent", "warp", "fallback")
+
+_CHOICES: Dict[str, tuple] = {
+    "backend": BACKENDS,
+    "forward_variant": FORWARD_VARIANTS,
+}
+
+
+@dataclasses.dataclass
+class Settings:
+    #: default backend of ``rms_norm`` when the call names none
+    backend: str = "cute"
+    #: CuTe forward kernel: ``auto`` picks the fastest measured eligible variant for the shape
+    forward_variant: str = "auto"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELD_NAMES:
+            raise AttributeError(f"settings has no toggle {name!r}; toggles: {sorted(_FIELD_NAMES)}")
+        value = _coerce(name, value)
+        object.__setattr__(self, name, value)
+
+    @contextlib.contextmanager
+    def override(self, **changes: Any) -> Iterator["Settings"]:
+        """Temporarily change toggles; restores the previous values on exit, even on error."""
+        saved = {k: getattr(self, k) for k in changes if k in _FIELD_NAMES}
+        try:
+            for k, v in changes.items():
+                setattr(self, k, v)
+            yield self
+        finally:
+            for k, v in saved.items():
+                object.__setattr__(self, k, v)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
+_TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _TYPES[name]
+    if kind == "bool":
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"settings.{name} expects a boolean, got {value!r}")
+        return bool(value)
+    if kind == "int":
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"settings.{name} expects an integer, got {value!r}") from None
+    value = str(value)
+    choices = _CHOICES.get(name)
+    if choices is not None and value not in choices:
+        raise ValueError(f"settings.{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def from_environ(environ: Mapping[str, str]) -> Settings:
+    """Build settings from ``RMSNORM_LAB_*`` variables (unknown ones are an error, not ignored)."""
+    s = Settings()
+    prefix = "RMSNORM_LAB_"
+    for key, raw in environ.items():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix):].lower()
+        if name not in _FIELD_NAMES:
+            raise ValueError(f"unknown environment variable {key}; known: "
+                             + ", ".join(prefix + n.upper() for n in sorted(_FIELD_NAMES)))
+        setattr(s, name, raw)
+    return s
+
+
+settings = from_environ(os.environ)
