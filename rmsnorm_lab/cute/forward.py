@@ -1,0 +1,206 @@
+"""CuTe DSL RMSNorm forward: one kernel class, four variants chosen by the plan.
+
+* ``row``        one CTA per row; the row lives in registers between the reduction and the store.
+* ``persistent`` the same tile, but the grid is sized from the SM count and each CTA loops over
+                 rows (the shifted weight stays in registers across rows).
+* ``warp``       one warp per row, several rows per CTA: the reduction is shuffles only, with no
+                 shared memory and no CTA barrier.
+* ``fallback``   one element per copy with column predication: any width, any alignment.
+
+Rows wider than the register budget (``plan.chunks > 1``) stream through registers in column
+chunks: one pass for the sum of squares, a second pass (re-reading x) to normalize.
+
+Naming follows the CUTLASS examples: ``mX`` whole tensor, ``gX`` this CTA's tile, ``tXgX`` this
+thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those elements.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass.memory import SmemAllocator
+import torch
+from cutlass import Float32, Int32
+
+from .plan import ForwardPlan
+from .reduce import row_sum
+
+TORCH_TO_CUTE = {
+    torch.float32: cutlass.Float32,
+    torch.bfloat16: cutlass.BFloat16,
+    torch.float16: cutlass.Float16,
+}
+
+
+class RMSNormForward:
+    """``__call__`` is the host side (builds tensors, launches); ``kernel`` is the device body."""
+
+    def __init__(self, plan: ForwardPlan):
+        self.plan = plan
+        self.x_type = TORCH_TO_CUTE[plan.x_dtype]
+        self.w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else None
+        self.warps_per_row = max(plan.threads_per_row // 32, 1)
+
+    def tv_layout(self) -> cute.Layout:
+        """(thread, value) -> position in the column-major (rows_per_cta, cols_per_tile) tile.
+
+        Thread (c, r) owns row r; its value (v, k) is column (k * threads_per_row + c) * vec + v,
+        so a warp's k-th copy covers 32 consecutive 16-byte chunks of one row.
+        """
+        p = self.plan
+        rows = p.rows_per_cta
+        return cute.make_layout(
+            ((p.threads_per_row, rows), (p.vec, p.vecs_per_thread)),
+            stride=((p.vec * rows, 1), (rows, p.vec * p.threads_per_row * rows)),
+        )
+
+    @cute.jit
+    def __call__(self, pX: cute.Pointer, pW: cute.Pointer, pY: cute.Pointer,
+                 pRstd: cute.Pointer, M: Int32, ldx: Int32, ldy: Int32, grid: Int32,
+                 eps: Float32, offset: Float32, stream: cuda.CUstream):
+        p = self.plan
+        # The caller guarantees row strides divisible by the copy width (plan eligibility);
+        # telling the compiler lets it prove every copy is 16-byte aligned.
+        ldx = cute.assume(ldx, divby=p.vec)
+        ldy = cute.assume(ldy, divby=p.vec)
+        mX = cute.make_tensor(pX, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mY = cute.make_tensor(pY, cute.make_layout((M, p.N), stride=(ldy, 1)))
+        # The weight seen as a (rows_per_cta, N) tensor with row stride 0: every row of the tile
+        # reads the same vector, and the same tiled copy partitions it like x.
+        mW = None
+        if cutlass.const_expr(self.w_type is not None):
+            mW = cute.make_tensor(pW, cute.make_layout((p.rows_per_cta, p.N), stride=(0, 1)))
+        mRstd = None
+        if cutlass.const_expr(p.store_rstd):
+            mRstd = cute.make_tensor(pRstd, cute.make_layout((M,)))
+        smem_bytes = 0
+        if cutlass.const_expr(self.warps_per_row > 1):
+            smem_bytes = p.rows_per_cta * self.warps_per_row * 4
+        self.kernel(mX, mW, mY, mRstd, eps, offset).launch(
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
+               eps: Float32, offset: Float32):
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        M = mX.shape[0]
+        row_in_cta = tidx // p.threads_per_row
+        warp_in_row = (tidx % p.threads_per_row) // 32
+        lane = tidx % 32
+
+        sBuf = None
+        if cutlass.const_expr(self.warps_per_row > 1):
+            smem = SmemAllocator()
+            sBuf = smem.allocate_tensor(
+                Float32, cute.make_layout((p.rows_per_cta, self.warps_per_row)), byte_alignment=4)
+
+        tiler = (p.rows_per_cta, p.cols_per_tile)
+        tv = self.tv_layout()
+        copy_bits_x = p.vec * self.x_type.width
+        tiled_x = cute.make_tiled_copy(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
+                                num_bits_per_copy=copy_bits_x), tv, tiler)
+        thr_x = tiled_x.get_slice(tidx)
+
+        # Coordinates of this thread's elements in tile (0, 0); a tile at (t, c) adds
+        # (t * rows_per_cta, c * cols_per_tile). Column blocks at or past N are predicated off.
+        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
+                                                 (0, 0)))
+        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
+
+        # The weight stays in registers in its own dtype (an fp32 copy of offset + w would double
+        # its registers). The persistent variant loads it once and reuses it for every row it
+        # visits; the others load it after the reduction, when x's fp32 copy from the sum of
+        # squares is the only other large live value: loading it up front made warp-per-row at
+        # N=4096 bf16 spill (255 registers, 44 bytes of spill stores in ptxas -v).
+        tWrW = None
+        if cutlass.const_expr(self.w_type is not None and p.chunks == 1 and p.persistent):
+            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
+
+        num_tiles = cute.ceil_div(M, p.rows_per_cta)
+        for tile in cutlass.range(bidx, num_tiles, gdim):
+            row = tile * p.rows_per_cta + row_in_cta
+            row_ok = row < M
+
+            # Pass 1: sum of squares (chunks == 1 keeps x in tXrX for pass 2).
+            ss = Float32(0.0)
+            for c in cutlass.range_constexpr(p.chunks):
+                self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                xf = tXrX.load().to(Float32)
+                ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+            ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row)
+            rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
+
+            if cutlass.const_expr(p.store_rstd):
+                if row_ok and tidx % p.threads_per_row == 0:
+                    mRstd[row] = rstd
+
+            # Pass 2: normalize, scale, store.
+            for c in cutlass.range_constexpr(p.chunks):
+                chunk_w = tWrW
+                if cutlass.const_expr(p.chunks > 1):
+                    self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                if cutlass.const_expr(self.w_type is not None and not p.persistent):
+                    chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
+                y = self.normalize(tXrX.load().to(Float32), rstd, chunk_w, offset)
+                tXrY = cute.make_fragment_like(tXrX)
+                tXrY.store(y.to(self.x_type))
+                gY = cute.local_tile(mY, tiler, (tile, c))
+                tXgY = thr_x.partition_D(gY)
+                self.predicated_copy(tiled_x, tXrY, tXgY, tXcX, c, row_ok)
+
+    @cute.jit
+    def normalize(self, xf, rstd: Float32, tWrW, offset: Float32):
+        """y in fp32 with the casting mode's rounding points (see reference.py)."""
+        mode = self.plan.casting_mode
+        if cutlass.const_expr(mode == "gemma"):
+            y = xf * rstd
+        elif cutlass.const_expr(mode == "llama"):
+            y = (xf * rstd).to(self.x_type).to(Float32)
+        else:  # none: rstd, the normalized x and the product are each rounded to x's dtype
+            rstd_x = rstd.to(self.x_type).to(Float32)
+            y = (xf * rstd_x).to(self.x_type).to(Float32)
+        if cutlass.const_expr(tWrW is not None):
+            w = tWrW.load().to(Float32) + offset
+            if cutlass.const_expr(mode == "none"):
+                w = w.to(self.x_type).to(Float32)
+            y = y * w
+        return y
+
+    @cute.jit
+    def load_chunk(self, tiled_x, thr_x, mX, tiler, tile, c: cutlass.Constexpr[int], tXcX,
+                   tXrX, row_ok):
+        """Registers <- column chunk c of this thread's row; zeros where predicated off, so the
+        sum of squares needs no mask."""
+        tXrX.fill(0)
+        if row_ok:
+            tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (tile, c)))
+            self.predicated_copy(tiled_x, tXgX, tXrX, tXcX, c, True)
+
+    @cute.jit
+    def predicated_copy(self, tiled, src, dst, tXcX, c: cutlass.Constexpr[int], row_ok):
+        """Copy column block by column block, skipping blocks that start at or past N (one
+        predicate per 16-byte copy suffices: N is a multiple of the copy width)."""
+        p = self.plan
+        if row_ok:
+            for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
+                col = tXcX[0, 0, k][1] + c * p.cols_per_tile
+                if col < p.N:
+                    cute.copy(tiled, src[None, None, k], dst[None, None, k])
+
+    @cute.jit
+    def load_weight(self, mW, tiler, thr_x, tXcX, c: cutlass.Constexpr[int]):
+        """Registers holding w (its own dtype) for this thread's columns of chunk c, in the same
+        fragment layout as x. The weight may be wider than x (fp32 w with bf16 x): autovec_copy
+        splits each column block into as many 16-byte copies as it needs."""
+        tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
+        tWrW = cute.make_fragment_like(tWgW)
+        tWrW.fill(0)
+        for k in cutlass.range_constexpr(cute.size(tWgW, mode=[2])):
+            if tXcX[0, 0, k][1] + c * self.plan.cols_per_tile < self.plan.N:
+                cute.autovec_copy(tWgW[None, None, k], tWrW[None, None, k])
+        return tWrW

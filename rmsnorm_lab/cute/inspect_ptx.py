@@ -1,0 +1,113 @@
+"""Reading what the CuTe compiler produced, without a GPU: kept PTX and ``ptxas -v``.
+
+Used by the CPU tests (16-byte global accesses present, no local memory, no spills) and by the
+cross-GPU notebook's compiled-code table.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class PtxFacts:
+    arch: str
+    global_loads_16B: int
+    global_loads_scalar: int
+    global_stores_16B: int
+    local_accesses: int
+    shuffles: int
+    barriers: int
+    registers: Optional[int] = None
+    spill_bytes: Optional[int] = None
+    stack_bytes: Optional[int] = None
+
+
+# A 16-byte access is spelled v4 of 32-bit, v2 of 64-bit (what sm_100a's PTX uses for fp32 rows)
+# or v8 of 16-bit words.
+_WIDE = r"(?:\.v4\.[bfsu]32|\.v2\.[bfsu]64|\.v8\.[bfsu]16|\.b128)\s"
+
+
+def ptx_facts(ptx: str, arch: str) -> PtxFacts:
+    return PtxFacts(
+        arch=arch,
+        global_loads_16B=len(re.findall(r"\bld\.global(?:\.(?:nc|ca|cg|cs|lu|L1::\w+|L2::\w+))*"
+                                       + _WIDE, ptx)),
+        global_loads_scalar=len(re.findall(r"\bld\.global(?:\.(?!v\d)[\w:]+)*\s", ptx)),
+        global_stores_16B=len(re.findall(r"\bst\.global(?:\.(?:cg|cs|wb|wt|L1::\w+|L2::\w+))*"
+                                        + _WIDE, ptx)),
+        local_accesses=len(re.findall(r"\b(?:ld|st)\.local\b", ptx)) + ptx.count(".local "),
+        shuffles=len(re.findall(r"\bshfl\.sync\b", ptx)),
+        barriers=len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
+    )
+
+
+def find_ptxas(ptx_version: str) -> Optional[str]:
+    """A ptxas new enough for the PTX's ``.version`` (CUDA 12.9+ for PTX 8.8), or None."""
+    candidates = [os.environ.get("PTXAS"), shutil.which("ptxas")]
+    candidates += sorted(glob.glob("/usr/local/cuda*/bin/ptxas"), reverse=True)
+    try:
+        import triton
+        candidates.append(os.path.join(os.path.dirname(triton.__file__),
+                                       "backends/nvidia/bin/ptxas"))
+    except ImportError:
+        pass
+    want = tuple(int(v) for v in ptx_version.split("."))
+    for path in candidates:
+        if not path or not os.path.exists(path):
+            continue
+        out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+        m = re.search(r"release (\d+)\.(\d+)", out)
+        if not m:
+            continue
+        cuda = (int(m.group(1)), int(m.group(2)))
+        # PTX ISA 8.8 shipped with CUDA 12.9; 9.x with CUDA 13.x.
+        ptx_max = (9, cuda[1]) if cuda[0] >= 13 else (8, max(0, cuda[1] - 1))
+        if want <= ptx_max:
+            return path
+    return None
+
+
+def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
+    """Registers, spill and stack bytes from ``ptxas -v``; None when no suitable ptxas exists."""
+    text = open(ptx_path).read()
+    version = re.search(r"^\.version\s+(\S+)", text, re.M).group(1)
+    ptxas = find_ptxas(version)
+    if ptxas is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([ptxas, f"-arch={arch}", "-v", ptx_path, "-o",
+                              os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"ptxas failed on {ptx_path}:\n{res.stderr}")
+    log = res.stderr + res.stdout
+    regs = max(int(r) for r in re.findall(r"Used (\d+) registers", log))
+    spills = sum(int(a) + int(b) for a, b in
+                 re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log))
+    stack = max((int(s) for s in re.findall(r"(\d+) bytes stack frame", log)), default=0)
+    return {"registers": regs, "spill_bytes": spills, "stack_bytes": stack}
+
+
+def compile_and_inspect(plan, arch: str) -> PtxFacts:
+    """Compile ``plan`` for ``arch`` with the PTX kept, and read the facts off it."""
+    from .runner import compile_forward
+    with tempfile.TemporaryDirectory() as tmp:
+        compile_forward(plan, arch, keep_ptx_dir=tmp)
+        paths = glob.glob(os.path.join(tmp, f"*.{arch}.ptx")) or glob.glob(
+            os.path.join(tmp, "*.ptx"))
+        if len(paths) != 1:
+            raise RuntimeError(f"expected one kept PTX file in {tmp}, found {paths}")
+        facts = ptx_facts(open(paths[0]).read(), arch)
+        report = ptxas_report(paths[0], arch)
+    if report is not None:
+        facts.registers = report["registers"]
+        facts.spill_bytes = report["spill_bytes"]
+        facts.stack_bytes = report["stack_bytes"]
+    return facts

@@ -1,0 +1,148 @@
+"""Launch plans for the CuTe forward kernels, in plain Python (no CUTLASS import: CPU-testable).
+
+A plan fixes everything the kernel bakes in at compile time: the dtypes, the row width N, how many
+elements one copy moves (16 bytes on the vector path, one element on the fallback), how threads
+map onto a row, and how many rows a CTA owns. ``plan_forward`` applies the eligibility rules and
+raises ``NotEligible`` with the reason when a variant cannot serve a shape.
+
+Thread/value mapping of one CTA tile (rows_per_cta x cols_per_tile)::
+
+    thread t = (c, r) with c < threads_per_row, r < rows_per_cta handles row r, and in column
+    block k (k < vecs_per_thread) the `vec` contiguous elements starting at
+        col = (k * threads_per_row + c) * vec
+    so neighbouring threads touch neighbouring 16-byte chunks: every warp-wide load is coalesced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+VARIANTS = ("row", "persistent", "warp", "fallback")
+COPY_BYTES = 16
+MAX_THREADS = 1024
+# Register model for "does the row fit in registers": a CTA of T threads may use 65536/T registers
+# per thread (at most 255); about REG_OVERHEAD of them go to addresses, predicates and
+# temporaries, the rest hold this thread's x and w elements. ptxas -v confirms no spills for
+# every plan the tests compile (tests/test_cute_compile.py).
+REG_OVERHEAD = 40
+WARP_ROWS_PER_CTA = 4
+_ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+class NotEligible(ValueError):
+    """The variant cannot serve this shape/alignment; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardPlan:
+    variant: str
+    x_dtype: torch.dtype
+    w_dtype: Optional[torch.dtype]  # None: no weight
+    N: int
+    casting_mode: str
+    store_rstd: bool
+    vec: int                 # elements per copy (16 bytes on the vector path, 1 on the fallback)
+    threads_per_row: int
+    rows_per_cta: int
+    vecs_per_thread: int     # column blocks per thread in one pass over a chunk
+    chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_cta
+
+    @property
+    def cols_per_tile(self) -> int:
+        return self.vec * self.threads_per_row * self.vecs_per_thread
+
+    @property
+    def persistent(self) -> bool:
+        return self.variant == "persistent"
+
+    def grid(self, M: int, sm_count: int) -> int:
+        tiles = -(-M // self.rows_per_cta)
+        if not self.persistent:
+            return tiles
+        # Enough CTAs to fill every SM to its thread limit (2048 threads/SM on sm_90 and sm_100),
+        # and never more CTAs than tiles.
+        return max(1, min(tiles, sm_count * max(1, 2048 // self.threads)))
+
+
+def is_aligned(t: torch.Tensor) -> bool:
+    """16-byte vector copies need a 2-D tensor's base pointer and row stride 16-byte aligned."""
+    return (t.data_ptr() % COPY_BYTES == 0
+            and (t.stride(0) * t.element_size()) % COPY_BYTES == 0)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def elems_in_registers(threads: int, x_bytes: int, w_bytes: int) -> int:
+    """How many elements of x (plus the matching w) one thread can hold without spilling."""
+    regs = min(255, 65536 // threads) - REG_OVERHEAD
+    return regs * 4 // (x_bytes + w_bytes)
+
+
+def _row_mapping(n_vecs: int, max_vecs_of):
+    """Threads per row, column blocks per thread and chunk count for one CTA covering a row of
+    n_vecs copies: about 4 copies in flight per thread where the row allows (latency hiding),
+    a power-of-two thread count between one warp and MAX_THREADS, and as many column chunks as
+    the register budget forces."""
+    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // 4))))
+    vecs_per_thread = -(-n_vecs // threads)
+    max_vecs = max(1, max_vecs_of(threads))
+    chunks = -(-vecs_per_thread // max_vecs)
+    vecs_per_thread = -(-vecs_per_thread // chunks)
+    return threads, vecs_per_thread, chunks
+
+
+def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
+                 casting_mode: str, store_rstd: bool, aligned: bool) -> ForwardPlan:
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if x_dtype not in _ELEM_BYTES:
+        raise NotEligible(f"x dtype {x_dtype} is not supported")
+    if N < 1:
+        raise NotEligible("N must be positive")
+    elem = _ELEM_BYTES[x_dtype]
+    vec = COPY_BYTES // elem
+    if variant != "fallback":
+        if N % vec:
+            raise NotEligible(f"N={N} is not a multiple of the vector width {vec} "
+                              f"({COPY_BYTES}-byte copies of {x_dtype})")
+        if not aligned:
+            raise NotEligible("x or y is not 16-byte aligned (base pointer or row stride)")
+    else:
+        vec = 1
+    n_vecs = N // vec
+    common = dict(variant=variant, x_dtype=x_dtype, w_dtype=w_dtype, N=N,
+                  casting_mode=casting_mode, store_rstd=store_rstd, vec=vec)
+    w_bytes = _ELEM_BYTES[w_dtype] if w_dtype is not None else 0
+
+    def max_vecs_of(threads: int) -> int:
+        return elems_in_registers(threads, elem, w_bytes) // vec
+
+    if variant == "warp":
+        threads = 32 * WARP_ROWS_PER_CTA
+        vecs_per_thread = -(-n_vecs // 32)
+        if vecs_per_thread > max_vecs_of(threads):
+            raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
+                              f"{32 * max_vecs_of(threads) * vec} elements of {x_dtype}, N={N}")
+        return ForwardPlan(threads_per_row=32, rows_per_cta=WARP_ROWS_PER_CTA,
+                           vecs_per_thread=vecs_per_thread, chunks=1, **common)
+    threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
+    return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
+                       chunks=chunks, **common)
+
+
+def auto_variant(M: int, N: int, aligned: bool, x_dtype: torch.dtype, sm_count: int) -> str:
+    """The variant ``auto`` launches. Rule written from the H200 forward sweep in
+    results/h200/fwd.csv (see results/NOTES.md)."""
+    vec = COPY_BYTES // _ELEM_BYTES[x_dtype]
+    if not aligned or N % vec:
+        return "fallback"
+    return "row"

@@ -1,0 +1,144 @@
+"""Forward kernels on a GPU vs the float64-checked reference (run with: pytest -m gpu)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from rmsnorm_lab import reference, rms_norm, settings
+from rmsnorm_lab.cute.plan import NotEligible
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+MODES = ["llama", "gemma", "none"]
+SHAPES = [(1, 1), (1, 4096), (3, 1023), (127, 4096), (133, 8192), (4096, 4096),
+          (16384, 16384), (64, 65536), (2, 7, 1024)]
+CUTE_VARIANTS = ["row", "persistent", "warp", "fallback", "auto"]
+
+# Tolerance of y against the reference evaluated on the same inputs: the kernels round at the
+# same points, so differences come from fp32 summation order and rsqrt.approx (a few fp32 ulps).
+# After rounding to bf16/fp16 that flips at most one output ulp in rare ties.
+MAX_REL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+# Where to append each case's relative error (JSON lines), for the notes of a GPU run.
+ERROR_LOG = os.environ.get("LAB_TEST_ERROR_LOG")
+
+
+def fresh(shape, dtype):
+    return torch.randn(shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def run(impl, x, w, mode, offset):
+    backend, _, variant = impl.partition(".")
+    if backend == "triton":
+        return rms_norm(x, w, 1e-6, offset=offset, casting_mode=mode, backend="triton")
+    with settings.override(forward_variant=variant):
+        return rms_norm(x, w, 1e-6, offset=offset, casting_mode=mode, backend="cute")
+
+
+def poison_allocator():
+    """Fill the caching allocator's free blocks with NaN so an unwritten output shows up."""
+    big = torch.empty(64 << 20, dtype=torch.float32, device="cuda").fill_(float("nan"))
+    del big
+
+
+@pytest.mark.parametrize("impl", [f"cute.{v}" for v in CUTE_VARIANTS] + ["triton.row"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_matches_reference(impl, dtype, mode, shape):
+    N = shape[-1]
+    for with_weight, offset in ((True, 0.0), (True, 1.0), (False, 0.0)):
+        x = fresh(shape, dtype)
+        w = fresh((N,), dtype) if with_weight else None
+        poison_allocator()
+        try:
+            y = run(impl, x, w, mode, offset)
+        except NotEligible:
+            if impl == "cute.fallback" or impl == "cute.auto":
+                raise
+            pytest.skip(f"{impl} not eligible for N={N} {dtype}")
+        torch.cuda.synchronize()
+        expect = reference.rms_norm(x, w, 1e-6, offset, mode)
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) or NaN outputs"
+        rel = ((y.double() - expect.double()).norm() / expect.double().norm().clamp_min(1e-30)).item()
+        if ERROR_LOG:
+            with open(ERROR_LOG, "a") as f:
+                f.write(json.dumps([impl, str(dtype), mode, list(shape), with_weight, rel]) + "\n")
+        assert rel <= MAX_REL[dtype], f"rel err {rel:.3g} (weight={with_weight}, offset={offset})"
+
+
+@pytest.mark.parametrize("variant", ["row", "persistent", "warp", "fallback"])
+def test_rstd_is_stored_in_fp32(variant):
+    from rmsnorm_lab.launch import forward
+    x = fresh((300, 2048), torch.bfloat16)
+    w = fresh((2048,), torch.bfloat16)
+    with settings.override(forward_variant=variant):
+        y, rstd = forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
+    expect = reference.rstd_of(x, 1e-6)
+    assert rstd.dtype == torch.float32
+    torch.testing.assert_close(rstd, expect, rtol=1e-5, atol=0)
+
+
+def test_row_strided_input_and_unaligned_input():
+    base = fresh((64, 4096 + 8), torch.bfloat16)
+    x = base[:, :4096]                      # row stride 4104: still 16-byte aligned rows
+    w = fresh((4096,), torch.bfloat16)
+    torch.testing.assert_close(rms_norm(x, w, backend="cute"), reference.rms_norm(x, w),
+                               rtol=0, atol=0.02)
+    flat = fresh((64 * 4096 + 1,), torch.bfloat16)
+    xu = flat[1:].view(64, 4096)             # base pointer off by 2 bytes: auto must fall back
+    torch.testing.assert_close(rms_norm(xu, w, backend="cute"), reference.rms_norm(xu, w),
+                               rtol=0, atol=0.02)
+    with settings.override(forward_variant="row"), pytest.raises(NotEligible, match="aligned"):
+        rms_norm(xu, w, backend="cute")
+
+
+def test_mixed_weight_dtype():
+    x = fresh((257, 4096), torch.bfloat16)
+    w = fresh((4096,), torch.float32)
+    for variant in ("row", "warp", "persistent"):
+        with settings.override(forward_variant=variant):
+            y = rms_norm(x, w, backend="cute")
+        rel = (y.double() - reference.rms_norm(x, w).double()).norm() / y.double().norm()
+        assert rel < MAX_REL[torch.bfloat16]
+
+
+def test_nan_inf_propagate_like_reference():
+    x = fresh((4, 4096), torch.bfloat16)
+    x[1, 3] = float("nan")
+    x[2, 7] = float("inf")
+    y = rms_norm(x, None, backend="cute")
+    expect = reference.rms_norm(x, None)
+    assert torch.equal(torch.isnan(y), torch.isnan(expect))
+    assert torch.isfinite(y[0]).all() and torch.isfinite(y[3]).all()
+
+
+def test_empty_input_and_bad_input_errors():
+    x = torch.empty((0, 4096), device="cuda", dtype=torch.bfloat16)
+    assert rms_norm(x, None, backend="cute").shape == (0, 4096)
+    with pytest.raises(ValueError, match="weight"):
+        rms_norm(fresh((4, 4096), torch.bfloat16), fresh((4095,), torch.bfloat16), backend="cute")
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        rms_norm(fresh((4096, 8), torch.bfloat16).t(), None, backend="cute")
+
+
+def test_capture_in_cuda_graph_on_side_stream():
+    x = fresh((1000, 4096), torch.bfloat16)
+    w = fresh((4096,), torch.bfloat16)
+    expect = rms_norm(x, w, backend="cute").clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        rms_norm(x, w, backend="cute")  # warm up on the side stream
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            y = rms_norm(x, w, backend="cute")
+    torch.cuda.current_stream().wait_stream(s)
+    y.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, expect)

@@ -1,0 +1,82 @@
+"""Eligibility rules and thread mappings of the CuTe forward plans (plain Python, no GPU)."""
+
+import pytest
+import torch
+
+from rmsnorm_lab.cute.plan import (COPY_BYTES, NotEligible, auto_variant, elems_in_registers,
+                                   plan_forward)
+
+BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
+
+
+def plan(variant, N, dtype=BF16, w=BF16, aligned=True):
+    return plan_forward(variant, N, dtype, w, "llama", True, aligned)
+
+
+@pytest.mark.parametrize("variant", ["row", "persistent", "warp"])
+def test_vector_variants_refuse_widths_off_the_vector(variant):
+    with pytest.raises(NotEligible, match="multiple of the vector width 8"):
+        plan(variant, 1023)
+    with pytest.raises(NotEligible, match="multiple of the vector width 4"):
+        plan(variant, 1022, F32, F32)
+
+
+@pytest.mark.parametrize("variant", ["row", "persistent", "warp"])
+def test_vector_variants_refuse_unaligned(variant):
+    with pytest.raises(NotEligible, match="aligned"):
+        plan(variant, 4096, aligned=False)
+
+
+@pytest.mark.parametrize("N", [1, 7, 1023, 4097, 65537])
+def test_fallback_serves_any_width_and_alignment(N):
+    p = plan("fallback", N, aligned=False)
+    assert p.vec == 1
+    assert p.cols_per_tile * p.chunks >= N
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("N", [8, 1024, 4096, 8192, 16384, 65536, 262144])
+def test_row_plan_covers_the_row_with_16_byte_copies(dtype, N):
+    p = plan("row", N, dtype, dtype)
+    assert p.vec * torch.tensor([], dtype=dtype).element_size() == COPY_BYTES
+    assert p.cols_per_tile * p.chunks >= N
+    # no chunk is entirely padding, and the thread count is a power of two within a CTA
+    assert p.cols_per_tile * (p.chunks - 1) < N
+    assert 32 <= p.threads <= 1024 and p.threads & (p.threads - 1) == 0
+    # registers: x and w elements per thread within the model's budget
+    per_thread = p.vec * p.vecs_per_thread
+    assert per_thread <= elems_in_registers(p.threads, dtype.itemsize, dtype.itemsize)
+
+
+def test_wide_rows_stream_in_chunks_and_narrow_rows_do_not():
+    assert plan("row", 4096).chunks == 1
+    assert plan("row", 16384).chunks == 1
+    assert plan("row", 262144).chunks > 1
+
+
+def test_warp_plan_is_one_warp_per_row_and_refuses_rows_too_wide_for_registers():
+    p = plan("warp", 4096)
+    assert p.threads_per_row == 32 and p.rows_per_cta > 1 and p.chunks == 1
+    with pytest.raises(NotEligible, match="warp-per-row"):
+        plan("warp", 16384)
+
+
+def test_persistent_grid_is_bounded_by_sms_and_rows():
+    p = plan("persistent", 4096)
+    assert p.grid(M=10, sm_count=132) == 10
+    g = p.grid(M=65536, sm_count=132)
+    assert 132 <= g <= 132 * 2048 // p.threads
+    assert plan("row", 4096).grid(M=65536, sm_count=132) == 65536
+    w = plan("warp", 1024)
+    assert w.grid(M=9, sm_count=132) == 3  # ceil(9 / 4 rows per CTA)
+
+
+def test_auto_falls_back_for_unaligned_or_odd_widths():
+    assert auto_variant(128, 1023, True, BF16, 132) == "fallback"
+    assert auto_variant(128, 4096, False, BF16, 132) == "fallback"
+    assert auto_variant(128, 4096, True, BF16, 132) in ("row", "persistent", "warp")
+
+
+def test_unknown_variant_is_a_value_error():
+    with pytest.raises(ValueError, match="variant"):
+        plan("blocked", 4096)
