@@ -68,7 +68,7 @@ def test_persistent_grid_is_bounded_by_sms_and_rows():
     assert 132 <= g <= 132 * 2048 // p.threads
     assert plan("row", 4096).grid(M=65536, sm_count=132) == 65536
     w = plan("warp", 1024)
-    assert w.grid(M=9, sm_count=132) == 3  # ceil(9 / 4 rows per CTA)
+    assert w.grid(M=9, sm_count=132) == -(-9 // w.rows_per_cta)
 
 
 def test_auto_falls_back_for_unaligned_or_odd_widths():

@@ -144,14 +144,15 @@ class RMSNormForward:
                 chunk_w = tWrW
                 if cutlass.const_expr(p.chunks > 1):
                     self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
-                if cutlass.const_expr(self.w_type is not None and not p.persistent):
+                if cutlass.const_expr(self.w_type is not None and tWrW is None):
                     chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
                 y = self.normalize(tXrX.load().to(Float32), rstd, chunk_w, offset)
                 tXrY = cute.make_fragment_like(tXrX)
                 tXrY.store(y.to(self.x_type))
                 gY = cute.local_tile(mY, tiler, (tile, c))
                 tXgY = thr_x.partition_D(gY)
-                self.predicated_copy(tiled_x, tXrY, tXgY, tXcX, c, row_ok)
+                if row_ok:
+                    cute.copy(tiled_x, tXrY, tXgY, pred=self.column_predicate(tXcX, c))
 
     @cute.jit
     def normalize(self, xf, rstd: Float32, tWrW, offset: Float32):
@@ -179,18 +180,23 @@ class RMSNormForward:
         tXrX.fill(0)
         if row_ok:
             tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (tile, c)))
-            self.predicated_copy(tiled_x, tXgX, tXrX, tXcX, c, True)
+            cute.copy(tiled_x, tXgX, tXrX, pred=self.column_predicate(tXcX, c))
 
     @cute.jit
-    def predicated_copy(self, tiled, src, dst, tXcX, c: cutlass.Constexpr[int], row_ok):
-        """Copy column block by column block, skipping blocks that start at or past N (one
-        predicate per 16-byte copy suffices: N is a multiple of the copy width)."""
+    def column_predicate(self, tXcX, c: cutlass.Constexpr[int]):
+        """One flag per column block of chunk c: does the block start before N?
+
+        A thread's slice of the tile has shape ((vec, vecs_per_thread), 1, 1): the column blocks
+        are the second sub-mode of mode 0, not a mode of their own. One flag per 16-byte copy
+        suffices because N is a multiple of the copy width (plan eligibility). The flags are
+        laid out like that slice with stride 0 over the vec elements, as ``cute.copy`` expects.
+        """
         p = self.plan
-        if row_ok:
-            for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
-                col = tXcX[0, 0, k][1] + c * p.cols_per_tile
-                if col < p.N:
-                    cute.copy(tiled, src[None, None, k], dst[None, None, k])
+        pred = cute.make_rmem_tensor(
+            cute.make_layout((p.vecs_per_thread, 1, 1), stride=(1, 0, 0)), cutlass.Boolean)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            pred[k, 0, 0] = tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
+        return pred
 
     @cute.jit
     def load_weight(self, mW, tiler, thr_x, tXcX, c: cutlass.Constexpr[int]):
@@ -200,7 +206,7 @@ class RMSNormForward:
         tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
         tWrW = cute.make_fragment_like(tWgW)
         tWrW.fill(0)
-        for k in cutlass.range_constexpr(cute.size(tWgW, mode=[2])):
-            if tXcX[0, 0, k][1] + c * self.plan.cols_per_tile < self.plan.N:
-                cute.autovec_copy(tWgW[None, None, k], tWrW[None, None, k])
+        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
+            if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
+                cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
         return tWrW

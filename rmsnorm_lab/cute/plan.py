@@ -22,13 +22,21 @@ import torch
 
 VARIANTS = ("row", "persistent", "warp", "fallback")
 COPY_BYTES = 16
-MAX_THREADS = 1024
+# Threads per row for the row/persistent variants: about 2 copies in flight per thread, at most
+# 256 threads. Measured on the H200 (bf16, graph replay; results/NOTES.md, "thread mapping"):
+# at 65536x4096, 256 threads x 2 copies ran at 4165 GB/s, 128 x 4 at 4095, 512 x 1 at 3610;
+# at 16384x16384, 256 x 8 at 4148 and 1024 x 2 at 2571.
+MAX_THREADS = 256
+COPIES_PER_THREAD = 2
+# At most this many 16-byte copies per thread per chunk on the row path: 26 (the register
+# model's bound at 256 threads) made ptxas spill 2.5 KB at N=262144 bf16; 8 covers N=16384 bf16
+# in one chunk and spills nothing.
+MAX_COPIES_PER_CHUNK = 8
 # Register model for "does the row fit in registers": a CTA of T threads may use 65536/T registers
 # per thread (at most 255); about REG_OVERHEAD of them go to addresses, predicates and
 # temporaries, the rest hold this thread's x and w elements. ptxas -v confirms no spills for
 # every plan the tests compile (tests/test_cute_compile.py).
 REG_OVERHEAD = 40
-WARP_ROWS_PER_CTA = 4
 _ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
 
@@ -49,6 +57,7 @@ class ForwardPlan:
     rows_per_cta: int
     vecs_per_thread: int     # column blocks per thread in one pass over a chunk
     chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
+    ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
 
     @property
     def threads(self) -> int:
@@ -66,9 +75,7 @@ class ForwardPlan:
         tiles = -(-M // self.rows_per_cta)
         if not self.persistent:
             return tiles
-        # Enough CTAs to fill every SM to its thread limit (2048 threads/SM on sm_90 and sm_100),
-        # and never more CTAs than tiles.
-        return max(1, min(tiles, sm_count * max(1, 2048 // self.threads)))
+        return max(1, min(tiles, sm_count * self.ctas_per_sm))
 
 
 def is_aligned(t: torch.Tensor) -> bool:
@@ -89,12 +96,12 @@ def elems_in_registers(threads: int, x_bytes: int, w_bytes: int) -> int:
 
 def _row_mapping(n_vecs: int, max_vecs_of):
     """Threads per row, column blocks per thread and chunk count for one CTA covering a row of
-    n_vecs copies: about 4 copies in flight per thread where the row allows (latency hiding),
-    a power-of-two thread count between one warp and MAX_THREADS, and as many column chunks as
-    the register budget forces."""
-    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // 4))))
+    n_vecs copies: COPIES_PER_THREAD copies per thread where the row allows, a power-of-two
+    thread count between one warp and MAX_THREADS, and as many column chunks as the register
+    budget forces."""
+    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // COPIES_PER_THREAD))))
     vecs_per_thread = -(-n_vecs // threads)
-    max_vecs = max(1, max_vecs_of(threads))
+    max_vecs = max(1, min(MAX_COPIES_PER_CHUNK, max_vecs_of(threads)))
     chunks = -(-vecs_per_thread // max_vecs)
     vecs_per_thread = -(-vecs_per_thread // chunks)
     return threads, vecs_per_thread, chunks
@@ -127,21 +134,36 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         return elems_in_registers(threads, elem, w_bytes) // vec
 
     if variant == "warp":
-        threads = 32 * WARP_ROWS_PER_CTA
         vecs_per_thread = -(-n_vecs // 32)
-        if vecs_per_thread > max_vecs_of(threads):
+        # Rows per CTA: 2 for long rows, up to 8 for short ones (H200: 2 rows beat 4 and 8 at
+        # N=4096 bf16, 8 rows were best at N=1024).
+        rows = max(2, min(8, 32 // vecs_per_thread))
+        if vecs_per_thread > max_vecs_of(32 * rows):
             raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
-                              f"{32 * max_vecs_of(threads) * vec} elements of {x_dtype}, N={N}")
-        return ForwardPlan(threads_per_row=32, rows_per_cta=WARP_ROWS_PER_CTA,
+                              f"{32 * max_vecs_of(32 * rows) * vec} elements of {x_dtype}, N={N}")
+        return ForwardPlan(threads_per_row=32, rows_per_cta=rows,
                            vecs_per_thread=vecs_per_thread, chunks=1, **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
+    ctas_per_sm = 0
+    if variant == "persistent":
+        ctas_per_sm = resident_ctas(threads, vecs_per_thread * vec * (elem + w_bytes))
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
-                       chunks=chunks, **common)
+                       chunks=chunks, ctas_per_sm=ctas_per_sm, **common)
+
+
+def resident_ctas(threads: int, register_bytes_per_thread: int) -> int:
+    """CTAs of ``threads`` that fit on one SM at once, from the register model: a persistent grid
+    larger than that runs as a second wave and loses the point of being persistent.
+    Registers are allocated per warp in units of 8 per thread; 2048 threads and 32 CTAs per SM."""
+    regs = REG_OVERHEAD + 4 + register_bytes_per_thread // 4
+    regs = min(255, -(-regs // 8) * 8)
+    return max(1, min(65536 // (regs * threads), 2048 // threads, 32))
 
 
 def auto_variant(M: int, N: int, aligned: bool, x_dtype: torch.dtype, sm_count: int) -> str:
-    """The variant ``auto`` launches. Rule written from the H200 forward sweep in
-    results/h200/fwd.csv (see results/NOTES.md)."""
+    """The variant ``auto`` launches. On the H200 sweep (results/NOTES.md) CTA-per-row was the
+    fastest or within 0.5% of the fastest at every shape; warp-per-row tied it at N=1024 and
+    persistent (no prefetch) trailed by 8-25%."""
     vec = COPY_BYTES // _ELEM_BYTES[x_dtype]
     if not aligned or N % vec:
         return "fallback"

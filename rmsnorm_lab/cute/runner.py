@@ -70,15 +70,22 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x2.device) if need_rstd else None
     plan = choose_plan(x2, y, weight, casting_mode, need_rstd, variant, sms)
+    launch(plan, x2, weight, y, rstd, eps, offset, sms)
+    return y, rstd
+
+
+def launch(plan: ForwardPlan, x2: torch.Tensor, weight: Optional[torch.Tensor], y: torch.Tensor,
+           rstd: Optional[torch.Tensor], eps: float, offset: float, sms: int) -> None:
+    """Launch ``plan`` on the current stream (compiling it on first use)."""
     kernel = compile_forward(plan, target_arch(x2.device))
     align = 16 if plan.vec > 1 else x2.element_size()
     x_type = TORCH_TO_CUTE[x2.dtype]
     w_src = weight if weight is not None else x2
     stream = cuda.CUstream(torch.cuda.current_stream(x2.device).cuda_stream)
+    M = x2.shape[0]
     kernel(make_ptr(x_type, x2.data_ptr(), assumed_align=align),
            make_ptr(TORCH_TO_CUTE[w_src.dtype], w_src.data_ptr(), assumed_align=align),
            make_ptr(x_type, y.data_ptr(), assumed_align=align),
            make_ptr(cutlass.Float32, rstd.data_ptr() if rstd is not None else y.data_ptr(),
                     assumed_align=4),
            M, x2.stride(0), y.stride(0), plan.grid(M, sms), eps, offset, stream)
-    return y, rstd

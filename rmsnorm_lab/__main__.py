@@ -1,0 +1,207 @@
+"""The command line: python -m rmsnorm_lab {bench,report}
+
+  bench   runs the benchmark sweep of one op on the current GPU and writes a results file.
+  report  (on a GPU, after benchmarking) renders every recorded result into figures, a markdown
+          report and a table on stdout; without a GPU it renders what is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import pandas as pd
+import torch
+
+from . import plots
+from . import results as results_io
+from .bench.runner import OPS
+
+# Exit codes: 0 ok; 1 a kernel failed its check or the results are malformed; 2 no GPU for bench
+EXIT_FAILED, EXIT_NO_GPU = 1, 2
+
+
+def _bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str]) -> int:
+    from .bench.runner import bench
+
+    outcome = bench(op, quick=quick, out=out, tag=tag)
+    print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
+    if outcome.skipped:
+        print(f"{len(outcome.skipped)} implementation/shape pairs skipped (not eligible)")
+    if outcome.failures:
+        print(f"{len(outcome.failures)} FAILURES (not timed):", *outcome.failures, sep="\n  ")
+        return EXIT_FAILED
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print(f"error: bench needs a CUDA GPU, and torch.cuda.is_available() is False here "
+              f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}). Recorded "
+              f"results render without one: python -m rmsnorm_lab report --no-bench",
+              file=sys.stderr)
+        return EXIT_NO_GPU
+    return _bench(args.op, args.quick, args.out, args.tag)
+
+
+# --- report ----------------------------------------------------------------------------------
+
+def _markdown(table: pd.DataFrame, digits: int) -> str:
+    """A pipe table; index levels become the leading columns; missing values print as '-'."""
+    flat = table.reset_index()
+    head = "| " + " | ".join(str(c) for c in flat.columns) + " |"
+    rule = "|" + "|".join("---:" for _ in flat.columns) + "|"
+
+    def cell(v):
+        if isinstance(v, float):
+            return "-" if pd.isna(v) else f"{v:.{digits}f}"
+        return str(v)
+
+    body = ["| " + " | ".join(cell(v) for v in row) + " |"
+            for row in flat.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def _provenance(df: pd.DataFrame) -> str:
+    d = results_io.latest(df)
+    lines = []
+    for col in ("sm_count", "driver", "torch", "triton", "cutlass_dsl", "commit"):
+        lines.append(f"- {col}: " + ", ".join(str(v) for v in sorted(d[col].unique())))
+    times = sorted(d["timestamp"].unique())
+    lines.append(f"- measured: {times[0]}" + (f" to {times[-1]}" if len(times) > 1 else ""))
+    return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
+    """Render the op's figures for one GPU; returns the file names (those with data only)."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state in a loop
+
+    d = df[(df["gpu"] == gpu) & (df["op"] == op)]
+    bw = d[(d["metric"] == "bandwidth") & (d["path"] == "graph")
+           & ~d["impl"].isin(results_io.CEILINGS)]
+    names = []
+    if not bw[bw["N"] == 4096].empty:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        plots.plot_bandwidth_vs_M(df, op, N=4096, gpu=gpu, ax=fig.subplots())
+        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"))
+    if not bw[bw["M"] == 16384].empty:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        plots.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
+        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
+    timed = d[(d["metric"] == "time") & (d["N"] == 4096) & ~d["impl"].isin(results_io.CEILINGS)]
+    impls = plots.impl_order(timed["impl"])
+    if impls:
+        cols = min(3, len(impls))
+        rows = -(-len(impls) // cols)
+        fig = Figure(figsize=(4.5 * cols, 3.4 * rows), layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+        for ax, impl in zip(axes, impls):
+            plots.plot_eager_vs_graph(df, op, impl, N=4096, gpu=gpu, ax=ax)
+            ax.set_title(impl, fontsize="medium")
+        for ax in axes[len(impls):]:
+            ax.set_visible(False)
+        fig.suptitle(f"{gpu}: {op}, µs per call, eager vs CUDA-graph replay (N=4096)")
+        names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
+    return names
+
+
+def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
+    """Render figures into ``out`` and write ``out/report.md``; returns the headline text."""
+    md = ["# rmsnorm-lab report", "",
+          f"Measured by this lab's benchmark; results read from `{root}` (figures quoted from "
+          "elsewhere, in `results/reported/`, are not part of this report). `graph` is device "
+          "time by CUDA-graph replay with L2-cold inputs; `eager` is `triton.testing.do_bench` "
+          "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
+          "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
+          "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
+          "in the same run.", ""]
+    headline = []
+    for gpu in sorted(df["gpu"].unique()):
+        g = df[df["gpu"] == gpu]
+        md += [f"## {gpu}", "", _provenance(g), ""]
+        for op in [o for o in results_io.OPS if o in set(g["op"])]:
+            md += [f"### {op}", ""]
+            table = plots.bandwidth_table(df, op, gpu)
+            for part in table.columns.get_level_values(0).unique():
+                unit = "GB/s" if part == "GB/s" else part
+                md += [f"{op}, CUDA-graph replay, median, {unit}:", "",
+                       _markdown(table[part], 0 if part == "GB/s" else 1), ""]
+                headline += [f"{gpu} {op} ({unit}, graph, median)",
+                             table[part].to_string(float_format=lambda v: f"{v:.0f}"), ""]
+            host = plots.host_table(df, op, gpu)
+            if not host.empty:
+                md += [f"{op}, host µs per call:", "", _markdown(host, 1), ""]
+            for name in _figures(df, gpu, op, out):
+                md += [f"![{name}]({name})", ""]
+    (out / "report.md").write_text("\n".join(md))
+    return "\n".join(headline)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    root = args.results if args.results is not None else results_io.results_dir()
+    status = 0
+    if not args.no_bench:
+        if torch.cuda.is_available():
+            for op in OPS:  # every op the bench knows, so a new op joins the report by itself
+                status = max(status, _bench(op, args.quick, root, None))
+        else:
+            print(f"no CUDA GPU here: rendering the recorded results in {root}")
+    try:
+        df = results_io.load_all(root)
+    except results_io.ResultsError as e:
+        print(f"error: malformed results: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    args.out.mkdir(parents=True, exist_ok=True)
+    if df.empty:
+        (args.out / "report.md").write_text(
+            "# rmsnorm-lab report\n\nThere are no results: no `<gpu>/*.csv` files in "
+            f"`{root}`. Record some on a GPU with `python -m rmsnorm_lab bench --op fwd`.\n")
+        print(f"no results in {root}; wrote {args.out / 'report.md'} saying so")
+        return status
+    print(write_report(df, args.out, root))
+    print(f"wrote {args.out / 'report.md'} and its figures")
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rmsnorm_lab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("bench", help="benchmark one op on this GPU and write a results file")
+    b.add_argument("--op", choices=sorted(OPS), default="fwd", help="the op to sweep")
+    b.add_argument("--quick", action="store_true",
+                   help="two shapes, shorter timers; the file is tagged 'quick' unless --tag")
+    b.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="results root: writes DIR/<gpu>/<op>[-TAG].csv (default: the "
+                        "repository's results/)")
+    b.add_argument("--tag", default=None, help="suffix of the file name: <op>-TAG.csv")
+    b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("report", help="render the recorded results (benchmark first on a GPU)")
+    r.add_argument("--out", type=Path, default=Path("report"), metavar="DIR",
+                   help="where report.md and the figures go (default: ./report)")
+    r.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="results root to read, and to write when benchmarking (default: the "
+                        "repository's results/)")
+    r.add_argument("--no-bench", action="store_true",
+                   help="render only, even when a GPU is present")
+    r.add_argument("--quick", action="store_true", help="when benchmarking, the quick sweep")
+    r.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

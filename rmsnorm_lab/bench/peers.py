@@ -1,0 +1,111 @@
+"""What the lab's kernels are measured against: other RMSNorm implementations ("peers") and the
+memory-bandwidth ceilings of the GPU itself.
+
+Peers are optional: each factory returns ``callable(x, w) -> y`` when its package imports here and
+``None`` otherwise, so the benchmark runs with whatever is installed. All compute the lab's
+default forward: ``eps`` as given, ``offset=0``, Llama casting where the peer has a choice.
+
+Ceilings are SM kernels streaming tensors of at least 1 GiB (far beyond L2), timed by CUDA-graph
+replay in the same run as the kernels they bound:
+``copy`` reads one tensor and writes one (the forward's pattern), ``copy2r1w`` reads two and writes
+one (the backward's). A graph memcpy node is not used: on the H200 it ran at ~2.7 TB/s where SM
+kernels reached ~4.3 TB/s, so it would understate the ceiling.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, NamedTuple, Optional
+
+import torch
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def liger_triton(eps: float) -> Optional[ForwardFn]:
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception:  # noqa: BLE001 - not installed, or broken here: either way not a peer
+        return None
+    apply = LigerRMSNormFunction.apply
+    # forward(X, W, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None);
+    # positional because autograd.Function.apply takes no keywords on every torch version.
+    return lambda x, w: apply(x, w, eps, 0.0, "llama")
+
+
+def liger_cutedsl(eps: float) -> Optional[ForwardFn]:
+    try:
+        from liger_kernel.ops.cutedsl.ops.rms_norm import LigerRMSNormFunction
+    except Exception:  # noqa: BLE001
+        return None
+    apply = LigerRMSNormFunction.apply  # same signature as the Triton one
+    return lambda x, w: apply(x, w, eps, 0.0, "llama")
+
+
+def quack(eps: float) -> Optional[ForwardFn]:
+    try:
+        from quack.rmsnorm import rmsnorm
+    except Exception:  # noqa: BLE001
+        return None
+    return lambda x, w: rmsnorm(x, w, eps=eps)
+
+
+def torch_native(eps: float) -> Optional[ForwardFn]:
+    rms_norm = torch.nn.functional.rms_norm
+    return lambda x, w: rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def torch_compile(eps: float) -> Optional[ForwardFn]:
+    from .. import reference
+
+    # One specialised compile per shape (dynamic=False), and a sweep has more shapes than
+    # dynamo's default recompile limit (8): past it dynamo silently falls back to eager, which
+    # would be measured as "torch.compile". Raise the limit for this process.
+    cfg = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, limit, max(getattr(cfg, limit), 64))
+    compiled = torch.compile(reference.rms_norm, dynamic=False)
+    return lambda x, w: compiled(x, w, eps)
+
+
+#: name (the ``impl`` column) -> factory
+FORWARD_PEERS: Dict[str, Callable[[float], Optional[ForwardFn]]] = {
+    "liger.triton": liger_triton,
+    "liger.cutedsl": liger_cutedsl,
+    "quack": quack,
+    "torch.native": torch_native,
+    "torch.compile": torch_compile,
+}
+
+
+def forward_peers(eps: float) -> Dict[str, ForwardFn]:
+    """The forward peers available here, by name."""
+    found = {name: make(eps) for name, make in FORWARD_PEERS.items()}
+    return {name: fn for name, fn in found.items() if fn is not None}
+
+
+class Ceiling(NamedTuple):
+    name: str
+    fn: Callable[[], object]
+    bytes_moved: int
+    M: int
+    N: int
+
+
+#: ceiling name -> number of tensors read (each ceiling writes one)
+CEILING_READS = {"copy": 1, "copy2r1w": 2}
+
+
+def ceiling(name: str, dtype: torch.dtype = torch.bfloat16, N: int = 4096,
+            min_bytes: int = 2**30) -> Ceiling:
+    """The kernel of ceiling ``name`` on freshly allocated ``(M, N)`` tensors of at least
+    ``min_bytes`` each. The tensors live as long as the returned ``fn``."""
+    reads = CEILING_READS[name]
+    elem = torch.empty((), dtype=dtype).element_size()
+    M = -(-min_bytes // (N * elem))
+    ins = [torch.randn(M, N, dtype=dtype, device="cuda") for _ in range(reads)]
+    out = torch.empty(M, N, dtype=dtype, device="cuda")
+    if reads == 1:
+        fn = lambda: torch.neg(ins[0], out=out)  # noqa: E731
+    else:
+        fn = lambda: torch.add(ins[0], ins[1], out=out)  # noqa: E731
+    return Ceiling(name, fn, (reads + 1) * M * N * elem, M, N)

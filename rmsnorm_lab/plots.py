@@ -1,0 +1,172 @@
+"""Figures and tables drawn from a results DataFrame (``results.load_all``), for the notebooks and
+the report. Each plot takes an ``ax`` (a new figure when omitted) and returns it; each draws the
+newest measurement of every point (``results.latest``) and the copy ceiling measured in the same
+kind of run, labelled as measured.
+
+When results hold several GPUs, pass ``gpu=`` (a slug such as ``"h200"``): one figure never mixes
+machines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional, Tuple
+
+import matplotlib
+import matplotlib.ticker
+
+# Headless (CI, a GPU host over ssh): render to files. Jupyter sets MPLBACKEND for its inline
+# backend, and a desktop session has a display, so neither is overridden.
+if sys.platform.startswith("linux") and not (os.environ.get("MPLBACKEND")
+                                             or os.environ.get("DISPLAY")
+                                             or os.environ.get("WAYLAND_DISPLAY")):
+    matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+
+from .results import CEILINGS, latest  # noqa: E402
+
+#: the ceiling each op is drawn against: the forward reads one tensor and writes one, the
+#: backward reads two (x, dy) and writes one (dx)
+CEILING_OF_OP = {"fwd": "copy", "bwd": "copy2r1w"}
+
+
+def _one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
+    gpus = sorted(df["gpu"].unique())
+    if gpu is None:
+        if len(gpus) != 1:
+            raise ValueError(f"the results hold {len(gpus)} GPUs {gpus}; pass gpu=")
+        gpu = gpus[0]
+    elif gpu not in gpus:
+        raise ValueError(f"no results for gpu {gpu!r}; have {gpus}")
+    return latest(df[df["gpu"] == gpu]), gpu
+
+
+def impl_order(names) -> list:
+    """Lab kernels first (CuTe, then Triton), then peers, each group alphabetical."""
+    def key(name):
+        group = 0 if name.startswith("cute.") else 1 if name.startswith("triton.") else 2
+        return group, name
+    return sorted(set(names), key=key)
+
+
+def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[float]:
+    """Median GB/s of ``op``'s ceiling on ``gpu``, newest run; None when not measured."""
+    name = CEILING_OF_OP.get(op)
+    d, _ = _one_gpu(df, gpu)
+    d = d[(d["impl"] == name) & (d["metric"] == "bandwidth") & (d["path"] == "graph")]
+    if d.empty:
+        return None
+    newest = pd.to_datetime(d["timestamp"], utc=True).idxmax()
+    return float(d.loc[newest, "p50"])
+
+
+def _axes(ax):
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt  # only when the caller wants a new figure
+
+    return plt.subplots(figsize=(7, 4.5))[1]
+
+
+def _log2_x(ax, values) -> None:
+    """Log-2 x axis ticked at the measured sizes, printed as plain integers (1024, 4096, ...)."""
+    ticks = sorted(set(int(v) for v in values))
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45 if len(ticks) > 4 else 0)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def _draw_ceiling(ax, df, op, gpu) -> None:
+    gbps = ceiling_gbps(df, op, gpu)
+    if gbps is not None:
+        ax.axhline(gbps, color="black", linestyle="--", linewidth=1,
+                   label=f"{CEILING_OF_OP[op]} (measured)")
+
+
+def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax):
+    d, gpu = _one_gpu(df, gpu)
+    d = d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
+          & (d[fixed] == value) & ~d["impl"].isin(CEILINGS)]
+    ax = _axes(ax)
+    for impl in impl_order(d["impl"]):
+        s = d[d["impl"] == impl].sort_values(x)
+        line, = ax.plot(s[x], s["p50"], marker="o", markersize=4, label=impl)
+        ax.fill_between(s[x], s["p20"], s["p80"], color=line.get_color(), alpha=0.15)
+    _draw_ceiling(ax, df, op, gpu)
+    _log2_x(ax, d[x])
+    ax.set_xlabel(x)
+    ax.set_ylabel("GB/s (median; band p20-p80)")
+    ax.set_title(f"{gpu}: {op} bandwidth vs {x}, {fixed}={value}, {path}")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_bandwidth_vs_M(df: pd.DataFrame, op: str, N: int = 4096, path: str = "graph",
+                        gpu: Optional[str] = None, ax=None):
+    """GB/s against rows M at width N, one line per implementation, the ceiling dashed."""
+    return _bandwidth_vs(df, op, "M", "N", N, path, gpu, ax)
+
+
+def plot_bandwidth_vs_N(df: pd.DataFrame, op: str, M: int = 16384, path: str = "graph",
+                        gpu: Optional[str] = None, ax=None):
+    """GB/s against width N at M rows, one line per implementation, the ceiling dashed."""
+    return _bandwidth_vs(df, op, "N", "M", M, path, gpu, ax)
+
+
+def plot_eager_vs_graph(df: pd.DataFrame, op: str, impl: str, N: int = 4096,
+                        gpu: Optional[str] = None, ax=None):
+    """µs per call against M for one implementation, launched eagerly and replayed in a CUDA
+    graph: where the lines part, the host (launch path) and not the kernel sets the time."""
+    d, gpu = _one_gpu(df, gpu)
+    d = d[(d["op"] == op) & (d["impl"] == impl) & (d["metric"] == "time") & (d["N"] == N)]
+    ax = _axes(ax)
+    for path, style in (("eager", "-o"), ("graph", "-s")):
+        s = d[d["path"] == path].sort_values("M")
+        ax.plot(s["M"], s["p50"], style, markersize=4, label=path)
+    _log2_x(ax, d["M"])
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("M")
+    ax.set_ylabel("µs per call (median)")
+    ax.set_title(f"{gpu}: {impl} {op}, eager vs graph, N={N}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
+
+
+def bandwidth_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
+                    path: str = "graph") -> pd.DataFrame:
+    """Median GB/s per shape (rows ``M``, ``N``) and implementation (columns under ``"GB/s"``),
+    and the same as a percentage of the op's measured ceiling (columns under ``"% of copy"`` for
+    the forward, ``"% of copy2r1w"`` for the backward; absent when none was measured)."""
+    d, gpu = _one_gpu(df, gpu)
+    d = d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
+          & ~d["impl"].isin(CEILINGS)]
+    gbps = d.pivot_table(index=["M", "N"], columns="impl", values="p50", aggfunc="last")
+    gbps = gbps.reindex(columns=impl_order(gbps.columns))
+    gbps = gbps.sort_index(level=["N", "M"])
+    gbps.columns.name = None
+    parts = {"GB/s": gbps}
+    ceiling = ceiling_gbps(df, op, gpu)
+    if ceiling is not None:
+        parts[f"% of {CEILING_OF_OP[op]}"] = 100 * gbps / ceiling
+    return pd.concat(parts, axis=1)
+
+
+def fwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:
+    """The forward's ``bandwidth_table`` under CUDA-graph replay."""
+    return bandwidth_table(df, "fwd", gpu)
+
+
+def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.DataFrame:
+    """Host µs per call (p20, p50, p80) per implementation and shape."""
+    d, _ = _one_gpu(df, gpu)
+    d = d[(d["op"] == op) & (d["metric"] == "host")]
+    d = d.assign(impl=pd.Categorical(d["impl"], impl_order(d["impl"]), ordered=True))
+    return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[["p20", "p50", "p80"]]
