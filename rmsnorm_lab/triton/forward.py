@@ -1,0 +1,193 @@
+"""RMSNorm forward in Triton: one program per row.
+
+A row of up to ``MAX_FUSED_BLOCK`` elements is loaded once into registers, reduced to ``rstd`` and
+normalized from those registers. A wider row cannot sit in one block's registers, so that kernel
+walks the row in ``LOOP_BLOCK``-wide chunks twice: once summing squares, once normalizing.
+
+Rounding follows ``rmsnorm_lab.reference`` exactly; the shared pieces (``shifted_weight``) are also
+used by the backward.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference import check_casting_mode
+
+#: Widest power-of-two row the single-pass kernel holds in registers; wider rows use the two-pass
+#: kernel. A module constant so that tests can lower it and reach the two-pass path with small N.
+MAX_FUSED_BLOCK = 65536
+#: Chunk width of the two-pass kernel: wide enough for full-width 16-byte loads across 16 warps,
+#: small enough that a chunk never spills registers.
+LOOP_BLOCK = 8192
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def num_warps_for(block: int) -> int:
+    """Warps for one program that owns a ``block``-wide row (or chunk).
+
+    The row is spread over the program's threads, so the warp count sets each thread's share of
+    it, held in registers: 4 warps keep that share at 16 elements or fewer below 2048 columns.
+    Wider rows get 8, then 16 warps, so that the share (and the register pressure) grows more
+    slowly than the row and more loads are in flight for it. Even 16 warps leave a 65536-wide row
+    at 128 elements a thread, which spills; past that the two-pass kernel takes over.
+    """
+    if block < 2048:
+        return 4
+    if block <= 8192:
+        return 8
+    return 16
+
+
+def check_rows(name: str, t: torch.Tensor, n: Optional[int] = None) -> None:
+    """``t`` must be a 2-D float tensor whose rows are unit-stride (the row stride is free)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D (M, N) tensor, got shape {tuple(t.shape)}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(f"{name} must have a unit-stride last dimension, got strides {t.stride()}")
+    if n is not None and t.shape[1] != n:
+        raise ValueError(f"{name} must have {n} columns, got shape {tuple(t.shape)}")
+
+
+def check_weight(weight: Optional[torch.Tensor], n: int, device: torch.device) -> None:
+    if weight is None:
+        return
+    if weight.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"weight must be float32, bfloat16 or float16, got {weight.dtype}")
+    if weight.dim() != 1 or weight.shape[0] != n:
+        raise ValueError(f"weight must have shape ({n},), got {tuple(weight.shape)}")
+    if n > 1 and weight.stride(0) != 1:
+        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
+    if weight.device != device:
+        raise ValueError(f"weight is on {weight.device} but x is on {device}")
+
+
+@triton.jit
+def shifted_weight(w, offset, dtype: tl.constexpr, CASTING_MODE: tl.constexpr):
+    """``offset + w`` in fp32; ``none`` rounds it to x's dtype, as it does every product."""
+    ws = w.to(tl.float32) + offset
+    if CASTING_MODE == "none":
+        ws = ws.to(dtype).to(tl.float32)
+    return ws
+
+
+@triton.jit
+def _normalize(x, rstd, w, offset, CASTING_MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    """``y`` in x's dtype from a row (or chunk) ``x`` in its own dtype and the row's fp32 rstd.
+
+    The order of the fp32 products is the reference's: ``(x * rstd) * (offset + w)``.
+    """
+    dtype = x.dtype
+    xf = x.to(tl.float32)
+    if CASTING_MODE == "none":
+        x_hat = (xf * rstd.to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    elif CASTING_MODE == "llama":
+        x_hat = (xf * rstd).to(dtype).to(tl.float32)
+    else:  # gemma: fp32 until y
+        x_hat = xf * rstd
+    if HAS_WEIGHT:
+        y = x_hat * shifted_weight(w, offset, dtype, CASTING_MODE)
+    else:  # w = ones: y is x_hat (already rounded where the mode rounds it)
+        y = x_hat
+    return y.to(dtype)
+
+
+@triton.jit
+def _rms_norm_fwd_fused(X, Y, W, RSTD, x_row_stride, N, eps, offset,
+                        BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr,
+                        HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
+    # int64 row index: row * stride overflows int32 once a tensor passes 2**31 elements.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * x_row_stride + cols, mask=mask, other=0.0)
+    xf = x.to(tl.float32)
+    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true N.
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    if STORE_RSTD:
+        tl.store(RSTD + row, rstd)
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=mask, other=0.0)
+    else:
+        w = None
+    y = _normalize(x, rstd, w, offset, CASTING_MODE, HAS_WEIGHT)
+    tl.store(Y + row * N + cols, y, mask=mask)
+
+
+@triton.jit
+def _rms_norm_fwd_looped(X, Y, W, RSTD, x_row_stride, N, eps, offset,
+                         BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr,
+                         HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * x_row_stride
+    y_row = Y + row * N
+
+    # Pass 1: per-lane partial sums of squares, reduced across lanes once at the end.
+    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        xf = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        sum_sq += xf * xf
+    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
+    if STORE_RSTD:
+        tl.store(RSTD + row, rstd)
+
+    # Pass 2: re-read x (mostly from L2, which the first pass just filled) and normalize.
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(x_row + cols, mask=mask, other=0.0)
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=mask, other=0.0)
+        else:
+            w = None
+        y = _normalize(x, rstd, w, offset, CASTING_MODE, HAS_WEIGHT)
+        tl.store(y_row + cols, y, mask=mask)
+
+
+def triton_rms_norm_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    need_rstd: bool,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """RMSNorm of the rows of a 2-D ``x``: returns ``(y, rstd)``, ``rstd`` None unless asked for.
+
+    ``y`` is a new contiguous ``(M, N)`` tensor of x's dtype; ``rstd`` is fp32 ``(M,)``.
+    """
+    check_casting_mode(casting_mode)
+    check_rows("x", x)
+    M, N = x.shape
+    if N == 0:
+        raise ValueError("x must have at least one column")
+    check_weight(weight, N, x.device)
+
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device) if need_rstd else None
+    if M == 0:
+        return y, rstd
+
+    block = triton.next_power_of_2(N)
+    if block <= MAX_FUSED_BLOCK:
+        kernel = _rms_norm_fwd_fused
+    else:
+        kernel, block = _rms_norm_fwd_looped, LOOP_BLOCK
+    # Absent tensors are passed as None: Triton makes them constexpr, so no pointer is bound.
+    kernel[(M,)](
+        x, y, weight, rstd, x.stride(0), N, eps, offset,
+        BLOCK=block, CASTING_MODE=casting_mode,
+        HAS_WEIGHT=weight is not None, STORE_RSTD=need_rstd,
+        num_warps=num_warps_for(block),
+    )
+    return y, rstd
