@@ -72,9 +72,11 @@ def test_persistent_grid_is_bounded_by_sms_and_rows():
 
 
 def test_auto_falls_back_for_unaligned_or_odd_widths():
-    assert auto_variant(128, 1023, True, BF16, 132) == "fallback"
-    assert auto_variant(128, 4096, False, BF16, 132) == "fallback"
-    assert auto_variant(128, 4096, True, BF16, 132) in ("row", "persistent", "warp")
+    assert auto_variant(1023, True, BF16) == "fallback"
+    assert auto_variant(4096, False, BF16) == "fallback"
+    assert auto_variant(4096, True, BF16) == "row"
+    assert auto_variant(1024, True, BF16) == "warp"
+    assert auto_variant(1024, True, F32) == "row"  # 4 KB rows
 
 
 def test_unknown_variant_is_a_value_error():

@@ -160,11 +160,16 @@ def resident_ctas(threads: int, register_bytes_per_thread: int) -> int:
     return max(1, min(65536 // (regs * threads), 2048 // threads, 32))
 
 
-def auto_variant(M: int, N: int, aligned: bool, x_dtype: torch.dtype, sm_count: int) -> str:
-    """The variant ``auto`` launches. On the H200 sweep (results/NOTES.md) CTA-per-row was the
-    fastest or within 0.5% of the fastest at every shape; warp-per-row tied it at N=1024 and
-    persistent (no prefetch) trailed by 8-25%."""
-    vec = COPY_BYTES // _ELEM_BYTES[x_dtype]
-    if not aligned or N % vec:
+# Rows of at most this many bytes go to warp-per-row under `auto`: at 16384x1024 bf16 it ran at
+# 3746 GB/s vs 3603 for CTA-per-row (results/h200/fwd.csv); at N=2048 CTA-per-row won (3877 vs
+# 3759), and from N=4096 up CTA-per-row was fastest or within 0.5%.
+AUTO_WARP_MAX_ROW_BYTES = 2048
+
+
+def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype) -> str:
+    """The variant ``auto`` launches, from the H200 forward sweep (results/NOTES.md): persistent
+    (no prefetch) trailed everywhere, so it is never chosen."""
+    elem = _ELEM_BYTES[x_dtype]
+    if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
-    return "row"
+    return "warp" if N * elem <= AUTO_WARP_MAX_ROW_BYTES else "row"

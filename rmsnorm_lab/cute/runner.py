@@ -59,7 +59,7 @@ def choose_plan(x2: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor
     M, N = x2.shape
     aligned = is_aligned(x2) and is_aligned(y) and (weight is None or weight.data_ptr() % 16 == 0)
     if variant == "auto":
-        variant = auto_variant(M, N, aligned, x2.dtype, sms)
+        variant = auto_variant(N, aligned, x2.dtype)
     w_dtype = weight.dtype if weight is not None else None
     return plan_forward(variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned)
 
