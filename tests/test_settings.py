@@ -1,6 +1,5 @@
 import pytest
 
-from rmsnorm_lab import settings as settings_module
 from rmsnorm_lab.settings import Settings, from_environ, settings
 
 

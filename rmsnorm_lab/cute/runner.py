@@ -55,8 +55,8 @@ def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = 
 
 
 def choose_plan(x2: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor],
-                casting_mode: str, need_rstd: bool, variant: str, sms: int) -> ForwardPlan:
-    M, N = x2.shape
+                casting_mode: str, need_rstd: bool, variant: str) -> ForwardPlan:
+    N = x2.shape[1]
     aligned = is_aligned(x2) and is_aligned(y) and (weight is None or weight.data_ptr() % 16 == 0)
     if variant == "auto":
         variant = auto_variant(N, aligned, x2.dtype)
@@ -69,7 +69,7 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     M, N = x2.shape
     y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x2.device) if need_rstd else None
-    plan = choose_plan(x2, y, weight, casting_mode, need_rstd, variant, sms)
+    plan = choose_plan(x2, y, weight, casting_mode, need_rstd, variant)
     launch(plan, x2, weight, y, rstd, eps, offset, sms)
     return y, rstd
 
