@@ -1,0 +1,83 @@
+"""The thread/value layout picture: the arrays it draws follow plan.py's mapping, and it draws
+every variant (zoomed, predicated, chunked) without error on a headless backend."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from rmsnorm_lab.cute.plan import plan_forward  # noqa: E402
+from rmsnorm_lab.layout_plot import draw_row_layout, row_layout  # noqa: E402
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+def plan(variant, N, dtype=BF16):
+    return plan_forward(variant, N, dtype, dtype, "llama", True, True)
+
+
+def test_row_variant_4096_bf16_is_256_threads_by_2_copies_of_8():
+    p = plan("row", 4096)
+    lay = row_layout(p)
+    assert lay.thread.shape == (2, 256)
+    assert lay.active.all()
+    # thread c's copies start at c*8 and 2048 + c*8: neighbouring threads, neighbouring chunks
+    assert list(lay.col_start[:, 0]) == [0, 2048]
+    assert list(lay.col_start[0, :3]) == [0, 8, 16]
+    assert (lay.thread[0] == np.arange(256)).all() and (lay.thread[1] == np.arange(256)).all()
+
+
+def test_every_element_is_covered_once():
+    for p in (plan("row", 4096), plan("warp", 1024), plan("warp", 2048, F32),
+              plan("fallback", 1000), plan("row", 3072)):
+        lay = row_layout(p)
+        R, K = p.rows_per_cta, p.vecs_per_thread
+        for r in range(R):
+            starts = lay.col_start[r * K:(r + 1) * K][lay.active[r * K:(r + 1) * K]]
+            cols = np.sort((starts[:, None] + np.arange(p.vec)[None, :]).ravel())
+            assert (cols == np.arange(min(p.N, p.cols_per_tile))).all(), p
+
+
+def test_warp_variant_gives_each_row_its_own_warp():
+    p = plan("warp", 4096)
+    lay = row_layout(p)
+    K = p.vecs_per_thread
+    assert p.threads_per_row == 32 and p.rows_per_cta >= 2
+    for r in range(p.rows_per_cta):
+        assert set(np.unique(lay.thread[r * K:(r + 1) * K])) == set(range(32 * r, 32 * r + 32))
+
+
+def test_predicated_copies_past_N_are_inactive():
+    lay = row_layout(plan("row", 3072))  # 384 copies on 256 threads x 2 blocks
+    assert lay.active.sum() == 384
+    assert not lay.active[1, 128:].any()
+
+
+def test_zoom_and_chunk_arguments():
+    p = plan("row", 262144)
+    assert p.chunks > 1
+    lay = row_layout(p, lanes=4, chunk=1)
+    assert lay.thread.shape == (p.vecs_per_thread, 4)
+    assert lay.col_start[0, 0] == p.cols_per_tile
+    with pytest.raises(ValueError):
+        row_layout(p, lanes=0)
+    with pytest.raises(ValueError):
+        row_layout(p, chunk=p.chunks)
+
+
+@pytest.mark.parametrize("variant,N,kw", [("row", 4096, {}), ("row", 4096, {"lanes": 8}),
+                                          ("warp", 4096, {}), ("persistent", 8192, {}),
+                                          ("fallback", 1000, {"lanes": 8}),
+                                          ("row", 262144, {"chunk": 1})])
+def test_draws_on_given_or_new_axes(variant, N, kw):
+    p = plan(variant, N)
+    ax = draw_row_layout(p, **kw)
+    assert ax.get_title().startswith(variant)
+    assert len(ax.images) == 1
+    fig, own = plt.subplots()
+    assert draw_row_layout(p, ax=own, **kw) is own
+    plt.close("all")
