@@ -18,10 +18,14 @@ from typing import Any, Dict, Iterator, Mapping
 
 BACKENDS = ("cute", "triton", "torch")
 FORWARD_VARIANTS = ("auto", "row", "persistent", "warp", "fallback")
+BACKWARD_MODES = ("auto", "fused", "split")
+LAUNCH_PATHS = ("tvm_ffi", "cached", "compiled", "jit")
 
 _CHOICES: Dict[str, tuple] = {
     "backend": BACKENDS,
     "forward_variant": FORWARD_VARIANTS,
+    "backward": BACKWARD_MODES,
+    "launch_path": LAUNCH_PATHS,
 }
 
 
@@ -31,6 +35,18 @@ class Settings:
     backend: str = "cute"
     #: CuTe forward kernel: ``auto`` picks the fastest measured eligible variant for the shape
     forward_variant: str = "auto"
+    #: CuTe backward: ``fused`` (dx and the dW partials in one kernel), ``split`` (separate
+    #: kernels), ``auto`` (the kernel family picks per shape). ``RMSNORM_LAB_BACKWARD=split`` is
+    #: the escape hatch when the fused kernel misbehaves on a machine.
+    backward: str = "auto"
+    #: how torch tensors reach a compiled CuTe kernel (rmsnorm_lab/cute/runner.py lists them);
+    #: ``tvm_ffi`` is the fastest on the host
+    launch_path: str = "tvm_ffi"
+    #: marshaled tensor handles kept by the ``cached`` path (FIFO); 0 turns the cache off,
+    #: a negative cap removes the bound (only to demonstrate why the bound exists)
+    tensor_cache_cap: int = 8
+    #: NVTX ranges (domain ``rmsnorm_lab``) around compile, marshal, launch and reduce
+    nvtx: bool = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _FIELD_NAMES:

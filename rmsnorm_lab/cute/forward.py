@@ -56,24 +56,29 @@ class RMSNormForward:
         )
 
     @cute.jit
-    def __call__(self, pX: cute.Pointer, pW: cute.Pointer, pY: cute.Pointer,
-                 pRstd: cute.Pointer, M: Int32, ldx: Int32, ldy: Int32, grid: Int32,
-                 eps: Float32, offset: Float32, stream: cuda.CUstream):
+    def __call__(self, gX: cute.Tensor, gW: cute.Tensor, gY: cute.Tensor, gRstd: cute.Tensor,
+                 grid: Int32, eps: Float32, offset: Float32, stream: cuda.CUstream):
+        """Host side. The arguments arrive with dynamic layouts ((M, N):(ld, 1) for x and y), so
+        one compilation serves every M and row stride, whatever marshaled them (TVM-FFI,
+        from_dlpack, fake tensors); the layouts the kernel indexes are rebuilt here with N static
+        and the row strides' divisibility made known to the compiler."""
         p = self.plan
-        # The caller guarantees row strides divisible by the copy width (plan eligibility);
+        M = gX.shape[0]
+        # The launcher guarantees row strides divisible by the copy width (plan eligibility);
         # telling the compiler lets it prove every copy is 16-byte aligned.
-        ldx = cute.assume(ldx, divby=p.vec)
-        ldy = cute.assume(ldy, divby=p.vec)
-        mX = cute.make_tensor(pX, cute.make_layout((M, p.N), stride=(ldx, 1)))
-        mY = cute.make_tensor(pY, cute.make_layout((M, p.N), stride=(ldy, 1)))
+        ldx = cute.assume(gX.stride[0], divby=p.vec)
+        ldy = cute.assume(gY.stride[0], divby=p.vec)
+        mX = cute.make_tensor(gX.iterator, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mY = cute.make_tensor(gY.iterator, cute.make_layout((M, p.N), stride=(ldy, 1)))
         # The weight seen as a (rows_per_cta, N) tensor with row stride 0: every row of the tile
         # reads the same vector, and the same tiled copy partitions it like x.
         mW = None
         if cutlass.const_expr(self.w_type is not None):
-            mW = cute.make_tensor(pW, cute.make_layout((p.rows_per_cta, p.N), stride=(0, 1)))
+            mW = cute.make_tensor(gW.iterator,
+                                  cute.make_layout((p.rows_per_cta, p.N), stride=(0, 1)))
         mRstd = None
         if cutlass.const_expr(p.store_rstd):
-            mRstd = cute.make_tensor(pRstd, cute.make_layout((M,)))
+            mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = p.rows_per_cta * self.warps_per_row * 4

@@ -1,67 +1,143 @@
-"""Compile cache and launches for the CuTe forward kernels.
+"""Compile cache and launch paths for the CuTe forward kernels.
 
-The compiled kernel takes raw device pointers plus the dynamic sizes (M, row strides, grid), so
-one compilation serves every M and every row stride; what the kernel bakes in (dtypes, N, casting
-mode, the thread mapping, the target architecture) is the cache key.
+What the kernel bakes in (dtypes, N, casting mode, thread mapping, target architecture) is the
+compile-cache key; M and the row strides are runtime values, so one compilation serves them all.
+How torch tensors reach the compiled kernel is the launch path (``settings.launch_path``), the
+subject of notebooks/03_host_overhead.ipynb:
+
+``tvm_ffi``  compiled with ``--enable-tvm-ffi``; torch tensors are passed as they are and the
+             kernel runs on torch's current stream (the TVM-FFI environment stream).
+``cached``   compiled once; each tensor is marshaled with ``from_dlpack`` and the handle kept in a
+             bounded FIFO cache keyed on (data_ptr, dtype, shape, stride).
+``compiled`` compiled once; every tensor marshaled with ``from_dlpack`` on every call.
+``jit``      the ``@cute.jit`` function called directly: CuTe DSL's own cache looks the
+             compilation up from the argument types on every call.
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_ptr
+from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
+from .. import nvtx_ranges
+from ..settings import LAUNCH_PATHS, settings  # noqa: F401 - re-exported for callers
 from .forward import TORCH_TO_CUTE, RMSNormForward
 from .plan import ForwardPlan, auto_variant, is_aligned, plan_forward
 
+
 _COMPILED: Dict[Tuple, object] = {}
+_HANDLES: "OrderedDict[Tuple, object]" = OrderedDict()
+_EMPTY: Dict[Tuple, torch.Tensor] = {}
+_PLANS: Dict[Tuple, ForwardPlan] = {}
+_ARCH: Dict[int, str] = {}
 
 
 def target_arch(device: Optional[torch.device] = None) -> str:
     """``sm_90a`` on an H100/H200, ``sm_100a`` on a B200; without a GPU, ``CUTE_DSL_ARCH``."""
     if device is not None and device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return f"sm_{major}{minor}a"
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        arch = _ARCH.get(idx)
+        if arch is None:
+            major, minor = torch.cuda.get_device_capability(idx)
+            arch = _ARCH[idx] = f"sm_{major}{minor}a"
+        return arch
     return os.environ.get("CUTE_DSL_ARCH", "sm_100a")
 
 
-def _placeholder_args(plan: ForwardPlan):
-    """Arguments of the right types for ``cute.compile`` (the values are never launched)."""
-    align = 16 if plan.vec > 1 else torch.tensor([], dtype=plan.x_dtype).element_size()
+def _align(plan: ForwardPlan, dtype: Optional[torch.dtype] = None) -> int:
+    """Byte alignment the kernel may assume for a tensor of ``dtype`` (default: x's): 16 on the
+    vector path (checked by the plan's eligibility), one element on the fallback."""
+    return 16 if plan.vec > 1 else torch.empty((), dtype=dtype or plan.x_dtype).element_size()
+
+
+def _fake_args(plan: ForwardPlan):
+    """Typed stand-ins for ``cute.compile``: x and y are (M, N):(ld, 1) with M and the row
+    strides symbolic; w is (N,); rstd is (M,). The stream is TVM-FFI's environment stream."""
+    align = _align(plan)
     x_type = TORCH_TO_CUTE[plan.x_dtype]
     w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else x_type
-    i32, f32 = cutlass.Int32, cutlass.Float32
-    return (make_ptr(x_type, 0, assumed_align=align), make_ptr(w_type, 0, assumed_align=align),
-            make_ptr(x_type, 0, assumed_align=align), make_ptr(cutlass.Float32, 0, assumed_align=4),
-            i32(1), i32(plan.N), i32(plan.N), i32(1), f32(1e-6), f32(0.0), cuda.CUstream(0))
+    M = cute.sym_int64(symbol="M")
+    x = make_fake_tensor(x_type, (M, plan.N), stride=(cute.sym_int64(symbol="ldx"), 1),
+                         assumed_align=align)
+    y = make_fake_tensor(x_type, (M, plan.N), stride=(cute.sym_int64(symbol="ldy"), 1),
+                         assumed_align=align)
+    w = make_fake_tensor(w_type, (cute.sym_int64(symbol="Nw"),), stride=(1,),
+                         assumed_align=_align(plan, plan.w_dtype))
+    rstd = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="Mr"),), stride=(1,),
+                            assumed_align=4)
+    return (x, w, y, rstd, cutlass.Int32(1), cutlass.Float32(1e-6), cutlass.Float32(0.0),
+            make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
-    """Compile (or fetch from the cache) the forward kernel for ``plan`` on ``arch``."""
-    key = (plan, arch)
+    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
+    key = (plan, arch, "tvm_ffi")
     fn = _COMPILED.get(key)
     if fn is None or keep_ptx_dir is not None:
-        options = f"--gpu-arch {arch}"
+        options = f"--gpu-arch {arch} --enable-tvm-ffi"
         if keep_ptx_dir is not None:
             options += f" --keep-ptx --dump-dir {keep_ptx_dir}"
-        fn = cute.compile(RMSNormForward(plan), *_placeholder_args(plan), options=options)
+        with nvtx_ranges.range("compile", plan.variant):
+            fn = cute.compile(RMSNormForward(plan), *_fake_args(plan), options=options)
         _COMPILED[key] = fn
     return fn
+
+
+def _marshal(t: torch.Tensor, align: int):
+    """A CuTe tensor handle for ``t`` with a dynamic layout (what from_dlpack costs per call)."""
+    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
+
+
+def _cached_handle(t: torch.Tensor, align: int, cap: int):
+    """``_marshal`` through the bounded FIFO cache. A handle keeps its tensor's storage alive,
+    so an unbounded cache keeps every tensor it ever saw: the cap bounds that memory."""
+    key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+    h = _HANDLES.get(key)
+    if h is None:
+        h = _marshal(t, align)
+        if cap != 0:  # negative: unbounded (the failure mode the cap exists to prevent)
+            if 0 < cap <= len(_HANDLES):
+                _HANDLES.popitem(last=False)
+            _HANDLES[key] = h
+    return h
+
+
+def clear_caches() -> None:
+    """Forget every compilation and tensor handle (tests and the cache-cap benchmark)."""
+    _COMPILED.clear()
+    _HANDLES.clear()
+    _PLANS.clear()
+
+
+def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-length stand-in for an absent weight or rstd (the kernel never reads it)."""
+    key = (dtype, device)
+    t = _EMPTY.get(key)
+    if t is None:
+        t = _EMPTY[key] = torch.empty((0,), dtype=dtype, device=device)
+    return t
 
 
 def choose_plan(x2: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor],
                 casting_mode: str, need_rstd: bool, variant: str) -> ForwardPlan:
     N = x2.shape[1]
     aligned = is_aligned(x2) and is_aligned(y) and (weight is None or weight.data_ptr() % 16 == 0)
-    if variant == "auto":
-        variant = auto_variant(N, aligned, x2.dtype)
     w_dtype = weight.dtype if weight is not None else None
-    return plan_forward(variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned)
+    # Plans are small frozen dataclasses, but building one costs ~5 us of Python: remember them.
+    key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned)
+    plan = _PLANS.get(key)
+    if plan is None:
+        chosen = auto_variant(N, aligned, x2.dtype) if variant == "auto" else variant
+        plan = _PLANS[key] = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd,
+                                          aligned)
+    return plan
 
 
 def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
@@ -76,16 +152,35 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
 
 def launch(plan: ForwardPlan, x2: torch.Tensor, weight: Optional[torch.Tensor], y: torch.Tensor,
            rstd: Optional[torch.Tensor], eps: float, offset: float, sms: int) -> None:
-    """Launch ``plan`` on the current stream (compiling it on first use)."""
-    kernel = compile_forward(plan, target_arch(x2.device))
-    align = 16 if plan.vec > 1 else x2.element_size()
-    x_type = TORCH_TO_CUTE[x2.dtype]
-    w_src = weight if weight is not None else x2
+    """Launch ``plan`` on the current stream through ``settings.launch_path``."""
+    path = settings.launch_path
+    w = weight if weight is not None else _empty(x2.dtype, x2.device)
+    r = rstd if rstd is not None else _empty(torch.float32, x2.device)
+    grid = plan.grid(x2.shape[0], sms)
+    if path == "tvm_ffi":
+        kernel = compile_forward(plan, target_arch(x2.device))
+        with nvtx_ranges.range("launch", plan.variant, x2.shape):
+            kernel(x2, w, y, r, grid, eps, offset)
+        return
+    align, w_align = _align(plan), _align(plan, w.dtype)
     stream = cuda.CUstream(torch.cuda.current_stream(x2.device).cuda_stream)
-    M = x2.shape[0]
-    kernel(make_ptr(x_type, x2.data_ptr(), assumed_align=align),
-           make_ptr(TORCH_TO_CUTE[w_src.dtype], w_src.data_ptr(), assumed_align=align),
-           make_ptr(x_type, y.data_ptr(), assumed_align=align),
-           make_ptr(cutlass.Float32, rstd.data_ptr() if rstd is not None else y.data_ptr(),
-                    assumed_align=4),
-           M, x2.stride(0), y.stride(0), plan.grid(M, sms), eps, offset, stream)
+    with nvtx_ranges.range("marshal", plan.variant, x2.shape):
+        if path == "cached":
+            cap = settings.tensor_cache_cap
+            args = [_cached_handle(t, a, cap) for t, a in ((x2, align), (w, w_align),
+                                                            (y, align), (r, 4))]
+        else:
+            args = [_marshal(x2, align), _marshal(w, w_align), _marshal(y, align), _marshal(r, 4)]
+    if path == "jit":
+        with nvtx_ranges.range("launch", plan.variant, x2.shape):
+            RMSNormForward(plan)(*args, grid, eps, offset, stream)
+        return
+    key = (plan, target_arch(x2.device), "dlpack")
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        with nvtx_ranges.range("compile", plan.variant):
+            kernel = _COMPILED[key] = cute.compile(
+                RMSNormForward(plan), *args, cutlass.Int32(grid), cutlass.Float32(eps),
+                cutlass.Float32(offset), stream, options=f"--gpu-arch {key[1]}")
+    with nvtx_ranges.range("launch", plan.variant, x2.shape):
+        kernel(*args, grid, eps, offset, stream)

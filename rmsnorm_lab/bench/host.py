@@ -1,0 +1,145 @@
+"""Host-enqueue measurements: what one call costs the CPU on each launch path, where the GPU's
+time overtakes it, and what the tensor-handle cache costs in memory.
+
+Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
+
+* ``path=host``: µs per call at HOST_SHAPE for ``cute.auto@<launch path>``, ``triton.row`` and
+  every installed peer; op ``fwd`` (inference), op ``fwd`` with impl suffix ``+autograd`` (inputs
+  require grad, so the autograd graph is built), op ``full`` (forward + backward).
+  ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on.
+* ``path=graph``: device µs of ``cute.auto`` for the CROSSOVER_M sweep, to find the M at which
+  device time overtakes each path's host time.
+* op ``full`` at CACHE_SHAPE with impl ``cute.auto@cached:<cap>`` (``:unbounded`` for no cap)
+  and ``triton.row``: peak memory (MiB above the step's inputs) and eager time of a training-like
+  step over LAYERS fresh activations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .. import provenance
+from .. import results as results_io
+from ..settings import LAUNCH_PATHS, settings
+from . import peers as peers_mod
+from .runner import EPS, Outcome, make_row, output_path
+from .timing import Quantiles, eager_time_us, graph_time_us, host_time_us
+
+DTYPE = torch.bfloat16
+HOST_SHAPE = (128, 4096)
+CROSSOVER_M = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+CACHE_SHAPE = (16384, 4096)
+CACHE_CAPS = (0, 4, 8, 16, -1)
+LAYERS = 12
+
+
+def _lab(backend: str) -> Callable:
+    from ..api import rms_norm
+    return lambda x, w: rms_norm(x, w, EPS, backend=backend)
+
+
+def host_impls() -> Dict[str, tuple]:
+    """name -> (fn(x, w), settings to hold while it is timed). The settings are entered once,
+    outside the timed loop, so their own cost is not measured."""
+    impls = {f"cute.auto@{p}": (_lab("cute"), {"launch_path": p}) for p in LAUNCH_PATHS}
+    impls["cute.auto@tvm_ffi+nvtx"] = (_lab("cute"), {"launch_path": "tvm_ffi", "nvtx": True})
+    impls["triton.row"] = (_lab("triton"), {})
+    impls.update({name: (fn, {}) for name, fn in peers_mod.forward_peers(EPS).items()})
+    return impls
+
+
+def _calls(fn: Callable, M: int, N: int):
+    """The three host workloads of one implementation: inference, forward with autograd,
+    forward + backward."""
+    x = torch.randn(M, N, device="cuda", dtype=DTYPE)
+    w = torch.randn(N, device="cuda", dtype=DTYPE)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    dy = torch.randn_like(x)
+
+    def full():
+        fn(xg, wg).backward(dy)
+    return {("fwd", ""): lambda: fn(x, w), ("fwd", "+autograd"): lambda: fn(xg, wg),
+            ("full", ""): full}
+
+
+def _step(fn: Callable, M: int, N: int) -> Callable:
+    """A training-like step: LAYERS fresh activations normalized, kept for backward (as autograd
+    keeps them), then back-propagated."""
+    w = torch.randn(N, device="cuda", dtype=DTYPE, requires_grad=True)
+
+    def step():
+        outs = []
+        for _ in range(LAYERS):
+            x = torch.randn(M, N, device="cuda", dtype=DTYPE, requires_grad=True)
+            outs.append(fn(x, w))
+        for y in reversed(outs):
+            y.backward(torch.ones_like(y))
+    return step
+
+
+def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
+               repeats: int = 15) -> Outcome:
+    from tqdm.auto import tqdm
+
+    from ..cute import runner as cute_runner
+
+    prov = provenance.collect()
+    outcome = Outcome()
+    rows: List[dict] = outcome.rows
+
+    def row(op, impl, path, M, N, metric, q: Quantiles):
+        rows.append(make_row(prov, op, impl, path, M, N, DTYPE, metric, q))
+
+    impls = host_impls()
+    with tqdm(total=len(impls) * 3 + len(CROSSOVER_M) + len(CACHE_CAPS) + 1,
+              desc="bench host") as bar:
+        for name, (fn, overrides) in impls.items():
+            for (op, suffix), call in _calls(fn, *HOST_SHAPE).items():
+                bar.set_postfix_str(f"{name}{suffix} {op}")
+                try:
+                    with settings.override(**overrides):
+                        q = host_time_us(call, repeats=repeats)
+                except Exception as e:  # noqa: BLE001 - a peer without autograd is a finding
+                    outcome.failures.append(f"{name}{suffix} {op}: {type(e).__name__}: {e}")
+                else:
+                    row(op, name + suffix, "host", *HOST_SHAPE, "host", q)
+                bar.update()
+        default = _lab("cute")
+        for M in CROSSOVER_M:
+            x = torch.randn(M, HOST_SHAPE[1], device="cuda", dtype=DTYPE)
+            w = torch.randn(HOST_SHAPE[1], device="cuda", dtype=DTYPE)
+            row("fwd", "cute.auto", "graph", M, HOST_SHAPE[1], "time",
+                graph_time_us(lambda: default(x, w)))
+            bar.update()
+        for cap in CACHE_CAPS:
+            label = "unbounded" if cap < 0 else str(cap)
+            cute_runner.clear_caches()
+            with settings.override(launch_path="cached", tensor_cache_cap=cap):
+                _measure_step(row, f"cute.auto@cached:{label}", _lab("cute"), outcome)
+            cute_runner.clear_caches()
+            bar.update()
+        _measure_step(row, "triton.row", _lab("triton"), outcome)
+        bar.update()
+    outcome.path = results_io.write(rows, output_path(
+        Path(out) if out is not None else results_io.results_dir(), prov["gpu"], "host", tag))
+    return outcome
+
+
+def _measure_step(row, name: str, fn: Callable, outcome: Outcome) -> None:
+    M, N = CACHE_SHAPE
+    try:
+        step = _step(fn, M, N)
+        step()  # compile and warm the allocator
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+        row("full", name, "eager", M, N, "peak_mem", Quantiles(mib, mib, mib))
+        row("full", name, "eager", M, N, "time", eager_time_us(step, rep_ms=200))
+    except Exception as e:  # noqa: BLE001
+        outcome.failures.append(f"{name} step: {type(e).__name__}: {e}")
