@@ -27,7 +27,7 @@ import torch
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
 from .. import nvtx_ranges
-from ..settings import LAUNCH_PATHS, settings  # noqa: F401 - re-exported for callers
+from ..settings import settings
 from .forward import TORCH_TO_CUTE, RMSNormForward
 from .plan import ForwardPlan, auto_variant, is_aligned, plan_forward
 
