@@ -1,8 +1,11 @@
-"""The command line: python -m rmsnorm_lab {bench,report}
+"""The command line: python -m rmsnorm_lab {bench,report,profile,nsys-summary}
 
-  bench   runs the benchmark sweep of one op on the current GPU and writes a results file.
-  report  (on a GPU, after benchmarking) renders every recorded result into figures, a markdown
-          report and a table on stdout; without a GPU it renders what is recorded.
+  bench         runs the benchmark sweep of one op on the current GPU and writes a results file.
+  report        (on a GPU, after benchmarking) renders every recorded result into figures, a
+                markdown report and a table on stdout; without a GPU it renders what is recorded.
+  profile       a workload for Nsight Systems: one shape, NVTX on, the timed loop between
+                cudaProfilerStart/Stop (run it under the nsys line its --help prints).
+  nsys-summary  per NVTX range of the rmsnorm_lab domain: wall time, kernel time, the difference.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from . import plots
 from . import results as results_io
 from .bench.runner import OPS
+from .settings import BACKENDS, BACKWARD_MODES, FORWARD_VARIANTS, LAUNCH_PATHS, settings
 
 # Exit codes: 0 ok; 1 a kernel failed its check or the results are malformed; 2 no GPU for bench
 EXIT_FAILED, EXIT_NO_GPU = 1, 2
@@ -44,6 +48,81 @@ def cmd_bench(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_NO_GPU
     return _bench(args.op, args.quick, args.out, args.tag)
+
+
+# --- profile, nsys-summary -------------------------------------------------------------------
+
+PROFILE_EPILOG = """\
+Capture the timed loop (and only it) with Nsight Systems, then summarize:
+
+  {profile}
+  python3 -m rmsnorm_lab nsys-summary {report}.nsys-rep
+
+Warm-up runs outside the capture, so each compile range appears once, before it; with
+--include-compile the capture starts before the warm-up. Every timed iteration is an NVTX range
+"iter" of the rmsnorm_lab domain; the lab's compile/marshal/launch/reduce ranges nest inside.
+Exit status: 0 ok; 2 no CUDA GPU, no nvtx package, or a configuration that cannot run (e.g. --op
+full with a backend that has no backward yet)."""
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from . import profiling
+
+    cfg = profiling.ProfileConfig(
+        op=args.op, backend=args.backend, launch_path=args.launch_path,
+        forward_variant=args.variant, backward=args.backward, M=args.M, N=args.N,
+        dtype=args.dtype, iters=args.iters, warmup=args.warmup,
+        include_compile=args.include_compile)
+    if not torch.cuda.is_available():
+        print(f"error: profile needs a CUDA GPU, and torch.cuda.is_available() is False here "
+              f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}). On a GPU host "
+              f"run: {profiling.nsys_profile_line(cfg, args.backend or settings.backend)}",
+              file=sys.stderr)
+        return EXIT_NO_GPU
+    try:
+        import nvtx  # noqa: F401
+    except ImportError:
+        print("error: profile emits NVTX ranges and needs the nvtx package: pip install nvtx",
+              file=sys.stderr)
+        return EXIT_NO_GPU
+    backend = args.backend or settings.backend
+    print("capture this loop with:\n  " + profiling.nsys_profile_line(cfg, backend), flush=True)
+    try:
+        result = profiling.run_profile(cfg)
+    except profiling.ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_GPU
+    print(f"profiled {result.iters} iterations of {cfg.op} (backend {result.backend}, "
+          f"{cfg.M}x{cfg.N} {cfg.dtype}, NVTX on): {result.us_per_iter:.2f} µs per iteration "
+          f"(host wall, synchronized at the end)")
+    print(f"then: python3 -m rmsnorm_lab nsys-summary {cfg.report_name(backend)}.nsys-rep")
+    return 0
+
+
+def cmd_nsys_summary(args: argparse.Namespace) -> int:
+    from . import profiling
+
+    try:
+        if args.csv_dir is not None:
+            stem = None
+            if args.report is not None:
+                name = args.report.name
+                stem = name[:-len(".nsys-rep")] if name.endswith(".nsys-rep") else name
+            csvs = profiling.find_csvs(args.csv_dir, stem)
+        elif args.report is None:
+            print("error: name a report (REPORT.nsys-rep) or a folder of its CSVs (--csv-dir)",
+                  file=sys.stderr)
+            return EXIT_NO_GPU
+        else:
+            csvs = profiling.run_nsys_stats(args.report, args.out)
+        print(profiling.summary_text(csvs))
+    except profiling.NsysMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_GPU
+    except profiling.NsysError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -195,6 +274,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render only, even when a GPU is present")
     r.add_argument("--quick", action="store_true", help="when benchmarking, the quick sweep")
     r.set_defaults(func=cmd_report)
+
+    from .profiling import DTYPES, ProfileConfig, nsys_profile_line
+    example = ProfileConfig(backend="cute")
+    p = sub.add_parser(
+        "profile", help="a workload to capture with nsys: NVTX on, the loop between "
+                        "cudaProfilerStart/Stop",
+        description="Run one shape on this GPU with NVTX ranges on, warm up outside the capture, "
+                    "and bracket the timed loop with cudaProfilerStart/cudaProfilerStop.",
+        epilog=PROFILE_EPILOG.format(profile=nsys_profile_line(example, "cute"),
+                                     report=example.report_name("cute")),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", choices=("fwd", "full"), default="fwd",
+                   help="fwd: the forward; full: forward + backward (y.backward(dy))")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="default: settings.backend (RMSNORM_LAB_BACKEND)")
+    p.add_argument("--launch-path", choices=LAUNCH_PATHS, default=None,
+                   help="how tensors reach a CuTe kernel (default: settings.launch_path)")
+    p.add_argument("--variant", choices=FORWARD_VARIANTS, default=None,
+                   help="CuTe forward kernel (default: settings.forward_variant)")
+    p.add_argument("--backward", choices=BACKWARD_MODES, default=None,
+                   help="CuTe backward kernel (default: settings.backward)")
+    p.add_argument("--M", type=int, default=example.M, help="rows (default %(default)s)")
+    p.add_argument("--N", type=int, default=example.N, help="row width (default %(default)s)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=example.dtype)
+    p.add_argument("--iters", type=int, default=example.iters,
+                   help="captured iterations (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=example.warmup,
+                   help="iterations before the capture (default %(default)s)")
+    p.add_argument("--include-compile", action="store_true",
+                   help="start the capture before the warm-up, so compile ranges are in it")
+    p.set_defaults(func=cmd_profile)
+
+    n = sub.add_parser(
+        "nsys-summary", help="per NVTX range of the rmsnorm_lab domain: wall, kernels, overhead",
+        description="Run `nsys stats --report nvtx_sum,cuda_gpu_kern_sum,nvtx_kern_sum --format "
+                    "csv` on a report (CSVs written beside it as <name>_<report>.csv, or into "
+                    "--out) and print, per range of the rmsnorm_lab domain, its instances, wall "
+                    "time, the time of the kernels launched inside it and wall minus kernels per "
+                    "instance. With --csv-dir nsys is not run: the CSVs are read from DIR.")
+    n.add_argument("report", type=Path, nargs="?", metavar="REPORT.nsys-rep",
+                   help="the nsys report (with --csv-dir: optional, picks DIR/<name>_*.csv)")
+    n.add_argument("--csv-dir", type=Path, default=None, metavar="DIR",
+                   help="read existing CSVs from DIR instead of running nsys stats")
+    n.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="where nsys stats writes the CSVs (default: beside the report)")
+    n.set_defaults(func=cmd_nsys_summary)
     return parser
 
 
