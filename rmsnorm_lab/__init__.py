@@ -1,7 +1,8 @@
 """rmsnorm-lab: RMSNorm GPU kernels (CuTe DSL and Triton) that teach and measure the op.
 
-    from rmsnorm_lab import rms_norm, settings
+    from rmsnorm_lab import rms_norm, RMSNorm, settings
     y = rms_norm(x, weight, eps=1e-6, offset=0.0, casting_mode="llama", backend="cute")
+    norm = RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)  # drop-in nn.RMSNorm
 """
 
 __version__ = "0.1.0"
@@ -9,5 +10,6 @@ __version__ = "0.1.0"
 from .settings import settings  # noqa: E402
 from .reference import CASTING_MODES  # noqa: E402
 from .api import rms_norm  # noqa: E402
+from .module import RMSNorm  # noqa: E402
 
-__all__ = ["rms_norm", "settings", "CASTING_MODES", "__version__"]
+__all__ = ["rms_norm", "RMSNorm", "settings", "CASTING_MODES", "__version__"]

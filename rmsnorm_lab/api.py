@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from . import autograd as _autograd
 from . import reference
 from .settings import BACKENDS, settings
 
@@ -44,14 +45,35 @@ def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
 
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, *,
              offset: float = 0.0, casting_mode: str = "llama",
-             backend: Optional[str] = None) -> torch.Tensor:
+             backend: Optional[str] = None, in_place: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension of ``x`` (any leading shape); see ``reference`` for the
-    exact rounding of each casting mode. ``backend`` defaults to ``settings.backend``."""
+    exact rounding of each casting mode. ``backend`` defaults to ``settings.backend``.
+
+    Differentiable: when grad mode is on and ``x`` or ``weight`` requires grad, the call is
+    recorded for autograd (``rstd`` is saved, fp32); otherwise nothing beyond ``y`` is kept.
+    Under ``torch.compile`` it goes through the ``rmsnorm_lab::rms_norm_fwd``/``_bwd`` custom ops
+    (see ``rmsnorm_lab.autograd``), so ``fullgraph=True`` traces it.
+
+    ``in_place=True`` makes the backward write dx into the incoming gradient's storage and return
+    that tensor as x's gradient, saving one activation-sized buffer. Only safe when nothing else
+    reads that gradient (``y`` feeds one op whose backward makes a fresh gradient, e.g. a linear
+    layer; not ``y + r``, whose backward hands the same tensor to both branches). The backward
+    raises ValueError when the gradient is not a contiguous tensor of x's shape and dtype.
+    Without autograd it has no effect. There is no double backward (``create_graph=True``
+    raises).
+    """
     backend = backend or settings.backend
     validate(x, weight, casting_mode, backend)
+    if torch.is_grad_enabled() and (x.requires_grad
+                                    or (weight is not None and weight.requires_grad)):
+        return _autograd.rms_norm_autograd(x, weight, eps, offset, casting_mode, backend,
+                                           in_place)
     if x.numel() == 0:
         return torch.empty_like(x)
     if backend == "torch":
         return reference.rms_norm(x, weight, eps, offset, casting_mode)
+    if torch.compiler.is_compiling():  # the kernels' Python is opaque to Dynamo: one op node
+        return _autograd.rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode,
+                                      backend)[0]
     from . import launch
     return launch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=False)[0]

@@ -57,6 +57,97 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
     return y, (rstd.view(x.shape[:-1]) if rstd is not None else None)
 
 
+def grad_rows(dy: torch.Tensor, n: int) -> torch.Tensor:
+    """The incoming gradient as (M, N) rows. Autograd hands over whatever layout the next op's
+    backward produced (the gradient of ``y.sum()`` is an expanded, stride-0 tensor), so a layout
+    a row kernel cannot address is copied rather than refused."""
+    if dy.stride(-1) != 1 and n > 1:
+        dy = dy.contiguous()
+    try:
+        return dy.view(-1, n)
+    except RuntimeError:
+        return dy.contiguous().view(-1, n)
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+             rstd: torch.Tensor, offset: float, casting_mode: str, backend: str,
+             dx_out: Optional[torch.Tensor] = None
+             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Returns ``(dx, dw)``: dx shaped like x in x's dtype, dw in weight's dtype (None without a
+    weight). ``rstd`` is the forward's fp32 ``x.shape[:-1]``.
+
+    With ``dx_out`` (a contiguous tensor of x's shape and dtype, in practice ``dy`` itself) dx is
+    written into its storage and ``dx_out`` is returned as dx. The Triton kernel writes it there
+    directly (a program reads a whole row of dy before it writes that row of dx); the CuTe runner
+    and the reference allocate dx and it is copied over.
+    """
+    x2 = as_rows(x)
+    M, N = x2.shape
+    dy2 = grad_rows(dy, N)
+    rstd1 = rstd.reshape(M)
+    if weight is not None and weight.stride(0) != 1 and N > 1:
+        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
+    if backend == "triton":
+        if dx_out is not None:
+            return dx_out, _triton_backward_into(dy2, x2, weight, rstd1, offset, casting_mode,
+                                                 dx_out.view(M, N))
+        from .triton.backward import triton_rms_norm_backward
+        dx2, dw = triton_rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)
+    elif backend == "cute":
+        from .cute import backward_runner
+        dx2, dw = backward_runner.backward(dy2, x2, weight, rstd1, offset, casting_mode,
+                                           settings.backward, sm_count(x.device))
+    elif backend == "torch":
+        from .reference import rms_norm_backward
+        dx2, dw = rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)
+        dx2 = dx2.contiguous()
+    else:
+        raise ValueError(f"backend must be one of ('cute', 'triton', 'torch'), got {backend!r}")
+    if dx_out is not None:
+        dx_out.view(M, N).copy_(dx2)
+        return dx_out, dw
+    return dx2.view(x.shape), dw
+
+
+def _triton_backward_into(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor],
+                          rstd1: torch.Tensor, offset: float, casting_mode: str,
+                          dx2: torch.Tensor) -> Optional[torch.Tensor]:
+    """``triton_rms_norm_backward`` with dx written into ``dx2`` (which may be ``dy2``); returns
+    dw. Mirrors that wrapper's grid; it belongs there as a ``dx=`` argument."""
+    import triton
+
+    from .triton import backward as tb
+    from .triton.forward import check_rows, check_weight, num_warps_for
+
+    M, N = x2.shape
+    check_rows("x", x2)
+    check_rows("dy", dy2, N)
+    if dx2.shape != (M, N) or dx2.dtype != x2.dtype or (N > 1 and dx2.stride() != (N, 1)):
+        raise ValueError(f"dx_out must be a contiguous ({M}, {N}) {x2.dtype} tensor, got "
+                         f"{dx2.dtype} {tuple(dx2.shape)} strides {dx2.stride()}")
+    if rstd1.dtype != torch.float32:
+        raise ValueError(f"rstd must be float32, got {rstd1.dtype}")
+    check_weight(weight, N, x2.device)
+    block = triton.next_power_of_2(N)
+    if block > tb.MAX_BLOCK:
+        raise NotImplementedError(f"the Triton backward holds a row in one block of at most "
+                                  f"{tb.MAX_BLOCK} elements; N={N} is too wide")
+    if M == 0:
+        return torch.zeros_like(weight) if weight is not None else None
+    programs = tb._num_programs(x2.device, M)
+    rows_per_program = triton.cdiv(M, programs)
+    programs = triton.cdiv(M, rows_per_program)
+    dw_partial = (torch.empty((programs, N), dtype=torch.float32, device=x2.device)
+                  if weight is not None else None)
+    tb._rms_norm_bwd[(programs,)](
+        dy2, x2, weight, rstd1.contiguous(), dx2, dw_partial,
+        dy2.stride(0), x2.stride(0), M, N, rows_per_program, offset,
+        BLOCK=block, CASTING_MODE=casting_mode, HAS_WEIGHT=weight is not None,
+        num_warps=num_warps_for(block),
+    )
+    return dw_partial.sum(0).to(weight.dtype) if weight is not None else None
+
+
 def lab_impls(op: str) -> Dict[str, Callable]:
     """The lab's implementations of ``op`` for the benchmark, as ``fn(x, w) -> y``."""
     if op != "fwd":

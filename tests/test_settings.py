@@ -37,3 +37,22 @@ def test_environment_not_read_after_import(monkeypatch):
     before = settings.backend
     monkeypatch.setenv("RMSNORM_LAB_BACKEND", "torch" if before != "torch" else "triton")
     assert settings.backend == before
+
+
+def test_backward_mode_toggle():
+    assert Settings().backward == "auto"
+    assert from_environ({"RMSNORM_LAB_BACKWARD": "split"}).backward == "split"
+    s = Settings()
+    s.backward = "fused"
+    assert s.backward == "fused"
+    with pytest.raises(ValueError, match="backward"):
+        s.backward = "fastest"
+    with pytest.raises(ValueError, match="backward"):
+        from_environ({"RMSNORM_LAB_BACKWARD": "persistent"})
+
+
+def test_backward_mode_override_restores():
+    before = settings.backward
+    with settings.override(backward="split"):
+        assert settings.backward == "split"
+    assert settings.backward == before

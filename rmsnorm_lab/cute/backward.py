@@ -1,0 +1,380 @@
+"""CuTe DSL RMSNorm backward: the fused kernel, and the split path's dX and dW kernels.
+
+The math (reference.py holds the rounding points)::
+
+    x_hat = x * rstd                         # fp32, rstd saved by the forward in fp32
+    m     = dy * (offset + w)                # "none": w + offset and m rounded to x's dtype
+    dx    = rstd * (m - x_hat * mean(m * x_hat))
+    dw    = sum_rows(dy * x_hat)             # llama/none: x_hat rounded to x's dtype first
+
+* ``RMSNormBackward`` with a ``fused`` plan: a persistent grid, CTA s walking the rows of strip s
+  (backward_plan.strip_bounds). The shifted weight and an fp32 dW accumulator stay in registers
+  for the whole strip; x and dy are read once, the next row's loaded while this row is reduced
+  (``plan.prefetch``). At the end the accumulator becomes row s of ``dw_partial``.
+* ``RMSNormBackward`` with a ``dx`` plan: one CTA per row, dx only (the split path). Rows wider
+  than the register budget take two passes over column chunks, like the forward.
+* ``RMSNormBackwardDW``: the split path's dW. CTA (b, g) sums ``dy * x_hat`` over the rows of
+  group g for column block b -- one warp per row, ``dw_unroll`` rows per warp in flight -- then
+  reduces over its warps in shared memory and writes ``dw_partial[g, block b]``.
+
+The host finishes ``dw = dw_partial.sum(0)`` with torch (backward_runner.py).
+
+The thread/value mapping and the predicated 16-byte tiled copies are the forward's (forward.py);
+naming follows the CUTLASS examples (``mX`` tensor, ``gX`` tile, ``tXgX`` this thread's slice,
+``tXrX`` its registers, ``tXcX`` the coordinates of those elements).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.memory import SmemAllocator
+
+from .backward_plan import BackwardPlan
+from .forward import TORCH_TO_CUTE
+from .reduce import row_sum
+
+
+def _tv_layout(p: BackwardPlan) -> cute.Layout:
+    """(thread, value) -> position in the column-major (rows_per_cta, cols_per_tile) tile, as in
+    the forward: thread (c, r) owns row r and, in column block k, the vec elements starting at
+    column (k * threads_per_row + c) * vec. A warp's k-th copy is one coalesced row segment."""
+    rows = p.rows_per_cta
+    return cute.make_layout(
+        ((p.threads_per_row, rows), (p.vec, p.vecs_per_thread)),
+        stride=((p.vec * rows, 1), (rows, p.vec * p.threads_per_row * rows)),
+    )
+
+
+class _Common:
+    """Copies, predicates and the per-element math shared by both kernel classes."""
+
+    def __init__(self, plan: BackwardPlan):
+        self.plan = plan
+        self.x_type = TORCH_TO_CUTE[plan.x_dtype]
+        self.w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else None
+
+    def make_tiled_copy(self, tiler):
+        p = self.plan
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
+                                   num_bits_per_copy=p.vec * self.x_type.width)
+        return cute.make_tiled_copy(atom, _tv_layout(p), tiler)
+
+    @cute.jit
+    def column_predicate(self, tXcX, c: cutlass.Constexpr[int], row_ok=None):
+        """One flag per column block of chunk c: does the block start before N (and, when given,
+        is the row valid)? One flag per copy suffices: on the vector path N is a multiple of
+        vec; on the fallback vec is 1. A thread's slice has shape ((vec, vecs_per_thread), 1, 1),
+        so the flags are laid out with stride 0 over the vec elements of a block, as
+        ``cute.copy`` expects."""
+        p = self.plan
+        pred = cute.make_rmem_tensor(
+            cute.make_layout((p.vecs_per_thread, 1, 1), stride=(1, 0, 0)), cutlass.Boolean)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            col_ok = tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
+            if cutlass.const_expr(row_ok is None):
+                pred[k, 0, 0] = col_ok
+            else:
+                pred[k, 0, 0] = col_ok & row_ok
+        return pred
+
+    @cute.jit
+    def x_hat_for_dw(self, x_hat):
+        """The x_hat that multiplied w in the forward: rounded to x's dtype except in gemma."""
+        if cutlass.const_expr(self.plan.casting_mode == "gemma"):
+            return x_hat
+        return x_hat.to(self.x_type).to(Float32)
+
+
+class RMSNormBackward(_Common):
+    """``fused`` and ``dx`` plans. ``__call__`` is the host side; ``kernel`` the device body."""
+
+    def __init__(self, plan: BackwardPlan):
+        assert plan.kind in ("fused", "dx") and plan.rows_per_cta == 1
+        assert plan.kind == "dx" or plan.chunks == 1, "the fused row lives in registers"
+        super().__init__(plan)
+        self.fused = plan.kind == "fused"
+        self.warps_per_row = max(plan.threads_per_row // 32, 1)
+
+    @cute.jit
+    def __call__(self, pDy: cute.Pointer, pX: cute.Pointer, pW: cute.Pointer,
+                 pRstd: cute.Pointer, pDx: cute.Pointer, pDwP: cute.Pointer, M: Int32,
+                 lddy: Int32, ldx: Int32, lddx: Int32, grid: Int32, offset: Float32,
+                 stream: cuda.CUstream):
+        p = self.plan
+        # Row strides divisible by the copy width (plan eligibility) let the compiler prove that
+        # every copy is 16-byte aligned.
+        lddy = cute.assume(lddy, divby=p.vec)
+        ldx = cute.assume(ldx, divby=p.vec)
+        lddx = cute.assume(lddx, divby=p.vec)
+        mDy = cute.make_tensor(pDy, cute.make_layout((M, p.N), stride=(lddy, 1)))
+        mX = cute.make_tensor(pX, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mDx = cute.make_tensor(pDx, cute.make_layout((M, p.N), stride=(lddx, 1)))
+        mRstd = cute.make_tensor(pRstd, cute.make_layout((M,)))
+        mW = None
+        mDwP = None
+        if cutlass.const_expr(self.w_type is not None):
+            # The weight as a (1, N) tile row, partitioned by the same tiled copy as x.
+            mW = cute.make_tensor(pW, cute.make_layout((1, p.N), stride=(0, 1)))
+            if cutlass.const_expr(self.fused):
+                # One fp32 partial row per strip; the row stride N is static, so the compiler
+                # sees 16-byte aligned rows on the vector path.
+                mDwP = cute.make_tensor(pDwP, cute.make_layout((grid, p.N), stride=(p.N, 1)))
+        smem_bytes = 0
+        if cutlass.const_expr(self.warps_per_row > 1):
+            smem_bytes = self.warps_per_row * 4
+        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
+
+    @cute.kernel
+    def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
+               mDx: cute.Tensor, mDwP: cute.Tensor, offset: Float32):
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        M = mX.shape[0]
+        warp_in_row = tidx // 32
+        lane = tidx % 32
+
+        sBuf = None
+        if cutlass.const_expr(self.warps_per_row > 1):
+            smem = SmemAllocator()
+            sBuf = smem.allocate_tensor(Float32, cute.make_layout((1, self.warps_per_row)),
+                                        byte_alignment=4)
+
+        tiler = (1, p.cols_per_tile)
+        tiled_x = self.make_tiled_copy(tiler)
+        thr_x = tiled_x.get_slice(tidx)
+        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
+                                                 (0, 0)))
+        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
+        tXrDy = cute.make_fragment_like(tXrX)
+        tXrDx = cute.make_fragment_like(tXrX)
+
+        # Rows of this CTA. Fused: strip bidx of gdim, [s*q + min(s, r), (s+1)*q + min(s+1, r))
+        # with q, r = divmod(M, gdim) (backward_plan.strip_bounds). dx: row bidx alone.
+        row_start = bidx
+        row_end = bidx + 1
+        if cutlass.const_expr(self.fused):
+            q = M // gdim
+            r = M % gdim
+            row_start = bidx * q + cutlass.min(bidx, r)
+            row_end = (bidx + 1) * q + cutlass.min(bidx + 1, r)
+
+        # With one chunk the weight is loaded once, before the row loop: the fused kernel reuses
+        # it for every row of its strip (m needs it before the reduction, so unlike the forward
+        # there is no later point where loading it would free registers).
+        tWrW = None
+        if cutlass.const_expr(self.w_type is not None and p.chunks == 1):
+            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
+        # The dW accumulator: fp32, the same fragment layout as x, live for the whole strip.
+        tXrDw = None
+        if cutlass.const_expr(self.fused and self.w_type is not None):
+            tXrDw = cute.make_fragment_like(tXrX, Float32)
+            tXrDw.fill(0.0)
+
+        # Prefetch (fused): the next row's x, dy and rstd are loaded into a second set of
+        # registers while this row is reduced and stored, so a CTA -- alone on its SM with one
+        # row at a time -- keeps a row's loads in flight through its barriers and stores.
+        # Loads for the row past the strip's end are predicated off (and its rstd index clamped).
+        tXrXn = None
+        tXrDyn = None
+        rstd_n = Float32(0.0)
+        if cutlass.const_expr(p.prefetch):
+            tXrXn = cute.make_fragment_like(tXrX)
+            tXrDyn = cute.make_fragment_like(tXrX)
+            self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row_start, 0, tXcX, tXrXn, tXrDyn,
+                            row_start < row_end)
+            rstd_n = mRstd[cutlass.min(row_start, M - 1)]
+
+        for row in cutlass.range(row_start, row_end):
+            rstd = rstd_n
+            if cutlass.const_expr(p.prefetch):
+                tXrX.store(tXrXn.load())
+                tXrDy.store(tXrDyn.load())
+                self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row + 1, 0, tXcX, tXrXn, tXrDyn,
+                                row + 1 < row_end)
+                rstd_n = mRstd[cutlass.min(row + 1, M - 1)]
+            else:
+                rstd = mRstd[row]
+
+            # Pass 1: sum(m * x_hat) over the row (chunks == 1 keeps x and dy for pass 2).
+            mx = Float32(0.0)
+            for c in cutlass.range_constexpr(p.chunks):
+                chunk_w = tWrW
+                if cutlass.const_expr(self.w_type is not None and tWrW is None):
+                    chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
+                if cutlass.const_expr(not p.prefetch):
+                    self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row, c, tXcX, tXrX, tXrDy)
+                x_hat = tXrX.load().to(Float32) * rstd
+                m = self.m_of(tXrDy.load().to(Float32), chunk_w, offset)
+                mx = mx + (m * x_hat).reduce(cute.ReductionOp.ADD, Float32(0.0),
+                                             reduction_profile=0)
+            mx = row_sum(mx, sBuf, 0, warp_in_row, lane, self.warps_per_row)
+            mean_mx = mx / Float32(p.N)
+
+            # Pass 2: dx (and the dW accumulation), store.
+            for c in cutlass.range_constexpr(p.chunks):
+                chunk_w = tWrW
+                if cutlass.const_expr(p.chunks > 1):
+                    if cutlass.const_expr(self.w_type is not None):
+                        chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
+                    self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row, c, tXcX, tXrX, tXrDy)
+                dyf = tXrDy.load().to(Float32)
+                x_hat = tXrX.load().to(Float32) * rstd
+                m = self.m_of(dyf, chunk_w, offset)
+                tXrDx.store((rstd * (m - x_hat * mean_mx)).to(self.x_type))
+                tXgDx = thr_x.partition_D(cute.local_tile(mDx, tiler, (row, c)))
+                cute.copy(tiled_x, tXrDx, tXgDx, pred=self.column_predicate(tXcX, c))
+                if cutlass.const_expr(tXrDw is not None):
+                    # Padding columns loaded as zeros add nothing.
+                    tXrDw.store(tXrDw.load() + dyf * self.x_hat_for_dw(x_hat))
+
+        if cutlass.const_expr(tXrDw is not None):
+            # This strip's partial dW row. Every strip writes, even an empty one (its zeros),
+            # so the host's sum over partial rows never reads uninitialized memory.
+            tXgDwP = thr_x.partition_D(cute.local_tile(mDwP, tiler, (bidx, 0)))
+            for k in cutlass.range_constexpr(p.vecs_per_thread):
+                if tXcX[(0, k), 0, 0][1] < p.N:
+                    cute.autovec_copy(tXrDw[(None, k), None, None], tXgDwP[(None, k), None, None])
+
+    @cute.jit
+    def m_of(self, dyf, tWrW, offset: Float32):
+        """m = dy * (offset + w) in fp32; "none" rounds offset + w and m to x's dtype, as its
+        forward did every product. Without a weight m is dy."""
+        if cutlass.const_expr(tWrW is None):
+            return dyf
+        w = tWrW.load().to(Float32) + offset
+        if cutlass.const_expr(self.plan.casting_mode == "none"):
+            w = w.to(self.x_type).to(Float32)
+            return (dyf * w).to(self.x_type).to(Float32)
+        return dyf * w
+
+    @cute.jit
+    def load_chunk(self, tiled_x, thr_x, mX, mDy, tiler, row, c: cutlass.Constexpr[int], tXcX,
+                   tXrX, tXrDy, row_ok=None):
+        """Registers <- column chunk c of x and dy; zeros where predicated off, so padding
+        columns drop out of the row sum and the dW accumulator without a mask."""
+        pred = self.column_predicate(tXcX, c, row_ok)
+        tXrX.fill(0)
+        tXrDy.fill(0)
+        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mX, tiler, (row, c))), tXrX,
+                  pred=pred)
+        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDy, tiler, (row, c))), tXrDy,
+                  pred=pred)
+
+    @cute.jit
+    def load_weight(self, mW, tiler, thr_x, tXcX, c: cutlass.Constexpr[int]):
+        """Registers holding w (its own dtype) for this thread's columns of chunk c, in x's
+        fragment layout. A wider weight (fp32 w with bf16 x) takes as many 16-byte copies per
+        column block as it needs (autovec_copy)."""
+        tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
+        tWrW = cute.make_fragment_like(tWgW)
+        tWrW.fill(0)
+        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
+            if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
+                cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
+        return tWrW
+
+
+class RMSNormBackwardDW(_Common):
+    """The split path's dW kernel: grid (column blocks, row groups)."""
+
+    def __init__(self, plan: BackwardPlan):
+        assert plan.kind == "dw" and plan.w_dtype is not None
+        super().__init__(plan)
+
+    @cute.jit
+    def __call__(self, pDy: cute.Pointer, pX: cute.Pointer, pRstd: cute.Pointer,
+                 pDwP: cute.Pointer, M: Int32, lddy: Int32, ldx: Int32, row_groups: Int32,
+                 stream: cuda.CUstream):
+        p = self.plan
+        lddy = cute.assume(lddy, divby=p.vec)
+        ldx = cute.assume(ldx, divby=p.vec)
+        mDy = cute.make_tensor(pDy, cute.make_layout((M, p.N), stride=(lddy, 1)))
+        mX = cute.make_tensor(pX, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mRstd = cute.make_tensor(pRstd, cute.make_layout((M,)))
+        mDwP = cute.make_tensor(pDwP, cute.make_layout((row_groups, p.N), stride=(p.N, 1)))
+        smem_bytes = p.rows_per_cta * p.cols_per_tile * 4
+        self.kernel(mDy, mX, mRstd, mDwP).launch(
+            grid=[p.col_blocks, row_groups, 1], block=[p.threads, 1, 1], smem=smem_bytes,
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mRstd: cute.Tensor, mDwP: cute.Tensor):
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        col_block, group, _ = cute.arch.block_idx()
+        _, groups, _ = cute.arch.grid_dim()
+        M = mX.shape[0]
+        row_lane = tidx // p.threads_per_row
+
+        # This group's rows, balanced as in backward_plan.strip_bounds.
+        q = M // groups
+        r = M % groups
+        row_start = group * q + cutlass.min(group, r)
+        row_end = (group + 1) * q + cutlass.min(group + 1, r)
+
+        tiler = (p.rows_per_cta, p.cols_per_tile)
+        tiled_x = self.make_tiled_copy(tiler)
+        thr_x = tiled_x.get_slice(tidx)
+        # Column coordinates of this thread's elements in column block col_block (the row part
+        # of these coordinates is unused: the row is row_lane past the tile's first row).
+        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
+                                                 (0, col_block)))
+
+        # dw_unroll rows per row lane per step, each with its own x and dy registers.
+        tXrX = [cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
+                for _ in range(p.dw_unroll)]
+        tXrDy = [cute.make_fragment_like(tXrX[0]) for _ in range(p.dw_unroll)]
+        tXrDw = cute.make_fragment_like(tXrX[0], Float32)
+        tXrDw.fill(0.0)
+
+        # A step covers rows_per_cta * dw_unroll rows of the group: row lane l takes rows
+        # row0 + u * rows_per_cta + l (one warp per row on the vector path: a 512-byte coalesced
+        # segment per load). All loads of a step are issued before the first product, so a
+        # thread has 2 * dw_unroll copies in flight. There is no branch on the row: a row past
+        # the group's end reads the last row's rstd (always valid) and loads nothing (its copies
+        # are predicated off, leaving zeros that add nothing). The tile is re-anchored at each
+        # row (domain_offset): groups need not start on a multiple of rows_per_cta.
+        for row0 in cutlass.range(row_start, row_end, p.rows_per_cta * p.dw_unroll):
+            rstd = [Float32(0.0)] * p.dw_unroll
+            for u in cutlass.range_constexpr(p.dw_unroll):
+                row = row0 + u * p.rows_per_cta + row_lane
+                rstd[u] = mRstd[cutlass.min(row, row_end - 1)]
+                first = row0 + u * p.rows_per_cta
+                gX = cute.local_tile(cute.domain_offset((first, 0), mX), tiler, (0, col_block))
+                gDy = cute.local_tile(cute.domain_offset((first, 0), mDy), tiler,
+                                      (0, col_block))
+                # Built in the loop: a predicate tensor built before the dynamic loop and used
+                # inside it failed to compile (cute.copy received an ArithValue, DSL 4.8.1); the
+                # compiler hoists the loop-invariant column flags anyway.
+                pred = self.column_predicate(tXcX, 0, row < row_end)
+                tXrX[u].fill(0)
+                tXrDy[u].fill(0)
+                cute.copy(tiled_x, thr_x.partition_S(gX), tXrX[u], pred=pred)
+                cute.copy(tiled_x, thr_x.partition_S(gDy), tXrDy[u], pred=pred)
+            for u in cutlass.range_constexpr(p.dw_unroll):
+                x_hat = tXrX[u].load().to(Float32) * rstd[u]
+                tXrDw.store(tXrDw.load()
+                            + tXrDy[u].load().to(Float32) * self.x_hat_for_dw(x_hat))
+
+        # Reduce over the row lanes through shared memory: each thread stores its fragment into
+        # a row-major (rows_per_cta, cols_per_tile) fp32 tile (vec contiguous floats per column
+        # block), then thread t sums column t over the lanes and writes it.
+        smem = SmemAllocator()
+        sAcc = smem.allocate_tensor(
+            Float32, cute.make_layout((p.rows_per_cta, p.cols_per_tile),
+                                      stride=(p.cols_per_tile, 1)), byte_alignment=16)
+        cute.autovec_copy(tXrDw, thr_x.partition_D(sAcc))
+        cute.arch.sync_threads()
+        for col in cutlass.range(tidx, p.cols_per_tile, p.threads):
+            total = Float32(0.0)
+            for lane in cutlass.range_constexpr(p.rows_per_cta):
+                total = total + sAcc[lane, col]
+            gcol = col_block * p.cols_per_tile + col
+            if gcol < p.N:
+                mDwP[group, gcol] = total

@@ -1,0 +1,236 @@
+"""Launch plans for the CuTe backward kernels, in plain Python (no CUTLASS import: CPU-testable).
+
+Three kernels serve the backward (``dx = rstd * (m - x_hat * mean(m * x_hat))`` with
+``m = dy * (offset + w)``, and ``dw = sum_rows(dy * x_hat)``; see reference.py):
+
+* ``fused``  a persistent grid of G CTAs, one per *strip* of contiguous rows. A CTA keeps the
+             shifted weight and an fp32 dW accumulator for the whole row in registers, computes
+             dx row by row, and at the end writes its accumulator as one partial row
+             ``dw_partial[strip, :N]``. x and dy are read once. Where registers allow
+             (``prefetch``) the next row's x and dy are loaded while the current row is
+             reduced and stored.
+* ``dx``     the split path's first kernel: one CTA per row, dx only (like the forward's ``row``
+             variant; rows wider than the register budget stream through in column chunks).
+* ``dw``     the split path's second kernel: grid (column blocks, row groups); each CTA sums
+             ``dy * x_hat`` over the rows of its group for its columns, reduces over its row lanes
+             in shared memory and writes ``dw_partial[group, cols]``; each row lane issues the
+             loads of ``dw_unroll`` rows before using them. x and dy are read again.
+
+Either way ``dw = dw_partial.sum(0)`` over G (or row-group) partial rows finishes on the host side
+with torch: that sum reads G x N fp32, tiny next to the M x N inputs.
+
+Thread/value mapping is the forward's (plan.py): thread c of a row owns, in column block k, the
+``vec`` contiguous elements starting at ``col = (k * threads_per_row + c) * vec``. The ``dw``
+kernel uses the same formula with ``rows_per_cta`` row lanes that walk the rows of their group.
+
+Every vector plan moves 16 bytes per copy; a width that is not a multiple of the vector width, or
+an unaligned tensor, gets ``vec = 1`` (the fallback) instead of an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Tuple
+
+import torch
+
+from .plan import (COPIES_PER_THREAD, COPY_BYTES, MAX_COPIES_PER_CHUNK, MAX_THREADS,
+                   REG_OVERHEAD, NotEligible, _ELEM_BYTES, _pow2_ceil)
+
+KINDS = ("fused", "dx", "dw")
+MODES = ("fused", "split", "auto")
+# The dW kernel's CTA: one warp across the columns (32 x 16 bytes: a 512-byte coalesced segment of
+# one row per warp-wide load) and DW_ROW_LANES warps on different rows of the group.
+DW_COL_THREADS = 32
+DW_ROW_LANES = 8
+# A row group never holds fewer rows than this (each CTA of the dW kernel pays a shared-memory
+# reduction and writes a partial row; below ~32 rows per group those costs dominate).
+DW_MIN_ROWS_PER_GROUP = 32
+# dW CTAs to aim for per SM: what fits at once. ptxas -v gives the unrolled kernel 98-118
+# registers at 256 threads (N=4096 bf16, sm_90a/sm_100a), so two CTAs are resident per SM;
+# 512 threads x 2 x DW_UNROLL 16-byte loads is 64 KB in flight per SM. Not yet tuned on a GPU.
+DW_CTAS_PER_SM = 2
+# Rows each dW row lane keeps in flight: the loop over its rows is unrolled this many times, so
+# a thread issues 2 x DW_UNROLL 16-byte loads (x and dy) before it needs the first result.
+DW_UNROLL = 4
+# Register bytes per row element beyond the loaded values: with the row in registers, the fp32
+# x_hat and m computed before the row reduction stay live until dx is formed after it (ptxas -v:
+# without this term the fused plan at N=16384 bf16 "none" used 255 registers and spilled 200 B).
+FP32_LIVE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardPlan:
+    kind: str
+    x_dtype: torch.dtype
+    w_dtype: Optional[torch.dtype]  # None: no weight (then there is no dw and no dW kernel)
+    N: int
+    casting_mode: str
+    vec: int                 # elements per copy (16 bytes on the vector path, 1 on the fallback)
+    threads_per_row: int     # threads across the columns of one row
+    rows_per_cta: int        # 1 for fused/dx; the dW kernel's row lanes
+    vecs_per_thread: int     # column blocks per thread in one chunk
+    chunks: int = 1          # dx only: >1 streams the row through registers in column chunks
+    dw_unroll: int = 1       # dw only: rows a row lane has in flight (loop unroll factor)
+    prefetch: bool = False   # fused only: load the next row's x and dy during this row
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_cta
+
+    @property
+    def cols_per_tile(self) -> int:
+        return self.vec * self.threads_per_row * self.vecs_per_thread
+
+    @property
+    def col_blocks(self) -> int:
+        """dW kernel: CTAs across the width (the grid's x extent)."""
+        return -(-self.N // self.cols_per_tile)
+
+
+# ---------------------------------------------------------------------------------------------
+# Strips and row groups: which rows each CTA owns.
+# ---------------------------------------------------------------------------------------------
+
+def strip_bounds(M: int, strips: int, s: int) -> Tuple[int, int]:
+    """Rows ``[start, end)`` of strip ``s`` of ``strips``: contiguous, balanced to within one row,
+    the ``M % strips`` remainder rows going one each to the first strips, and empty strips when
+    ``M < strips``. The kernels compute exactly this (``q = M // G``, ``r = M % G``); the form
+    ``s * q + min(s, r)`` never forms ``s * M``, which would overflow Int32 for large M."""
+    if strips < 1 or not 0 <= s < strips:
+        raise ValueError(f"strip {s} out of range for {strips} strips")
+    q, r = divmod(M, strips)
+    start = s * q + min(s, r)
+    return start, start + q + (1 if s < r else 0)
+
+
+def strip_partition(M: int, strips: int) -> List[Tuple[int, int]]:
+    return [strip_bounds(M, strips, s) for s in range(strips)]
+
+
+def fused_strips(M: int, sms: int, strips: Optional[int] = None) -> int:
+    """Strip count (= grid size = dw_partial rows) of the fused kernel: one per SM by default,
+    never more than the rows (a strip without rows would only write a zero partial row)."""
+    g = sms if strips is None else strips
+    if g < 1:
+        raise ValueError(f"strips must be positive, got {g}")
+    return max(1, min(g, M))
+
+
+def dw_row_groups(M: int, plan: BackwardPlan, sms: int) -> int:
+    """Row groups of the dW kernel: enough CTAs for DW_CTAS_PER_SM per SM across the column
+    blocks, but at least DW_MIN_ROWS_PER_GROUP rows in each group."""
+    want = -(-(sms * DW_CTAS_PER_SM) // plan.col_blocks)
+    most = max(1, -(-M // DW_MIN_ROWS_PER_GROUP))
+    return max(1, min(want, most))
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans and eligibility.
+# ---------------------------------------------------------------------------------------------
+
+def vector_width(N: int, x_dtype: torch.dtype, aligned: bool) -> int:
+    """16-byte copies when the row width and every tensor allow them, otherwise one element."""
+    vec = COPY_BYTES // _ELEM_BYTES[x_dtype]
+    return vec if aligned and N % vec == 0 else 1
+
+
+def _register_bytes(nbytes: int, vec: int) -> int:
+    """Register bytes one element costs: a 16-bit element held alone (the scalar fallback) still
+    takes a whole 32-bit register; in 16-byte fragments two share one."""
+    return nbytes if vec > 1 else max(nbytes, 4)
+
+
+def _elems_in_registers(threads: int, per_elem_bytes: int) -> int:
+    regs = min(255, 65536 // threads) - REG_OVERHEAD
+    return regs * 4 // per_elem_bytes
+
+
+def _check(N: int, x_dtype: torch.dtype, casting_mode: str):
+    if x_dtype not in _ELEM_BYTES:
+        raise NotEligible(f"x dtype {x_dtype} is not supported")
+    if N < 1:
+        raise NotEligible("N must be positive")
+    from ..reference import check_casting_mode
+    check_casting_mode(casting_mode)
+
+
+def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
+                  casting_mode: str, aligned: bool) -> BackwardPlan:
+    """The plan of one backward kernel; raises ``NotEligible`` with the reason."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    _check(N, x_dtype, casting_mode)
+    vec = vector_width(N, x_dtype, aligned)
+    common = dict(kind=kind, x_dtype=x_dtype, w_dtype=w_dtype, N=N, casting_mode=casting_mode,
+                  vec=vec)
+    n_vecs = N // vec
+    elem = _ELEM_BYTES[x_dtype]
+    x_bytes = _register_bytes(elem, vec)
+    w_bytes = _register_bytes(_ELEM_BYTES[w_dtype], vec) if w_dtype is not None else 0
+    # A chunk holds at most MAX_COPIES_PER_CHUNK 16 bytes' worth of x per thread (the forward's
+    # bound, which kept ptxas from spilling); on the fallback the same number of elements.
+    cap_elems = MAX_COPIES_PER_CHUNK * COPY_BYTES // elem
+
+    if kind == "dw":
+        if w_dtype is None:
+            raise NotEligible("no weight, no dw")
+        # Vector path: one 16-byte block per thread per row. Fallback: 8 one-element blocks
+        # strided by the warp, so a CTA still covers 256 columns with coalesced accesses.
+        vecs = 1 if vec > 1 else 8
+        return BackwardPlan(threads_per_row=DW_COL_THREADS, rows_per_cta=DW_ROW_LANES,
+                            vecs_per_thread=vecs, dw_unroll=DW_UNROLL, **common)
+
+    # fused and dx: one CTA on one row, the forward's threads-per-row rule (about
+    # COPIES_PER_THREAD copies per thread, a power of two from one warp to MAX_THREADS).
+    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // COPIES_PER_THREAD))))
+    vecs_per_thread = -(-n_vecs // threads)
+    if kind == "fused":
+        # Per element of its row a thread holds x, dy, w and the fp32 dW accumulator, plus the
+        # fp32 x_hat and m that the compiler keeps live across the row reduction; the row has to
+        # stay in registers across the whole strip, so there is no chunked fused kernel.
+        per_elem = 2 * x_bytes + w_bytes + (4 if w_dtype is not None else 0) + FP32_LIVE
+        max_elems = min(cap_elems, _elems_in_registers(threads, per_elem))
+        if vecs_per_thread * vec > max_elems:
+            raise NotEligible(
+                f"fused keeps the row, the weight and the dW accumulator in registers: at most "
+                f"{threads * (max_elems // vec) * vec} elements of {x_dtype} at {threads} "
+                f"threads, N={N} (use split)")
+        # Prefetching the next row costs a second copy of x and dy; take it where it fits.
+        prefetch = vecs_per_thread * vec <= _elems_in_registers(threads, per_elem + 2 * x_bytes)
+        return BackwardPlan(threads_per_row=threads, rows_per_cta=1,
+                            vecs_per_thread=vecs_per_thread, prefetch=prefetch, **common)
+
+    # dx: x, dy, w and the fp32 x_hat and m per element; wider rows take column chunks.
+    per_elem = 2 * x_bytes + w_bytes + FP32_LIVE
+    max_vecs = max(1, min(cap_elems, _elems_in_registers(threads, per_elem)) // vec)
+    chunks = -(-vecs_per_thread // max_vecs)
+    vecs_per_thread = -(-vecs_per_thread // chunks)
+    return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
+                        chunks=chunks, **common)
+
+
+def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str,
+               aligned: bool) -> Tuple[BackwardPlan, Optional[BackwardPlan]]:
+    """(dx plan, dW plan or None without a weight)."""
+    dx = plan_backward("dx", N, x_dtype, w_dtype, casting_mode, aligned)
+    dw = None
+    if w_dtype is not None:
+        dw = plan_backward("dw", N, x_dtype, w_dtype, casting_mode, aligned)
+    return dx, dw
+
+
+def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
+              casting_mode: str, aligned: bool) -> str:
+    """``fused`` whenever the row fits in registers with a weight: it reads x and dy once where
+    split reads them twice. Without a weight there is no dW to accumulate, and ``split`` is the
+    dx kernel alone (one CTA per row, the layout that won the forward sweep). Not yet measured on
+    a GPU: revisit with the benchmark."""
+    if w_dtype is None:
+        return "split"
+    try:
+        plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned)
+    except NotEligible:
+        return "split"
+    return "fused"
+

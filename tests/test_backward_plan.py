@@ -1,0 +1,161 @@
+"""Backward plans in plain Python: strip partitioning, eligibility, thread mappings (no GPU)."""
+
+import pytest
+import torch
+
+from rmsnorm_lab.cute.backward_plan import (
+    DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, FP32_LIVE, auto_mode, dw_row_groups, fused_strips,
+    plan_backward, plan_split, strip_bounds, strip_partition, vector_width)
+from rmsnorm_lab.cute.plan import COPY_BYTES, NotEligible
+
+BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
+
+
+# --- strips -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,G", [(1, 1), (1, 132), (7, 3), (131, 132), (132, 132), (133, 132),
+                                 (4096, 132), (100003, 132), (100003, 1), (10, 10), (0, 4)])
+def test_strips_cover_every_row_once_in_order_and_balanced(M, G):
+    parts = strip_partition(M, G)
+    assert len(parts) == G
+    assert parts[0][0] == 0 and parts[-1][1] == M
+    for (s0, e0), (s1, e1) in zip(parts, parts[1:]):
+        assert e0 == s1  # contiguous, no gap, no overlap
+    sizes = [e - s for s, e in parts]
+    assert sum(sizes) == M
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_remainder_rows_go_one_each_to_the_first_strips():
+    # 10 rows over 4 strips: q = 2, r = 2 -> sizes 3, 3, 2, 2
+    assert strip_partition(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    # 4101 rows over 132 strips: q = 31, r = 9 -> nine strips of 32, then 31s
+    assert [e - s for s, e in strip_partition(4101, 132)][:10] == [32] * 9 + [31]
+
+
+def test_fewer_rows_than_strips_leaves_the_last_strips_empty():
+    parts = strip_partition(3, 8)
+    assert parts[:3] == [(0, 1), (1, 2), (2, 3)]
+    assert all(s == e == 3 for s, e in parts[3:])
+
+
+def test_strip_bounds_match_the_textbook_split_and_reject_bad_indices():
+    # s * q + min(s, r) is the same split as ceil-free integer interpolation with remainders
+    # front-loaded; check it against an explicit construction.
+    M, G = 1000, 7
+    sizes = [M // G + (1 if s < M % G else 0) for s in range(G)]
+    starts = [sum(sizes[:s]) for s in range(G)]
+    assert [strip_bounds(M, G, s) for s in range(G)] == [
+        (starts[s], starts[s] + sizes[s]) for s in range(G)]
+    with pytest.raises(ValueError):
+        strip_bounds(10, 4, 4)
+    with pytest.raises(ValueError):
+        strip_bounds(10, 0, 0)
+
+
+def test_fused_strip_count_defaults_to_sms_and_never_exceeds_rows():
+    assert fused_strips(100003, 132) == 132
+    assert fused_strips(1, 132) == 1
+    assert fused_strips(131, 132) == 131
+    assert fused_strips(4096, 132, strips=64) == 64
+    with pytest.raises(ValueError):
+        fused_strips(10, 132, strips=0)
+
+
+def test_dw_row_groups_fill_the_gpu_but_keep_enough_rows_per_group():
+    p = plan_backward("dw", 4096, BF16, BF16, "llama", True)
+    assert p.col_blocks == 16
+    g = dw_row_groups(100003, p, 132)
+    assert g * p.col_blocks >= 132 * DW_CTAS_PER_SM and g <= 100003 // DW_MIN_ROWS_PER_GROUP
+    assert dw_row_groups(1, p, 132) == 1
+    assert dw_row_groups(64, p, 132) == 2
+
+
+# --- eligibility and mappings -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["fused", "dx", "dw"])
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_vector_path_when_width_and_alignment_allow_else_one_element(kind, dtype):
+    vec = COPY_BYTES // dtype.itemsize
+    assert plan_backward(kind, 4096, dtype, dtype, "llama", True).vec == vec
+    assert plan_backward(kind, 4096, dtype, dtype, "llama", False).vec == 1
+    assert plan_backward(kind, 1023, dtype, dtype, "llama", True).vec == 1
+    assert vector_width(4098, dtype, True) == 1
+
+
+@pytest.mark.parametrize("N", [1, 7, 1023, 4096, 8192, 4097])
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_fused_and_dx_plans_cover_the_row(N, dtype):
+    for kind in ("fused", "dx"):
+        p = plan_backward(kind, N, dtype, dtype, "gemma", True)
+        assert p.rows_per_cta == 1 and 32 <= p.threads <= 256
+        assert p.threads & (p.threads - 1) == 0
+        assert p.cols_per_tile * p.chunks >= N
+        assert p.cols_per_tile * (p.chunks - 1) < N  # no chunk is all padding
+        if kind == "fused":
+            assert p.chunks == 1
+
+
+def test_fused_refuses_rows_too_wide_for_registers_and_split_serves_them():
+    with pytest.raises(NotEligible, match="use split"):
+        plan_backward("fused", 32768, BF16, BF16, "llama", True)
+    with pytest.raises(NotEligible, match="use split"):
+        plan_backward("fused", 16384, F32, F32, "llama", True)
+    dx, dw = plan_split(262144, BF16, BF16, "llama", True)
+    assert dx.chunks > 1 and dx.cols_per_tile * dx.chunks >= 262144
+    assert dw.col_blocks * dw.cols_per_tile >= 262144
+
+
+def test_fused_register_model():
+    """Elements a fused thread holds, costed at x + dy + w + fp32 accumulator + fp32 live values,
+    fit the registers a 256-thread CTA may use (65536/256 = 255 minus overhead)."""
+    for dtype, w in ((BF16, BF16), (BF16, F32), (F32, F32), (F16, F16)):
+        p = plan_backward("fused", 8192, dtype, w, "none", True)
+        per_elem = 2 * dtype.itemsize + w.itemsize + 4 + FP32_LIVE
+        assert p.vec * p.vecs_per_thread * per_elem <= (255 - 40) * 4
+
+
+def test_dw_plan_mapping_and_refusal_without_weight():
+    p = plan_backward("dw", 4096, BF16, BF16, "llama", True)
+    assert (p.threads_per_row, p.rows_per_cta, p.vecs_per_thread) == (32, 8, 1)
+    assert p.cols_per_tile == 256  # one warp: 32 x 16 bytes of one row
+    f = plan_backward("dw", 1023, BF16, BF16, "llama", True)
+    assert f.vec == 1 and f.cols_per_tile == 256 and f.col_blocks == 4
+    with pytest.raises(NotEligible, match="no weight"):
+        plan_backward("dw", 4096, BF16, None, "llama", True)
+    assert plan_split(4096, BF16, None, "llama", True)[1] is None
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="kind"):
+        plan_backward("both", 4096, BF16, BF16, "llama", True)
+    with pytest.raises(ValueError, match="casting_mode"):
+        plan_backward("fused", 4096, BF16, BF16, "liger", True)
+    with pytest.raises(NotEligible, match="dtype"):
+        plan_backward("fused", 4096, torch.int32, None, "llama", True)
+    with pytest.raises(NotEligible, match="positive"):
+        plan_backward("dx", 0, BF16, None, "llama", True)
+
+
+def test_auto_mode():
+    assert auto_mode(4096, 4096, BF16, BF16, "llama", True) == "fused"
+    assert auto_mode(3, 1023, BF16, BF16, "llama", True) == "fused"     # fallback fused
+    assert auto_mode(4096, 65536, BF16, BF16, "llama", True) == "split"  # too wide to fuse
+    assert auto_mode(4096, 4096, BF16, None, "llama", True) == "split"   # nothing to fuse
+
+
+def test_plans_for_n4096_bf16():
+    """The plans quoted in the notes: 256 threads x 2 copies of 8 bf16 per row."""
+    fused = plan_backward("fused", 4096, BF16, BF16, "llama", True)
+    dx, dw = plan_split(4096, BF16, BF16, "llama", True)
+    for p in (fused, dx):
+        assert (p.vec, p.threads, p.vecs_per_thread, p.chunks) == (8, 256, 2, 1)
+    assert fused.prefetch
+    assert (dw.vec, dw.threads, dw.cols_per_tile, dw.col_blocks) == (8, 256, 256, 16)
+
+
+def test_fused_prefetches_the_next_row_where_registers_allow():
+    assert plan_backward("fused", 4096, BF16, BF16, "llama", True).prefetch
+    assert plan_backward("fused", 8192, BF16, F32, "llama", True).prefetch
+    assert not plan_backward("fused", 8192, F32, F32, "llama", True).prefetch
+    assert not plan_backward("dx", 4096, BF16, BF16, "llama", True).prefetch

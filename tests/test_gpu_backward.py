@@ -1,0 +1,201 @@
+"""CuTe backward kernels on a GPU vs reference.rms_norm_backward (run with: pytest -m gpu)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from rmsnorm_lab import reference
+from rmsnorm_lab.cute.backward_plan import auto_mode
+from rmsnorm_lab.cute.backward_runner import backward
+from rmsnorm_lab.cute.plan import NotEligible, is_aligned
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CASTING = ["llama", "gemma", "none"]
+SHAPES = [(1, 4096), (3, 1023), (131, 4096), (127, 4096), (4096, 4096), (1000, 8192),
+          (100003, 4096)]
+BIG = (100003, 4096)  # bf16 only: the reference's fp32 temporaries for it are several GiB
+
+# Relative error (Frobenius norm) against the reference on the same inputs. The kernels round at
+# the reference's points; what differs is the fp32 summation order (row sums, dW partials), which
+# after rounding dx to 16 bits flips a last bit here and there.
+DX_REL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+DW_REL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+# Where to append each case's relative errors (JSON lines), for the notes of a GPU run.
+ERROR_LOG = os.environ.get("LAB_TEST_ERROR_LOG")
+
+
+def sms():
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def fresh(shape, dtype):
+    return torch.randn(shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def poison_allocator():
+    """Fill the caching allocator's free blocks with NaN so an unwritten output (dx, or a dW
+    partial row that no CTA wrote) shows up."""
+    big = torch.empty(256 << 20, dtype=torch.float32, device="cuda").fill_(float("nan"))
+    del big
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def inputs(shape, dtype, with_weight, w_dtype=None):
+    x = fresh(shape, dtype)
+    dy = fresh(shape, dtype)
+    w = fresh((shape[-1],), w_dtype or dtype) if with_weight else None
+    rstd = reference.rstd_of(x, 1e-6)
+    return dy, x, w, rstd
+
+
+def check(dx, dw, dy, x, w, rstd, offset, casting, label=""):
+    torch.cuda.synchronize()
+    ex_dx, ex_dw = reference.rms_norm_backward(dy, x, w, rstd, offset, casting)
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    assert not torch.isnan(dx).any(), f"{label}: unwritten (NaN-poisoned) or NaN dx"
+    e_dx = rel(dx, ex_dx)
+    e_dw = None
+    if w is None:
+        assert dw is None
+    else:
+        assert dw.shape == w.shape and dw.dtype == w.dtype
+        assert not torch.isnan(dw).any(), f"{label}: NaN dw (an unwritten partial row?)"
+        e_dw = rel(dw, ex_dw)
+    if ERROR_LOG:
+        with open(ERROR_LOG, "a") as f:
+            f.write(json.dumps([label, str(x.dtype), casting, list(x.shape), w is not None,
+                                offset, e_dx, e_dw]) + "\n")
+    assert e_dx <= DX_REL[x.dtype], f"{label}: dx rel err {e_dx:.3g}"
+    if w is not None:
+        assert e_dw <= DW_REL[x.dtype], f"{label}: dw rel err {e_dw:.3g}"
+
+
+@pytest.mark.parametrize("mode", ["fused", "split", "auto"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("casting", CASTING)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_backward_matches_reference(mode, dtype, casting, shape):
+    if shape == BIG and dtype != torch.bfloat16:
+        pytest.skip("the 100003-row shape runs in bf16 only")
+    for with_weight, offset in ((True, 0.0), (True, 1.0), (False, 0.0)):
+        dy, x, w, rstd = inputs(shape, dtype, with_weight)
+        poison_allocator()
+        dx, dw = backward(dy, x, w, rstd, offset, casting, mode, sms())
+        check(dx, dw, dy, x, w, rstd, offset, casting,
+              f"{mode} weight={with_weight} offset={offset}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(131, 4096), (4096, 4096), (3, 1023), (1000, 8192)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_fused_and_split_agree(dtype, shape):
+    dy, x, w, rstd = inputs(shape, dtype, True)
+    poison_allocator()
+    f_dx, f_dw = backward(dy, x, w, rstd, 0.0, "llama", "fused", sms())
+    poison_allocator()
+    s_dx, s_dw = backward(dy, x, w, rstd, 0.0, "llama", "split", sms())
+    torch.cuda.synchronize()
+    # Same per-row arithmetic for dx (only the row-sum order can differ: none here, both use the
+    # same thread mapping); dW sums the same products in a different order.
+    assert rel(f_dx, s_dx) <= DX_REL[dtype] / 10
+    assert rel(f_dw, s_dw) <= DW_REL[dtype]
+
+
+@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("M,strips", [(131, 7), (131, 131), (5, 64), (4096, 1), (127, 132)])
+def test_any_strip_or_row_group_count(mode, M, strips):
+    """Remainder rows, one-row strips, more strips than rows (clamped), a single strip."""
+    dy, x, w, rstd = inputs((M, 4096), torch.bfloat16, True)
+    poison_allocator()
+    dx, dw = backward(dy, x, w, rstd, 0.0, "gemma", mode, sms(), strips=strips)
+    check(dx, dw, dy, x, w, rstd, 0.0, "gemma", f"{mode} strips={strips}")
+
+
+@pytest.mark.parametrize("N", [4096, 1023])  # vector path and the vec=1 fallback
+def test_mixed_weight_dtype(N):
+    for mode in ("fused", "split"):
+        dy, x, w, rstd = inputs((257, N), torch.bfloat16, True, torch.float32)
+        poison_allocator()
+        dx, dw = backward(dy, x, w, rstd, 1.0, "llama", mode, sms())
+        check(dx, dw, dy, x, w, rstd, 1.0, "llama", f"{mode} fp32 weight")
+
+
+def test_row_strided_and_unaligned_inputs_take_the_right_path():
+    N = 4096
+    base = fresh((64, N + 8), torch.bfloat16)
+    x = base[:, :N]                       # row stride N + 8: rows still 16-byte aligned
+    dy = fresh((64, N), torch.bfloat16)
+    w = fresh((N,), torch.bfloat16)
+    rstd = reference.rstd_of(x, 1e-6)
+    for mode in ("fused", "split"):
+        dx, dw = backward(dy, x, w, rstd, 0.0, "llama", mode, sms())
+        check(dx, dw, dy, x, w, rstd, 0.0, "llama", f"{mode} strided")
+    flat = fresh((64 * N + 1,), torch.bfloat16)
+    xu = flat[1:].view(64, N)              # base pointer off by 2 bytes: vec = 1 fallback
+    assert not is_aligned(xu)
+    rstd = reference.rstd_of(xu, 1e-6)
+    for mode in ("fused", "split", "auto"):
+        poison_allocator()
+        dx, dw = backward(dy, xu, w, rstd, 0.0, "none", mode, sms())
+        check(dx, dw, dy, xu, w, rstd, 0.0, "none", f"{mode} unaligned")
+
+
+def test_too_wide_for_fused_raises_and_auto_splits():
+    dy, x, w, rstd = inputs((8, 65536), torch.bfloat16, True)
+    with pytest.raises(NotEligible, match="use split"):
+        backward(dy, x, w, rstd, 0.0, "llama", "fused", sms())
+    assert auto_mode(8, 65536, torch.bfloat16, torch.bfloat16, "llama", True) == "split"
+    dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "auto", sms())
+    check(dx, dw, dy, x, w, rstd, 0.0, "llama", "auto wide")
+
+
+def test_empty_and_bad_inputs():
+    x = torch.empty((0, 4096), device="cuda", dtype=torch.bfloat16)
+    w = fresh((4096,), torch.bfloat16)
+    dx, dw = backward(x, x, w, torch.empty((0,), device="cuda"), 0.0, "llama", "auto", sms())
+    assert dx.shape == (0, 4096) and torch.equal(dw, torch.zeros_like(w))
+    dy, x, w, rstd = inputs((4, 4096), torch.bfloat16, True)
+    with pytest.raises(ValueError, match="weight"):
+        backward(dy, x, w[:-1], rstd, 0.0, "llama", "auto", sms())
+    with pytest.raises(ValueError, match="rstd"):
+        backward(dy, x, w, rstd.to(torch.bfloat16), 0.0, "llama", "auto", sms())
+    with pytest.raises(ValueError, match="mode"):
+        backward(dy, x, w, rstd, 0.0, "llama", "both", sms())
+
+
+def test_nan_propagates_to_its_row_and_dw():
+    dy, x, w, rstd = inputs((6, 4096), torch.bfloat16, True)
+    dy[2, 5] = float("nan")
+    for mode in ("fused", "split"):
+        dx, dw = backward(dy, x, w, rstd, 0.0, "llama", mode, sms())
+        ex_dx, ex_dw = reference.rms_norm_backward(dy, x, w, rstd, 0.0, "llama")
+        assert torch.equal(torch.isnan(dx), torch.isnan(ex_dx))
+        assert torch.equal(torch.isnan(dw), torch.isnan(ex_dw))
+
+
+def test_capture_in_cuda_graph_on_side_stream():
+    dy, x, w, rstd = inputs((1000, 4096), torch.bfloat16, True)
+    for mode in ("fused", "split"):
+        e_dx, e_dw = (t.clone() for t in backward(dy, x, w, rstd, 0.0, "llama", mode, sms()))
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            backward(dy, x, w, rstd, 0.0, "llama", mode, sms())  # warm up on the side stream
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                dx, dw = backward(dy, x, w, rstd, 0.0, "llama", mode, sms())
+        torch.cuda.current_stream().wait_stream(s)
+        dx.fill_(float("nan"))
+        dw.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(dx, e_dx) and torch.equal(dw, e_dw)
