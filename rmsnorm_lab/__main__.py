@@ -30,7 +30,11 @@ EXIT_FAILED, EXIT_NO_GPU = 1, 2
 def _bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str]) -> int:
     from .bench.runner import bench
 
-    outcome = bench(op, quick=quick, out=out, tag=tag)
+    if op == "host":  # launch paths, crossover and cache memory: rmsnorm_lab/bench/host.py
+        from .bench.host import bench_host
+        outcome = bench_host(out=out, tag=tag, repeats=5 if quick else 15)
+    else:
+        outcome = bench(op, quick=quick, out=out, tag=tag)
     print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
     if outcome.skipped:
         print(f"{len(outcome.skipped)} implementation/shape pairs skipped (not eligible)")
@@ -255,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("bench", help="benchmark one op on this GPU and write a results file")
-    b.add_argument("--op", choices=sorted(OPS), default="fwd", help="the op to sweep")
+    b.add_argument("--op", choices=sorted(OPS) + ["host"], default="fwd",
+                   help="the op to sweep; 'host': host µs per launch path, the host/device "
+                        "crossover and the tensor-cache memory cost")
     b.add_argument("--quick", action="store_true",
                    help="two shapes, shorter timers; the file is tagged 'quick' unless --tag")
     b.add_argument("--out", type=Path, default=None, metavar="DIR",

@@ -7,22 +7,34 @@ the subject of notebooks/03: every lookup is a dict hit, and nothing reads the e
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from . import settings as settings_module
 from .settings import settings
 
 _SM_COUNT: Dict[int, int] = {}
+_cute_runner = None
 
 
-def sm_count(device: torch.device) -> int:
-    """Multiprocessor count, asked of the driver once per device."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    n = _SM_COUNT.get(idx)
+def sm_count(index: int) -> int:
+    """Multiprocessor count of CUDA device ``index``: asked of the driver once per device, or on
+    every call with ``settings.sm_count_cache`` off (to measure what the cache saves)."""
+    if not settings.sm_count_cache:
+        return torch.cuda.get_device_properties(index).multi_processor_count
+    n = _SM_COUNT.get(index)
     if n is None:
-        n = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        n = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return n
+
+
+def _per_call_settings_cost() -> None:
+    """What a launch path that consults the environment pays per call: parse and validate every
+    ``RMSNORM_LAB_*`` variable. The values are not applied (``settings`` stays authoritative);
+    ``settings.settings_per_call`` exists to measure this cost against reading once at import."""
+    settings_module.from_environ(os.environ)
 
 
 def as_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
@@ -50,9 +62,13 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
         from .triton.forward import triton_rms_norm_forward
         y, rstd = triton_rms_norm_forward(x2, weight, eps, offset, casting_mode, need_rstd)
     else:
-        from .cute import runner
-        y, rstd = runner.forward(x2, weight, eps, offset, casting_mode, need_rstd,
-                                 settings.forward_variant, sm_count(x.device))
+        global _cute_runner
+        if _cute_runner is None:  # imported on first use: CUTLASS takes seconds to import
+            from .cute import runner as _cute_runner
+        if settings.settings_per_call:
+            _per_call_settings_cost()
+        y, rstd = _cute_runner.forward(x2, weight, eps, offset, casting_mode, need_rstd,
+                                       settings.forward_variant, sm_count(x2.get_device()))
     y = y.view(x.shape)
     return y, (rstd.view(x.shape[:-1]) if rstd is not None else None)
 
@@ -96,7 +112,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     elif backend == "cute":
         from .cute import backward_runner
         dx2, dw = backward_runner.backward(dy2, x2, weight, rstd1, offset, casting_mode,
-                                           settings.backward, sm_count(x.device))
+                                           settings.backward, sm_count(x2.get_device()))
     elif backend == "torch":
         from .reference import rms_norm_backward
         dx2, dw = rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)

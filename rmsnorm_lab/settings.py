@@ -47,6 +47,10 @@ class Settings:
     tensor_cache_cap: int = 8
     #: NVTX ranges (domain ``rmsnorm_lab``) around compile, marshal, launch and reduce
     nvtx: bool = False
+    #: cache each device's SM count (the persistent grids need it); off asks the driver per call
+    sm_count_cache: bool = True
+    #: re-read the RMSNORM_LAB_* environment on every CuTe launch, only to measure that cost
+    settings_per_call: bool = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _FIELD_NAMES:

@@ -6,7 +6,8 @@ Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
 * ``path=host``: µs per call at HOST_SHAPE for ``cute.auto@<launch path>``, ``triton.row`` and
   every installed peer; op ``fwd`` (inference), op ``fwd`` with impl suffix ``+autograd`` (inputs
   require grad, so the autograd graph is built), op ``full`` (forward + backward).
-  ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on.
+  ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on, ``-sm_count_cache`` with
+  the SM count asked of the driver per call, ``+settings_per_call`` re-reading the environment.
 * ``path=graph``: device µs of ``cute.auto`` for the CROSSOVER_M sweep, to find the M at which
   device time overtakes each path's host time.
 * op ``full`` at CACHE_SHAPE with impl ``cute.auto@cached:<cap>`` (``:unbounded`` for no cap)
@@ -45,7 +46,10 @@ def host_impls() -> Dict[str, tuple]:
     """name -> (fn(x, w), settings to hold while it is timed). The settings are entered once,
     outside the timed loop, so their own cost is not measured."""
     impls = {f"cute.auto@{p}": (_lab("cute"), {"launch_path": p}) for p in LAUNCH_PATHS}
-    impls["cute.auto@tvm_ffi+nvtx"] = (_lab("cute"), {"launch_path": "tvm_ffi", "nvtx": True})
+    # one saving at a time, each against the default path
+    impls["cute.auto@tvm_ffi+nvtx"] = (_lab("cute"), {"nvtx": True})
+    impls["cute.auto@tvm_ffi-sm_count_cache"] = (_lab("cute"), {"sm_count_cache": False})
+    impls["cute.auto@tvm_ffi+settings_per_call"] = (_lab("cute"), {"settings_per_call": True})
     impls["triton.row"] = (_lab("triton"), {})
     impls.update({name: (fn, {}) for name, fn in peers_mod.forward_peers(EPS).items()})
     return impls

@@ -29,13 +29,12 @@ from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from .. import nvtx_ranges
 from ..settings import settings
 from .forward import TORCH_TO_CUTE, RMSNormForward
-from .plan import ForwardPlan, auto_variant, is_aligned, plan_forward
+from .plan import ForwardPlan, auto_variant, plan_forward
 
 
 _COMPILED: Dict[Tuple, object] = {}
 _HANDLES: "OrderedDict[Tuple, object]" = OrderedDict()
-_EMPTY: Dict[Tuple, torch.Tensor] = {}
-_PLANS: Dict[Tuple, ForwardPlan] = {}
+_ENTRIES: Dict[Tuple, "_Entry"] = {}
 _ARCH: Dict[int, str] = {}
 
 
@@ -113,31 +112,44 @@ def clear_caches() -> None:
     """Forget every compilation and tensor handle (tests and the cache-cap benchmark)."""
     _COMPILED.clear()
     _HANDLES.clear()
-    _PLANS.clear()
+    _ENTRIES.clear()
 
 
-def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-length stand-in for an absent weight or rstd (the kernel never reads it)."""
-    key = (dtype, device)
-    t = _EMPTY.get(key)
-    if t is None:
-        t = _EMPTY[key] = torch.empty((0,), dtype=dtype, device=device)
-    return t
+class _Entry:
+    """Everything a launch of one configuration needs, looked up with one dict probe per call:
+    building a plan costs ~5 us of Python and hashing the frozen plan ~2 us, so neither happens
+    on the hot path."""
+    __slots__ = ("plan", "arch", "ffi_kernel", "dlpack_kernel", "empty_w", "empty_rstd")
+
+    def __init__(self, plan: ForwardPlan, device: torch.device):
+        self.plan = plan
+        self.arch = target_arch(device)
+        self.ffi_kernel = None
+        self.dlpack_kernel = None
+        # zero-length stand-ins for an absent weight or rstd (the kernel never reads them)
+        self.empty_w = torch.empty((0,), dtype=plan.x_dtype, device=device)
+        self.empty_rstd = torch.empty((0,), dtype=torch.float32, device=device)
+
+
+def entry_for(x2: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor],
+              casting_mode: str, need_rstd: bool, variant: str) -> _Entry:
+    N = x2.shape[1]
+    ptrs = x2.data_ptr() | y.data_ptr() | (weight.data_ptr() if weight is not None else 0)
+    aligned = (ptrs & 15) == 0 and (x2.stride(0) * x2.element_size()) & 15 == 0
+    w_dtype = weight.dtype if weight is not None else None
+    key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device())
+    entry = _ENTRIES.get(key)
+    if entry is None:
+        chosen = auto_variant(N, aligned, x2.dtype) if variant == "auto" else variant
+        plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned)
+        entry = _ENTRIES[key] = _Entry(plan, x2.device)
+    return entry
 
 
 def choose_plan(x2: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor],
                 casting_mode: str, need_rstd: bool, variant: str) -> ForwardPlan:
-    N = x2.shape[1]
-    aligned = is_aligned(x2) and is_aligned(y) and (weight is None or weight.data_ptr() % 16 == 0)
-    w_dtype = weight.dtype if weight is not None else None
-    # Plans are small frozen dataclasses, but building one costs ~5 us of Python: remember them.
-    key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned)
-    plan = _PLANS.get(key)
-    if plan is None:
-        chosen = auto_variant(N, aligned, x2.dtype) if variant == "auto" else variant
-        plan = _PLANS[key] = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd,
-                                          aligned)
-    return plan
+    """The plan ``forward`` would launch for these tensors."""
+    return entry_for(x2, y, weight, casting_mode, need_rstd, variant).plan
 
 
 def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
@@ -145,23 +157,25 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     M, N = x2.shape
     y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x2.device) if need_rstd else None
-    plan = choose_plan(x2, y, weight, casting_mode, need_rstd, variant)
-    launch(plan, x2, weight, y, rstd, eps, offset, sms)
+    entry = entry_for(x2, y, weight, casting_mode, need_rstd, variant)
+    plan = entry.plan
+    w = weight if weight is not None else entry.empty_w
+    r = rstd if rstd is not None else entry.empty_rstd
+    grid = plan.grid(M, sms)
+    if settings.launch_path == "tvm_ffi":
+        kernel = entry.ffi_kernel
+        if kernel is None:
+            kernel = entry.ffi_kernel = compile_forward(plan, entry.arch)
+        with nvtx_ranges.range("launch", plan.variant, x2.shape):
+            kernel(x2, w, y, r, grid, eps, offset)
+    else:
+        _launch_marshaled(entry, x2, w, y, r, grid, eps, offset)
     return y, rstd
 
 
-def launch(plan: ForwardPlan, x2: torch.Tensor, weight: Optional[torch.Tensor], y: torch.Tensor,
-           rstd: Optional[torch.Tensor], eps: float, offset: float, sms: int) -> None:
-    """Launch ``plan`` on the current stream through ``settings.launch_path``."""
-    path = settings.launch_path
-    w = weight if weight is not None else _empty(x2.dtype, x2.device)
-    r = rstd if rstd is not None else _empty(torch.float32, x2.device)
-    grid = plan.grid(x2.shape[0], sms)
-    if path == "tvm_ffi":
-        kernel = compile_forward(plan, target_arch(x2.device))
-        with nvtx_ranges.range("launch", plan.variant, x2.shape):
-            kernel(x2, w, y, r, grid, eps, offset)
-        return
+def _launch_marshaled(entry: _Entry, x2, w, y, r, grid: int, eps: float, offset: float) -> None:
+    """The ``cached``, ``compiled`` and ``jit`` paths: CuTe tensor handles from from_dlpack."""
+    plan, path = entry.plan, settings.launch_path
     align, w_align = _align(plan), _align(plan, w.dtype)
     stream = cuda.CUstream(torch.cuda.current_stream(x2.device).cuda_stream)
     with nvtx_ranges.range("marshal", plan.variant, x2.shape):
@@ -175,12 +189,11 @@ def launch(plan: ForwardPlan, x2: torch.Tensor, weight: Optional[torch.Tensor], 
         with nvtx_ranges.range("launch", plan.variant, x2.shape):
             RMSNormForward(plan)(*args, grid, eps, offset, stream)
         return
-    key = (plan, target_arch(x2.device), "dlpack")
-    kernel = _COMPILED.get(key)
+    kernel = entry.dlpack_kernel
     if kernel is None:
         with nvtx_ranges.range("compile", plan.variant):
-            kernel = _COMPILED[key] = cute.compile(
+            kernel = entry.dlpack_kernel = cute.compile(
                 RMSNormForward(plan), *args, cutlass.Int32(grid), cutlass.Float32(eps),
-                cutlass.Float32(offset), stream, options=f"--gpu-arch {key[1]}")
+                cutlass.Float32(offset), stream, options=f"--gpu-arch {entry.arch}")
     with nvtx_ranges.range("launch", plan.variant, x2.shape):
         kernel(*args, grid, eps, offset, stream)
