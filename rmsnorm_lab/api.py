@@ -33,12 +33,12 @@ def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
         if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
             raise ValueError(f"weight must have shape ({x.shape[-1]},) to match x's last "
                              f"dimension, got {tuple(weight.shape)}")
-        if weight.device != x.device:
+        if weight.get_device() != x.get_device():  # ints: no torch.device objects per call
             raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
     reference.check_casting_mode(casting_mode)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "torch" and x.device.type != "cuda":
+    if backend != "torch" and not x.is_cuda:
         raise ValueError(f"backend={backend!r} needs CUDA tensors, but x is on {x.device}; "
                          "use backend='torch' on the CPU")
 
