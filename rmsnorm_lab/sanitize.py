@@ -1,8 +1,8 @@
-"""A small workload for ``compute-sanitizer``: every forward variant at the shapes the GPU
-checklist names, each launch checked against the reference.
+"""A small workload for ``compute-sanitizer``: every CuTe kernel at the shapes the GPU checklist
+names, each launch checked against the reference.
 
-    compute-sanitizer --tool memcheck python -m rmsnorm_lab.sanitize
-    compute-sanitizer --tool racecheck python -m rmsnorm_lab.sanitize
+    compute-sanitizer --tool memcheck python -m rmsnorm_lab.sanitize [fwd|bwd]
+    compute-sanitizer --tool racecheck python -m rmsnorm_lab.sanitize [fwd|bwd]
 """
 
 import sys
@@ -10,31 +10,66 @@ import sys
 import torch
 
 from . import reference, rms_norm, settings
+from .launch import backward
 
-# (3, 1023) only admits the fallback; (3, 1024) runs every variant on the same tiny grid.
-SHAPES = [(3, 1023), (3, 1024), (133, 8192)]
-VARIANTS = ["row", "persistent", "warp", "fallback"]
+# (3, 1023) only admits the forward fallback; (3, 1024) runs every variant on the same tiny grid.
+FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192)]
+FWD_VARIANTS = ["row", "persistent", "warp", "fallback"]
+BWD_SHAPES = [(131, 4096), (1000, 8192)]
+BWD_MODES = ["fused", "split"]
 
 
-def main() -> int:
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a.float(), b.float(), atol=0.05, rtol=0.02)
+
+
+def forward_cases() -> int:
     failures = 0
-    for M, N in SHAPES:
+    for M, N in FWD_SHAPES:
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
         expect = reference.rms_norm(x, w)
-        for variant in VARIANTS:
+        for variant in FWD_VARIANTS:
             with settings.override(forward_variant=variant):
                 try:
                     y = rms_norm(x, w, backend="cute")
                 except ValueError as e:  # not eligible for this shape
-                    print(f"{variant:>10} {M}x{N}: skipped ({e})")
+                    print(f"fwd {variant:>10} {M}x{N}: skipped ({e})")
                     continue
             torch.cuda.synchronize()
-            ok = torch.allclose(y.float(), expect.float(), atol=0.05, rtol=0.02)
+            ok = _close(y, expect)
             failures += not ok
-            print(f"{variant:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+            print(f"fwd {variant:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
+def backward_cases() -> int:
+    failures = 0
+    for M, N in BWD_SHAPES:
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        rstd = reference.rstd_of(x, 1e-6)
+        dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd)
+        for mode in BWD_MODES:
+            with settings.override(backward=mode):
+                dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "cute")
+            torch.cuda.synchronize()
+            ok = _close(dx, dx_ref) and _close(dw, dw_ref)
+            failures += not ok
+            print(f"bwd {mode:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
+def main(argv) -> int:
+    ops = argv or ["fwd", "bwd"]
+    failures = 0
+    if "fwd" in ops:
+        failures += forward_cases()
+    if "bwd" in ops:
+        failures += backward_cases()
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
