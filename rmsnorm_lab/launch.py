@@ -104,10 +104,10 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     if weight is not None and weight.stride(0) != 1 and N > 1:
         raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
     if backend == "triton":
-        if dx_out is not None:
-            return dx_out, _triton_backward_into(dy2, x2, weight, rstd1, offset, casting_mode,
-                                                 dx_out.view(M, N))
         from .triton.backward import triton_rms_norm_backward
+        if dx_out is not None:
+            return dx_out, triton_rms_norm_backward(dy2, x2, weight, rstd1, offset,
+                                                    casting_mode, dx=dx_out.view(M, N))[1]
         dx2, dw = triton_rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)
     elif backend == "cute":
         from .cute import backward_runner
@@ -125,57 +125,54 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     return dx2.view(x.shape), dw
 
 
-def _triton_backward_into(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor],
-                          rstd1: torch.Tensor, offset: float, casting_mode: str,
-                          dx2: torch.Tensor) -> Optional[torch.Tensor]:
-    """``triton_rms_norm_backward`` with dx written into ``dx2`` (which may be ``dy2``); returns
-    dw. Mirrors that wrapper's grid; it belongs there as a ``dx=`` argument."""
-    import triton
-
-    from .triton import backward as tb
-    from .triton.forward import check_rows, check_weight, num_warps_for
-
-    M, N = x2.shape
-    check_rows("x", x2)
-    check_rows("dy", dy2, N)
-    if dx2.shape != (M, N) or dx2.dtype != x2.dtype or (N > 1 and dx2.stride() != (N, 1)):
-        raise ValueError(f"dx_out must be a contiguous ({M}, {N}) {x2.dtype} tensor, got "
-                         f"{dx2.dtype} {tuple(dx2.shape)} strides {dx2.stride()}")
-    if rstd1.dtype != torch.float32:
-        raise ValueError(f"rstd must be float32, got {rstd1.dtype}")
-    check_weight(weight, N, x2.device)
-    block = triton.next_power_of_2(N)
-    if block > tb.MAX_BLOCK:
-        raise NotImplementedError(f"the Triton backward holds a row in one block of at most "
-                                  f"{tb.MAX_BLOCK} elements; N={N} is too wide")
-    if M == 0:
-        return torch.zeros_like(weight) if weight is not None else None
-    programs = tb._num_programs(x2.device, M)
-    rows_per_program = triton.cdiv(M, programs)
-    programs = triton.cdiv(M, rows_per_program)
-    dw_partial = (torch.empty((programs, N), dtype=torch.float32, device=x2.device)
-                  if weight is not None else None)
-    tb._rms_norm_bwd[(programs,)](
-        dy2, x2, weight, rstd1.contiguous(), dx2, dw_partial,
-        dy2.stride(0), x2.stride(0), M, N, rows_per_program, offset,
-        BLOCK=block, CASTING_MODE=casting_mode, HAS_WEIGHT=weight is not None,
-        num_warps=num_warps_for(block),
-    )
-    return dw_partial.sum(0).to(weight.dtype) if weight is not None else None
-
-
 def lab_impls(op: str) -> Dict[str, Callable]:
-    """The lab's implementations of ``op`` for the benchmark, as ``fn(x, w) -> y``."""
-    if op != "fwd":
-        raise ValueError(f"no lab implementations for op {op!r} yet")
+    """The lab's implementations of ``op`` for the benchmark, as ``fn(x, w) -> y``.
+
+    ``fwd``: the CuTe forward variants and the Triton forward. ``bwd`` and ``full``: the same
+    differentiable ``rms_norm`` (the benchmark takes the gradient), one entry per backward:
+    ``cute.fused``, ``cute.split`` and ``cute.auto`` (``settings.backward`` pinned for the
+    backward of that call: the toggle is read when the backward runs, so an override around
+    the forward alone would not reach it) and ``triton.split`` (the Triton backward: a dx+dW
+    partials kernel and a torch sum)."""
     from .api import rms_norm
 
-    def cute_variant(variant: str) -> Callable:
-        def run(x, w):
-            with settings.override(forward_variant=variant):
-                return rms_norm(x, w, backend="cute")
-        return run
+    if op == "fwd":
+        def cute_variant(variant: str) -> Callable:
+            def run(x, w):
+                with settings.override(forward_variant=variant):
+                    return rms_norm(x, w, backend="cute")
+            return run
 
-    impls = {f"cute.{v}": cute_variant(v) for v in ("row", "persistent", "warp", "auto")}
-    impls["triton.row"] = lambda x, w: rms_norm(x, w, backend="triton")
-    return impls
+        impls = {f"cute.{v}": cute_variant(v) for v in ("row", "persistent", "warp", "auto")}
+        impls["triton.row"] = lambda x, w: rms_norm(x, w, backend="triton")
+        return impls
+    if op in ("bwd", "full"):
+        impls = {f"cute.{mode}": _pinned_backward(mode) for mode in ("fused", "split", "auto")}
+        impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
+        return impls
+    raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full")
+
+
+def _pinned_backward(mode: str, backend: str = "cute") -> Callable:
+    """``fn(x, w) -> y``: ``rms_norm(x, w, backend="cute")`` whose backward runs with
+    ``settings.backward == mode``. The tape node is ``api``'s own ``RMSNormFunction``
+    (subclassed only to wrap its backward in ``settings.override``), so the host path measured
+    is the library's."""
+    from .api import rms_norm, validate
+    from .autograd import RMSNormFunction
+
+    class Pinned(RMSNormFunction):
+        @staticmethod
+        def backward(ctx, dy):
+            with settings.override(backward=mode):
+                return RMSNormFunction.backward(ctx, dy)
+
+    Pinned.__name__ = Pinned.__qualname__ = f"RMSNormFunction_{mode}"
+
+    def run(x, w, eps: float = 1e-6):
+        if not (torch.is_grad_enabled()
+                and (x.requires_grad or (w is not None and w.requires_grad))):
+            return rms_norm(x, w, eps, backend=backend)  # no tape: a plain forward
+        validate(x, w, "llama", backend)  # what rms_norm checks before taping
+        return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
+    return run

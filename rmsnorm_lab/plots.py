@@ -28,7 +28,8 @@ import pandas as pd  # noqa: E402
 from .results import CEILINGS, latest  # noqa: E402
 
 #: the ceiling each op is drawn against: the forward reads one tensor and writes one, the
-#: backward reads two (x, dy) and writes one (dx)
+#: backward reads two (x, dy) and writes one (dx). ``full`` (forward then backward) has no single
+#: access pattern and is drawn without a ceiling.
 CEILING_OF_OP = {"fwd": "copy", "bwd": "copy2r1w"}
 
 
@@ -170,3 +171,85 @@ def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.DataF
     d = d[(d["op"] == op) & (d["metric"] == "host")]
     d = d.assign(impl=pd.Categorical(d["impl"], impl_order(d["impl"]), ordered=True))
     return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[["p20", "p50", "p80"]]
+
+
+def bwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:
+    """The backward's ``bandwidth_table`` under CUDA-graph replay (``% of copy2r1w``)."""
+    return bandwidth_table(df, "bwd", gpu)
+
+
+def _shape_order(index) -> list:
+    """Shapes sorted as the sweep reads: by N, then M."""
+    return sorted(index, key=lambda s: (s[1], s[0]))
+
+
+def time_ratio(df: pd.DataFrame, op: str = "bwd", slower: str = "cute.split",
+               faster: str = "cute.fused", path: str = "graph",
+               gpu: Optional[str] = None) -> pd.DataFrame:
+    """Per shape (rows ``M``, ``N``): the median µs of ``slower`` and ``faster`` and
+    ``ratio = t(slower) / t(faster)`` (above 1: ``faster`` is faster), plus the ratio's spread
+    from the quantiles (``lo`` = p20(slower)/p80(faster), ``hi`` = p80(slower)/p20(faster)).
+    Only shapes where both were measured."""
+    d, _ = _one_gpu(df, gpu)
+    d = d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "time")
+          & d["impl"].isin([slower, faster])]
+    q = {k: d.pivot_table(index=["M", "N"], columns="impl", values=k, aggfunc="last")
+         for k in ("p20", "p50", "p80")}
+    cols = ["M", "N", slower, faster, "ratio", "lo", "hi"]
+    if q["p50"].empty or not {slower, faster} <= set(q["p50"].columns):
+        return pd.DataFrame(columns=cols).set_index(["M", "N"])
+    out = pd.DataFrame({slower: q["p50"][slower], faster: q["p50"][faster],
+                        "ratio": q["p50"][slower] / q["p50"][faster],
+                        "lo": q["p20"][slower] / q["p80"][faster],
+                        "hi": q["p80"][slower] / q["p20"][faster]}).dropna()
+    return out.reindex(_shape_order(out.index))
+
+
+def plot_fused_split_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
+                           gpu: Optional[str] = None, ax=None, slower: str = "cute.split",
+                           faster: str = "cute.fused"):
+    """Bars of ``t(split) / t(fused)`` per shape (whiskers: the p20-p80 spread), a line at 1:
+    above it the fused backward is faster. Shapes where either was not measured (e.g. fused not
+    eligible for a wide row) are left out and named in the title."""
+    r = time_ratio(df, op, slower, faster, path, gpu)
+    _, gpu = _one_gpu(df, gpu)
+    ax = _axes(ax)
+    labels = [f"{m}×{n}" for m, n in r.index]
+    xs = range(len(r))
+    if len(r):
+        ax.bar(xs, r["ratio"], color=["tab:green" if v >= 1 else "tab:red" for v in r["ratio"]],
+               yerr=[(r["ratio"] - r["lo"]).clip(lower=0), (r["hi"] - r["ratio"]).clip(lower=0)],
+               capsize=3)
+        for x, v in zip(xs, r["ratio"]):
+            ax.annotate(f"{v:.2f}", (x, v), textcoords="offset points", xytext=(0, 4),
+                        ha="center", fontsize="small")
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_xticks(list(xs), labels, rotation=30)
+    ax.set_xlabel("M × N")
+    ax.set_ylabel(f"t({slower}) / t({faster}), median")
+    ax.set_title(f"{gpu}: {op}, {slower} vs {faster} ({path}); > 1: {faster} faster")
+    ax.grid(True, axis="y", alpha=0.3)
+    return ax
+
+
+def op_breakdown(df: pd.DataFrame, impls=None, path: str = "graph",
+                 gpu: Optional[str] = None) -> pd.DataFrame:
+    """From recorded rows only (nothing measured, nothing drawn): per implementation and shape,
+    median µs of ``fwd``, ``bwd`` and ``full``, ``fwd+bwd``, and ``full / (fwd+bwd)`` (below 1:
+    running both in one call overlaps or saves something; above 1: the training call costs more
+    than its parts, e.g. saving rstd or autograd's bookkeeping under ``eager``). Implementations
+    are those in ``impls`` (default: all); a missing op leaves NaN."""
+    d, _ = _one_gpu(df, gpu)
+    d = d[(d["path"] == path) & (d["metric"] == "time") & ~d["impl"].isin(CEILINGS)]
+    if impls is not None:
+        d = d[d["impl"].isin(list(impls))]
+    t = d.pivot_table(index=["impl", "M", "N"], columns="op", values="p50", aggfunc="last")
+    t = t.reindex(columns=["fwd", "bwd", "full"])
+    t.columns.name = None
+    t["fwd+bwd"] = t["fwd"] + t["bwd"]
+    t["full / (fwd+bwd)"] = t["full"] / t["fwd+bwd"]
+    if t.empty:
+        return t
+    order = {name: i for i, name in enumerate(impl_order(t.index.get_level_values("impl")))}
+    keys = sorted(t.index, key=lambda k: (order[k[0]], k[2], k[1]))
+    return t.reindex(keys)

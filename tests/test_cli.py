@@ -96,7 +96,7 @@ def test_fwd_sweep_is_the_design():
     assert runner.FWD_SWEEP == [(1024, 4096), (4096, 4096), (8192, 4096), (16384, 4096),
                                 (32768, 4096), (65536, 4096), (16384, 1024), (16384, 2048),
                                 (16384, 8192), (16384, 16384)]
-    assert set(runner.OPS) == {"fwd"}
+    assert set(runner.OPS) == {"fwd", "bwd", "full"}
 
 
 def cpu_inputs(M=64, N=256):

@@ -5,6 +5,12 @@ Peers are optional: each factory returns ``callable(x, w) -> y`` when its packag
 ``None`` otherwise, so the benchmark runs with whatever is installed. All compute the lab's
 default forward: ``eps`` as given, ``offset=0``, Llama casting where the peer has a choice.
 
+``BACKWARD_PEERS`` (ops ``bwd`` and ``full``) are the same callables where they are differentiable
+through autograd: the benchmark calls ``torch.autograd.grad(fn(x, w), (x, w), dy)``. Liger's
+Functions default to ``in_place=True``, which writes dX into dY's storage; the backward peers pass
+``in_place=False`` so every call of a timed loop reads the same dY and the check sees an intact
+one (a fresh dX buffer per call, as every other implementation allocates).
+
 Ceilings are SM kernels streaming tensors of at least 1 GiB (far beyond L2), timed by CUDA-graph
 replay in the same run as the kernels they bound:
 ``copy`` reads one tensor and writes one (the forward's pattern), ``copy2r1w`` reads two and writes
@@ -21,7 +27,7 @@ import torch
 ForwardFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def liger_triton(eps: float) -> Optional[ForwardFn]:
+def liger_triton(eps: float, in_place: bool = True) -> Optional[ForwardFn]:
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except Exception:  # noqa: BLE001 - not installed, or broken here: either way not a peer
@@ -29,19 +35,36 @@ def liger_triton(eps: float) -> Optional[ForwardFn]:
     apply = LigerRMSNormFunction.apply
     # forward(X, W, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None);
     # positional because autograd.Function.apply takes no keywords on every torch version.
-    return lambda x, w: apply(x, w, eps, 0.0, "llama")
+    # in_place only changes the backward (dX written over dY).
+    if in_place:
+        return lambda x, w: apply(x, w, eps, 0.0, "llama")
+    return lambda x, w: apply(x, w, eps, 0.0, "llama", False)
 
 
-def liger_cutedsl(eps: float) -> Optional[ForwardFn]:
+def liger_cutedsl(eps: float, in_place: bool = True) -> Optional[ForwardFn]:
     try:
         from liger_kernel.ops.cutedsl.ops.rms_norm import LigerRMSNormFunction
     except Exception:  # noqa: BLE001
         return None
-    apply = LigerRMSNormFunction.apply  # same signature as the Triton one
-    return lambda x, w: apply(x, w, eps, 0.0, "llama")
+    apply = LigerRMSNormFunction.apply  # same signature as the Triton one (liger-kernel 0.8.5)
+    if in_place:
+        return lambda x, w: apply(x, w, eps, 0.0, "llama")
+    return lambda x, w: apply(x, w, eps, 0.0, "llama", False)
+
+
+def liger_triton_bwd(eps: float) -> Optional[ForwardFn]:
+    """Liger's Triton RMSNorm for ``bwd``/``full``: ``in_place=False`` (dY stays intact)."""
+    return liger_triton(eps, in_place=False)
+
+
+def liger_cutedsl_bwd(eps: float) -> Optional[ForwardFn]:
+    """Liger's CuTe DSL RMSNorm for ``bwd``/``full``: ``in_place=False``."""
+    return liger_cutedsl(eps, in_place=False)
 
 
 def quack(eps: float) -> Optional[ForwardFn]:
+    # quack-kernels 0.6.5: ``rmsnorm`` is ``RMSNormFunction.apply`` (autograd: its backward is
+    # ``rmsnorm_bwd``), so the same callable serves the backward ops.
     try:
         from quack.rmsnorm import rmsnorm
     except Exception:  # noqa: BLE001
@@ -50,6 +73,7 @@ def quack(eps: float) -> Optional[ForwardFn]:
 
 
 def torch_native(eps: float) -> Optional[ForwardFn]:
+    # differentiable: autograd's own RMSNorm backward
     rms_norm = torch.nn.functional.rms_norm
     return lambda x, w: rms_norm(x, (x.shape[-1],), w, eps)
 
@@ -63,6 +87,8 @@ def torch_compile(eps: float) -> Optional[ForwardFn]:
     cfg = torch._dynamo.config
     limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
     setattr(cfg, limit, max(getattr(cfg, limit), 64))
+    # A new compiled function per call of this factory. With inputs that require grad,
+    # AOTAutograd compiles the backward too (lazily, on the first backward: in the check).
     compiled = torch.compile(reference.rms_norm, dynamic=False)
     return lambda x, w: compiled(x, w, eps)
 
@@ -75,6 +101,22 @@ FORWARD_PEERS: Dict[str, Callable[[float], Optional[ForwardFn]]] = {
     "torch.native": torch_native,
     "torch.compile": torch_compile,
 }
+
+
+#: the peers of ``bwd`` and ``full``: name -> factory of a differentiable ``fn(x, w) -> y``
+BACKWARD_PEERS: Dict[str, Callable[[float], Optional[ForwardFn]]] = {
+    "liger.triton": liger_triton_bwd,
+    "liger.cutedsl": liger_cutedsl_bwd,
+    "quack": quack,
+    "torch.native": torch_native,
+    "torch.compile": torch_compile,
+}
+
+
+def backward_peers(eps: float) -> Dict[str, ForwardFn]:
+    """The backward peers available here, by name."""
+    found = {name: make(eps) for name, make in BACKWARD_PEERS.items()}
+    return {name: fn for name, fn in found.items() if fn is not None}
 
 
 def forward_peers(eps: float) -> Dict[str, ForwardFn]:

@@ -1,14 +1,27 @@
 """The benchmark sweep: every implementation on every shape, checked, timed and written as rows.
 
-An op (``fwd`` now; ``bwd`` and ``full`` slot in beside it) is described by ``Op``: how to make
-one set of inputs and how to run an implementation on it, plus the oracle and the bytes the op
-must move. The sweep is the same for every op:
+An op (``fwd``, ``bwd``, ``full``) is described by ``Op``: how to make one set of inputs and how
+to run an implementation on it, plus the oracle and the bytes the op must move. Every
+implementation is ``fn(x, w) -> y``, differentiable where the op needs a backward; the op decides
+what is timed:
+
+* ``fwd``  ``y = fn(x, w)``;
+* ``bwd``  the backward alone: ``Op.prepare`` runs the forward once per input set *outside* the
+  timed region, keeping the autograd graph, and the timed call is
+  ``torch.autograd.grad(y, (x, w), dy, retain_graph=True)``. Autograd runs each backward kernel on
+  the stream its forward ran on, so for such an op the forward, the warm-up, the timers and the
+  CUDA-graph capture all run on one dedicated side stream per implementation (a backward node
+  tied to the legacy default stream could not be captured);
+* ``full`` forward and backward together: ``torch.autograd.grad(fn(x, w), (x, w), dy)``.
+
+The sweep is the same for every op:
 
 1. per shape, check each implementation once against ``reference`` (relative error of the norm
    below ``REL_TOL``); a wrong answer is reported and not timed, and an implementation that
    refuses a shape (``NotImplementedError`` / ``ValueError``) is skipped;
 2. eager time, graph time (L2-cold: the graph cycles through enough input sets to exceed twice
-   the L2), peak memory; bandwidth = bytes moved / time;
+   the L2), peak memory; bandwidth = bytes moved / time. Each is tried on its own: a CUDA-graph
+   capture that fails is reported as a failure and the eager time is still recorded;
 3. host enqueue µs per call at ``HOST_SHAPE``;
 4. the copy ceilings, in the same run.
 
@@ -18,12 +31,13 @@ module imports without it); peers from ``peers``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import re
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,7 +45,7 @@ from .. import provenance, reference
 from .. import results as results_io
 from . import peers as peers_mod
 from .timing import (Quantiles, eager_time_us, graph_time_us, host_time_us, peak_mem_mib,
-                     rotating, rotation_count)
+                     quantiles, rotating, rotation_count)
 
 EPS = 1e-6
 DTYPE = torch.bfloat16
@@ -45,6 +59,9 @@ FWD_SWEEP: List[Tuple[int, int]] = (
     + [(16384, N) for N in (1024, 2048, 8192, 16384)]
 )
 QUICK_FWD_SWEEP: List[Tuple[int, int]] = [(1024, 4096), (16384, 4096)]
+#: the backward and forward+backward sweeps are the forward's shapes
+BWD_SWEEP: List[Tuple[int, int]] = list(FWD_SWEEP)
+QUICK_BWD_SWEEP: List[Tuple[int, int]] = list(QUICK_FWD_SWEEP)
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 Impl = Callable[..., object]
@@ -60,6 +77,13 @@ class Op:
     peers: Dict[str, Callable[[float], Optional[Impl]]]  # name -> factory(eps), None if absent
     sweep: Sequence[Tuple[int, int]]
     quick_sweep: Sequence[Tuple[int, int]]
+    #: per implementation and input set, untimed: turns ``make_inputs``' tuple into what ``run``
+    #: takes (``bwd``: runs the forward and keeps its graph). None: ``run`` takes the inputs.
+    prepare: Optional[Callable[[Impl, tuple], tuple]] = None
+
+    def bind(self, impl: Impl, inputs: tuple) -> tuple:
+        """What ``run`` takes for ``impl`` on ``inputs`` (``prepare``, when the op has one)."""
+        return self.prepare(impl, inputs) if self.prepare is not None else inputs
 
 
 def _fwd_inputs(M: int, N: int, dtype: torch.dtype) -> tuple:
@@ -84,7 +108,90 @@ FWD = Op(
     quick_sweep=QUICK_FWD_SWEEP,
 )
 
-OPS: Dict[str, Op] = {"fwd": FWD}
+
+def _bwd_inputs(M: int, N: int, dtype: torch.dtype) -> tuple:
+    """``(x, w, dy)``: x and w require grad (leaves), dy is the incoming gradient."""
+    x, w = _fwd_inputs(M, N, dtype)
+    dy = torch.randn(M, N, dtype=dtype, device=x.device)
+    return x.requires_grad_(), w.requires_grad_(), dy
+
+
+def _bwd_reference(inputs: tuple) -> tuple:
+    """``(dx, dw)`` from ``reference.rms_norm_backward`` with the forward's fp32 rstd (llama)."""
+    x, w, dy = (t.detach() for t in inputs[:3])
+    rstd = reference.rstd_of(x, EPS)
+    return reference.rms_norm_backward(dy, x, w, rstd, 0.0, "llama")
+
+
+def _bwd_bytes(inputs: tuple) -> int:
+    """Minimum DRAM traffic of one backward call::
+
+        read dY + read X + write dX + read rstd + read W + write dW
+        = 3*M*N*s + 4*M + 2*N*s_w          (bf16: 3*M*N*2 + M*4 + 2*N*2)
+
+    with ``s`` x's element size and ``s_w`` the weight's; rstd is the forward's saved fp32 per
+    row. dW's fp32 partials (strips x N, written then re-read) are not counted: they are an
+    implementation's overhead, not the op's minimum."""
+    x, w = inputs[0], inputs[1]
+    M = x.numel() // x.shape[-1]
+    return 3 * x.numel() * x.element_size() + 4 * M + 2 * w.numel() * w.element_size()
+
+
+def _full_bytes(inputs: tuple) -> int:
+    """Forward bytes + backward bytes: ``(2*M*N*s + N*s_w) + (3*M*N*s + 4*M + 2*N*s_w)``
+    (bf16: ``5*M*N*2 + M*4 + 3*N*2``). The forward's rstd write (4*M, only when training) is
+    not counted, as in ``fwd``."""
+    return _fwd_bytes(inputs[:2]) + _bwd_bytes(inputs)
+
+
+def _differentiable(impl: Impl, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    with torch.enable_grad():
+        y = impl(x, w)
+    if not isinstance(y, torch.Tensor) or y.grad_fn is None:
+        raise WrongOutput("the forward returned no differentiable tensor (no autograd support)")
+    return y
+
+
+def _bwd_prepare(impl: Impl, inputs: tuple) -> tuple:
+    """Forward once, outside the timed region, graph kept: ``(y, x, w, dy)``."""
+    x, w, dy = inputs
+    return _differentiable(impl, x, w), x, w, dy
+
+
+def _bwd_run(impl: Impl, bound: tuple) -> tuple:
+    y, x, w, dy = bound
+    return torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+
+
+def _full_run(impl: Impl, inputs: tuple) -> tuple:
+    x, w, dy = inputs
+    return torch.autograd.grad(_differentiable(impl, x, w), (x, w), dy)
+
+
+BWD = Op(
+    name="bwd",
+    make_inputs=_bwd_inputs,
+    run=_bwd_run,
+    reference=_bwd_reference,
+    bytes_moved=_bwd_bytes,
+    peers=peers_mod.BACKWARD_PEERS,
+    sweep=BWD_SWEEP,
+    quick_sweep=QUICK_BWD_SWEEP,
+    prepare=_bwd_prepare,
+)
+
+FULL_OP = Op(
+    name="full",
+    make_inputs=_bwd_inputs,
+    run=_full_run,
+    reference=_bwd_reference,
+    bytes_moved=_full_bytes,
+    peers=peers_mod.BACKWARD_PEERS,
+    sweep=BWD_SWEEP,
+    quick_sweep=QUICK_BWD_SWEEP,
+)
+
+OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +239,11 @@ def rel_error(out: object, expected: object) -> float:
 
 
 def check(op: Op, impl: Impl, inputs: tuple, expected: object) -> Tuple[str, str]:
-    """``("ok", "")``, ``("skip", why)`` when the impl refuses the shape, or ``("fail", why)``."""
+    """``("ok", "")``, ``("skip", why)`` when the impl refuses the shape, or ``("fail", why)``.
+    ``inputs`` are ``make_inputs``' tuple; ``op.bind`` runs here too (a forward that refuses the
+    shape is a skip)."""
     try:
-        out = op.run(impl, inputs)
+        out = op.run(impl, op.bind(impl, inputs))
     except (NotImplementedError, ValueError) as e:
         return "skip", f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - a crashing kernel is a finding, not a bench crash
@@ -180,6 +289,76 @@ def output_path(root: Path, gpu: str, op: str, tag: Optional[str]) -> Path:
     return root / gpu / (f"{op}-{tag}.csv" if tag else f"{op}.csv")
 
 
+@contextlib.contextmanager
+def _impl_stream(op: Op) -> Iterator[Optional["torch.cuda.Stream"]]:
+    """For an op with a ``prepare`` step (``bwd``): a fresh side stream, current for the
+    duration, on which the forwards, the check, the timers and the graph capture all run (the
+    backward kernels run on their forward's stream; a fresh one per implementation also keeps
+    a failed capture from leaking into the next). Otherwise nothing changes (``None``)."""
+    if op.prepare is None:
+        yield None
+        return
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            yield stream
+    finally:
+        torch.cuda.current_stream().wait_stream(stream)
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - the failure was already recorded where it happened
+            pass
+
+
+def _graph_time(stream, fn: Callable[[], object], *, replays: int, calls_multiple: int,
+                target_ms: float = 2.0, max_calls: int = 2000) -> Quantiles:
+    """``timing.graph_time_us``, or, with a ``stream``, the same measurement with the warm-up
+    and the capture on that stream (the one the forwards of a ``bwd`` ran on), so that autograd
+    runs every backward kernel on the capturing stream."""
+    if stream is None:
+        return graph_time_us(fn, replays=replays, calls_multiple=calls_multiple,
+                             target_ms=target_ms, max_calls=max_calls)
+    with torch.cuda.stream(stream):
+        for _ in range(max(3, calls_multiple)):  # lazy init and compiles before the capture
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        per_call_ms = max(start.elapsed_time(end) / 10, 1e-4)
+        calls = min(max(1, math.ceil(target_ms / per_call_ms)), max_calls)
+        calls = math.ceil(calls / calls_multiple) * calls_multiple
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+        graph.replay()  # the first replay uploads the graph
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        for s, e in zip(starts, ends):
+            s.record()
+            graph.replay()
+            e.record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) * 1e3 / calls for s, e in zip(starts, ends)]
+        del graph
+    return quantiles(samples)
+
+
+def _recover() -> None:
+    """After a failed capture: drain the device so the next implementation starts clean."""
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 class _Sweep:
     """One run of the sweep; collects rows, failures and skips as it goes."""
 
@@ -218,37 +397,64 @@ class _Sweep:
         moved = op.bytes_moved(first)
         for name, impl in self.impls.items():
             self.bar.set_postfix_str(f"{name} {M}x{N}")
-            if self._checked(name, impl, M, N, first, expected):
-                try:
-                    one = functools.partial(op.run, impl, first)
-                    eager = eager_time_us(one, rep_ms=self.budget.eager_rep_ms)
-                    graph = graph_time_us(rotating(functools.partial(op.run, impl), sets),
-                                          replays=self.budget.graph_replays, calls_multiple=k)
-                    mem = peak_mem_mib(one)
-                except Exception as e:  # noqa: BLE001
-                    self.fail(f"{name} at {M}x{N}: timing raised {type(e).__name__}: {e}")
-                else:
-                    for path, t in (("eager", eager), ("graph", graph)):
-                        self._row(name, path, M, N, "time", t)
-                        self._row(name, path, M, N, "bandwidth", bandwidth(moved, t))
-                    self._row(name, "eager", M, N, "peak_mem", mem)
+            with _impl_stream(op) as stream:
+                if self._checked(name, impl, M, N, first, expected):
+                    self._time(name, impl, M, N, sets, k, moved, stream)
             self.bar.update()
         del sets, first, expected
         torch.cuda.empty_cache()
+
+    def _time(self, name: str, impl: Impl, M: int, N: int, sets, k: int, moved: int,
+              stream) -> None:
+        """Eager, graph and peak memory, each on its own: one failing does not lose the
+        others."""
+        op = self.op
+        try:
+            bound = [op.bind(impl, s) for s in sets]  # untimed (bwd: the forwards)
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"{name} at {M}x{N}: preparing the inputs raised {type(e).__name__}: {e}")
+            return
+        one = functools.partial(op.run, impl, bound[0])
+        try:
+            eager = eager_time_us(one, rep_ms=self.budget.eager_rep_ms)
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"{name} at {M}x{N}: eager timing raised {type(e).__name__}: {e}")
+        else:
+            self._row(name, "eager", M, N, "time", eager)
+            self._row(name, "eager", M, N, "bandwidth", bandwidth(moved, eager))
+        try:
+            graph = _graph_time(stream, rotating(functools.partial(op.run, impl), bound),
+                                replays=self.budget.graph_replays, calls_multiple=k)
+        except Exception as e:  # noqa: BLE001 - e.g. a kernel that cannot be captured
+            self.fail(f"{name} at {M}x{N}: CUDA-graph capture/replay raised "
+                      f"{type(e).__name__}: {e}")
+            _recover()
+        else:
+            self._row(name, "graph", M, N, "time", graph)
+            self._row(name, "graph", M, N, "bandwidth", bandwidth(moved, graph))
+        try:
+            mem = peak_mem_mib(one)
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"{name} at {M}x{N}: peak memory raised {type(e).__name__}: {e}")
+        else:
+            self._row(name, "eager", M, N, "peak_mem", mem)
+        del bound, one
 
     def host(self, M: int, N: int) -> None:
         inputs = self.op.make_inputs(M, N, DTYPE)
         expected = self.op.reference(inputs)
         for name, impl in self.impls.items():
             self.bar.set_postfix_str(f"{name} host {M}x{N}")
-            if self._checked(name, impl, M, N, inputs, expected):
-                try:
-                    q = host_time_us(functools.partial(self.op.run, impl, inputs),
-                                     repeats=self.budget.host_repeats)
-                except Exception as e:  # noqa: BLE001
-                    self.fail(f"{name} host at {M}x{N}: raised {type(e).__name__}: {e}")
-                else:
-                    self._row(name, "host", M, N, "host", q)
+            with _impl_stream(self.op):
+                if self._checked(name, impl, M, N, inputs, expected):
+                    try:
+                        bound = self.op.bind(impl, inputs)
+                        q = host_time_us(functools.partial(self.op.run, impl, bound),
+                                         repeats=self.budget.host_repeats)
+                    except Exception as e:  # noqa: BLE001
+                        self.fail(f"{name} host at {M}x{N}: raised {type(e).__name__}: {e}")
+                    else:
+                        self._row(name, "host", M, N, "host", q)
             self.bar.update()
 
     def ceiling(self, name: str) -> None:
@@ -266,12 +472,24 @@ class _Sweep:
         self.bar.update()
 
 
+def _checkpoint(rows: List[dict], path: Path) -> None:
+    """Write the rows measured so far (replaced by the complete file at the end), so that a run
+    killed part-way (a time limit on the GPU host) keeps the shapes it finished. Every row is a
+    complete measurement of this run; only the file may lack shapes."""
+    if rows:
+        try:
+            results_io.write(rows, path)
+        except Exception as e:  # noqa: BLE001 - the final write reports real problems
+            print(f"note: could not write a checkpoint of {path}: {e}")
+
+
 def bench(op: str = "fwd", *, quick: bool = False, out: Optional[Path] = None,
           tag: Optional[str] = None) -> Outcome:
     """Run the sweep of ``op`` on the current CUDA device and write
     ``<out>/<gpu>/<op>[-<tag>].csv`` (``out`` defaults to the repository's ``results/``;
     ``quick`` runs fewer shapes for less time each and defaults the tag to ``quick`` so a quick
-    run never replaces a full one)."""
+    run never replaces a full one). The file is rewritten after every shape, so a run stopped
+    part-way leaves the shapes it finished."""
     from tqdm.auto import tqdm
 
     if not torch.cuda.is_available():
@@ -299,6 +517,7 @@ def bench(op: str = "fwd", *, quick: bool = False, out: Optional[Path] = None,
             sweep.fail(problem)
         for M, N in shapes:
             sweep.shape(M, N)
+            _checkpoint(sweep.out.rows, path)
         sweep.host(*HOST_SHAPE)
         for name in peers_mod.CEILING_READS:
             sweep.ceiling(name)

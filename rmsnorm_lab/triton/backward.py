@@ -89,11 +89,14 @@ def triton_rms_norm_backward(
     rstd: torch.Tensor,
     offset: float,
     casting_mode: str,
+    dx: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Gradients of RMSNorm over the rows of a 2-D ``x``: returns ``(dx, dw)``.
 
-    ``dx`` is a new contiguous ``(M, N)`` tensor of x's dtype; ``dw`` has weight's dtype, or is
-    None without a weight. ``rstd`` is the forward's fp32 ``(M,)``.
+    ``dx`` is a new contiguous ``(M, N)`` tensor of x's dtype, or the given ``dx`` (contiguous,
+    x's shape and dtype), which may be ``dy`` itself: a program reads a whole row of dy before it
+    writes that row of dx. ``dw`` has weight's dtype, or is None without a weight. ``rstd`` is the
+    forward's fp32 ``(M,)``.
     """
     check_casting_mode(casting_mode)
     check_rows("x", x)
@@ -112,7 +115,11 @@ def triton_rms_norm_backward(
         raise NotImplementedError(f"the Triton backward holds a row in one block of at most "
                                   f"{MAX_BLOCK} elements; N={N} is too wide")
 
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if dx is None:
+        dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    elif dx.shape != (M, N) or dx.dtype != x.dtype or (N > 1 and dx.stride() != (N, 1)):
+        raise ValueError(f"dx must be a contiguous ({M}, {N}) {x.dtype} tensor, got "
+                         f"{dx.dtype} {tuple(dx.shape)} strides {dx.stride()}")
     if M == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx, dw
