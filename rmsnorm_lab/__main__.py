@@ -199,7 +199,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
     """Render figures into ``out`` and write ``out/report.md``; returns the headline text."""
     md = ["# rmsnorm-lab report", "",
           f"Measured by this lab's benchmark; results read from `{root}` (figures quoted from "
-          "elsewhere, in `results/reported/`, are not part of this report). `graph` is device "
+          "elsewhere, in `results/reported/`, appear only in the last section, labelled "
+          "reported). `graph` is device "
           "time by CUDA-graph replay with L2-cold inputs; `eager` is `triton.testing.do_bench` "
           "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
@@ -223,6 +224,11 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
                 md += [f"{op}, host µs per call:", "", _markdown(host, 1), ""]
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
+    from .analysis.report import gpu_section  # notebook 04's figures (reads only, no compiling)
+
+    section, lines = gpu_section(df, out, root)
+    md += section
+    headline += lines
     (out / "report.md").write_text("\n".join(md))
     return "\n".join(headline)
 

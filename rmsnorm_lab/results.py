@@ -31,6 +31,8 @@ DTYPES = ("fp32", "bf16", "fp16")
 #: impl names of the bandwidth ceilings measured in the same run (not RMSNorm implementations)
 CEILINGS = ("copy", "copy2r1w")
 REPORTED_DIR = "reported"
+#: directories of results/ that hold no measurements: quoted figures, the compiled-code table
+NOT_MEASURED_DIRS = (REPORTED_DIR, "compiled")
 
 _INT_COLUMNS = ("sm_count", "M", "N")
 _QUANTILES = ("p20", "p50", "p80")
@@ -159,11 +161,12 @@ def _read(path: Path, expect_gpu: Optional[str]) -> pd.DataFrame:
 def load_all(root: Optional[PathLike] = None) -> pd.DataFrame:
     """Every ``<root>/<gpu>/*.csv`` (default root: ``results_dir()``) in one DataFrame.
 
-    ``<root>/reported/`` is skipped: quoted figures are not measurements. Rows must name the GPU
-    of their directory."""
+    ``<root>/reported/`` and ``<root>/compiled/`` are skipped: quoted figures and compiler output
+    are not measurements. Rows must name the GPU of their directory."""
     root = Path(root) if root is not None else results_dir()
     frames = [_read(path, expect_gpu=path.parent.name)
-              for path in sorted(root.glob("*/*.csv")) if path.parent.name != REPORTED_DIR]
+              for path in sorted(root.glob("*/*.csv"))
+              if path.parent.name not in NOT_MEASURED_DIRS]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return _frame([])

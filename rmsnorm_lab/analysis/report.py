@@ -1,0 +1,124 @@
+"""The cross-GPU section of ``python -m rmsnorm_lab report``: notebook 04's figures as PNGs and a
+short markdown summary. Reads committed results only; never compiles (the compiled-code table
+comes from its cache, ``results/compiled/ptx_table.csv``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Tuple
+
+import pandas as pd
+
+from . import compiled, figures, model
+from .reported import load_reported
+from .specs import bandwidth_table
+
+#: the host cost per forward call that PR #1388 reported for Liger's CuTe kernel before TVM-FFI
+#: (results/reported/pr1388_b200_tvm_ffi.csv): the launch path the PR #1336 comparison ran on
+PR_ERA = ("liger.cutedsl", "fwd", "host")
+
+
+def pr_era_host(reported: pd.DataFrame) -> float:
+    """The reported pre-TVM-FFI host µs of Liger's CuTe forward (NaN when absent)."""
+    if reported.empty:
+        return math.nan
+    r = reported[(reported["impl"] == PR_ERA[0]) & (reported["op"] == PR_ERA[1])
+                 & (reported["metric"] == PR_ERA[2])]
+    return float(r["value"].iloc[0]) if len(r) else math.nan
+
+
+def _table(df: pd.DataFrame, digits: int = 2) -> str:
+    flat = df.reset_index() if df.index.name or isinstance(df.index, pd.MultiIndex) else df
+    head = "| " + " | ".join(str(c) for c in flat.columns) + " |"
+    rule = "|" + "|".join("---" for _ in flat.columns) + "|"
+
+    def cell(v):
+        if isinstance(v, float):
+            return "-" if pd.isna(v) else f"{v:.{digits}f}"
+        return str(v)
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in flat.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], List[str]]:
+    """Render the roofline, crossover and reported-vs-modelled figures into ``out``; return
+    (markdown lines, headline lines for stdout)."""
+    from matplotlib.figure import Figure
+
+    reported = load_reported(root)
+    cal = model.calibrate(df)
+    md = ["## Across GPUs: measured, modelled, reported", "",
+          "Measured: this lab's benchmark (`results/<gpu>/`). Modelled: device time = t0 + bytes "
+          "/ (efficiency x datasheet bandwidth), fitted on the H200's CUDA-graph times, host time "
+          "as measured on the H200's host; per call as `triton.testing.do_bench` sees it "
+          "(device + host time beyond its 256 MiB L2 flush). Reported: quoted from elsewhere "
+          "with its source (`results/reported/`). Details: `notebooks/04_gpus.ipynb`.", ""]
+    headline: List[str] = []
+    if cal.empty:
+        md += ["No CUDA-graph measurements to calibrate the model on: nothing to model.", ""]
+        return md, headline
+    md += ["Bandwidth, datasheet vs measured copy:", "",
+           _table(bandwidth_table(df).drop(columns="kind"), 0), ""]
+    hosts = model.host_costs(df)
+    pr = model.pr_comparison(df, reported, cal=cal, hosts=hosts)
+    era = pr_era_host(reported)
+    pr_era = (model.pr_comparison(df, reported, cal=cal,
+                                  hosts=model.with_host(hosts, "liger.cutedsl", era))
+              if math.isfinite(era) else None)
+    names = []
+    fig = Figure(figsize=(9, 5.5), layout="constrained")
+    figures.plot_roofline(df, reported, cal=cal, ax=fig.subplots())
+    names.append(_save(fig, out / "gpus-roofline.png"))
+    if not hosts.empty:
+        fig = Figure(figsize=(9, 5.5), layout="constrained")
+        figures.plot_crossover(df, cal=cal, hosts=hosts, ax=fig.subplots())
+        names.append(_save(fig, out / "gpus-crossover.png"))
+        fig = Figure(figsize=(12, 5), layout="constrained")
+        axes = fig.subplots(1, 2 if pr_era is not None else 1, squeeze=False).ravel()
+        liger = pr["pair"].str.startswith("liger")
+        figures.plot_reported_vs_modelled(pr[liger], ax=axes[0],
+                                          title_suffix="\nhost costs measured today")
+        if pr_era is not None:
+            figures.plot_reported_vs_modelled(
+                pr_era[pr_era["pair"].str.startswith("liger")], ax=axes[1],
+                title_suffix=f"\nCuTe host {era:.0f} µs as reported in PR #1388 (pre TVM-FFI)")
+        names.append(_save(fig, out / "gpus-reported-vs-modelled.png"))
+        verdict = model.finding(pr)
+        md += ["The PR's finding (B200: CuTe faster because the host dominates; H100: parity), "
+               "computed by the model at M=8192, N=4096, with today's measured host costs:", ""]
+        md += [f"- {k}: {v}" for k, v in verdict.items()]
+        if pr_era is not None:
+            v2 = model.finding(pr_era)
+            md += ["", f"With Liger's CuTe host cost of {era:.0f} µs reported before TVM-FFI "
+                   "(a scenario, mixing a reported input into the model):", ""]
+            md += [f"- {k}: {v}" for k, v in v2.items()]
+        cols = ["pair", "gpu", "M", "device ratio", "call ratio (modelled)",
+                "reported ratio", "measured eager ratio"]
+        md += ["", "CuTe / Triton time per call:", "", _table(pr[cols]), ""]
+        cross = model.crossover_table(df, cal=cal, hosts=hosts)
+        md += ["Crossover M (device time reaches host time; below it a call is host-bound), "
+               "N=4096 bf16 forward:", "", _table(cross, 0), ""]
+        headline += ["across GPUs (modelled, N=4096 fwd): " + verdict["overall"],
+                     *(f"  {k}: {v}" for k, v in verdict.items() if k != "overall"), ""]
+    rvm = model.reported_vs_modelled(reported, cal)
+    if not rvm.empty:
+        md += ["Reported device times vs the model:", "",
+               _table(rvm.dropna(subset=["modelled_us"]).drop(columns="source")), ""]
+    ptx = compiled.table(root)
+    if ptx.empty:
+        md += ["Compiled-code table: no cache (`python -m rmsnorm_lab.analysis.compiled` "
+               "writes `results/compiled/ptx_table.csv`).", ""]
+    else:
+        keep = ["kernel", "arch", "registers", "spill_bytes", "ld.global 16B", "st.global 16B",
+                "shuffles", "barriers", "instructions", "fma", "mul", "packed f32x2"]
+        md += ["Compiled code, sm_90a vs sm_100a (from the cached PTX table; compiler output, "
+               "not a measurement):", "", _table(ptx[[c for c in keep if c in ptx.columns]], 0),
+               ""]
+    md += [f"![{n}]({n})" for n in names] + [""]
+    return md, headline

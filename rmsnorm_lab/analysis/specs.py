@@ -1,0 +1,102 @@
+"""Datasheet figures of the GPUs the lab compares, each with the vendor page it came from.
+
+``measured_copy_bandwidth`` reads the copy ceiling that the lab's own benchmark measured on a GPU
+(``impl`` ``copy``: an SM kernel reading 1 GiB and writing 1 GiB, CUDA-graph replay). The ratio
+measured / datasheet is what the model in ``model.py`` carries from one GPU to another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional
+
+import pandas as pd
+
+from ..results import latest
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUSpec:
+    key: str                  # the results-directory slug (results/<key>/)
+    name: str
+    compute_capability: str
+    arch: str                 # the CuTe DSL target (CUTE_DSL_ARCH)
+    memory: str
+    memory_bandwidth_tbps: float   # datasheet, TB/s (10^12 bytes/s)
+    sms: int
+    l2_mib: float
+    boost_clock_mhz: int
+    source: str               # the vendor datasheet/whitepaper for the bandwidth
+    detail_source: str        # where SMs, L2 and clock come from
+    note: str = ""
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        return self.memory_bandwidth_tbps * 1000.0
+
+
+_H100_WP = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
+SPECS: Dict[str, GPUSpec] = {s.key: s for s in (
+    GPUSpec("h100_sxm", "H100 SXM5 80GB", "9.0", "sm_90a", "80 GB HBM3", 3.35, 132, 50, 1980,
+            "https://www.nvidia.com/en-us/data-center/h100/", _H100_WP,
+            "SMs, L2 and boost clock from the Hopper whitepaper's H100 SXM5 column"),
+    GPUSpec("h100_pcie", "H100 PCIe 80GB", "9.0", "sm_90a", "80 GB HBM2e", 2.0, 114, 50, 1755,
+            "https://www.nvidia.com/en-us/data-center/h100/", _H100_WP,
+            "SMs, L2 and boost clock from the Hopper whitepaper's H100 PCIe column"),
+    GPUSpec("h200", "H200 SXM 141GB", "9.0", "sm_90a", "141 GB HBM3e", 4.8, 132, 50, 1980,
+            "https://www.nvidia.com/en-us/data-center/h200/", _H100_WP,
+            "same GH100 die as H100 SXM5 (SMs, L2, clock from the Hopper whitepaper); "
+            "the lab's results record 132 SMs"),
+    GPUSpec("b200", "B200 (HGX B200)", "10.0", "sm_100a", "180 GB HBM3e", 8.0, 148, 126, 1965,
+            "https://www.nvidia.com/en-us/data-center/hgx/",
+            "https://resources.nvidia.com/en-us-blackwell-architecture",
+            "bandwidth per GPU from the HGX B200 datasheet (64 TB/s for 8 GPUs); SMs, L2 and "
+            "clock are NOT datasheet figures (the brief gives none): commonly reported "
+            "device-query values, treat as approximate"),
+)}
+
+#: aliases a results directory may use
+ALIASES = {"h100": "h100_sxm", "h100_80gb_hbm3": "h100_sxm", "h100_pcie": "h100_pcie",
+           "h200": "h200", "b200": "b200"}
+
+
+def spec(gpu: str) -> GPUSpec:
+    """The spec of ``gpu`` (a results slug such as ``h200``, or an alias such as ``h100``)."""
+    key = ALIASES.get(gpu.lower(), gpu.lower())
+    if key not in SPECS:
+        raise KeyError(f"no spec for GPU {gpu!r}; known: {sorted(SPECS)}")
+    return SPECS[key]
+
+
+def spec_table() -> pd.DataFrame:
+    """The spec table, one row per GPU, with its sources."""
+    rows = [{"gpu": s.key, "name": s.name, "cc": s.compute_capability, "arch": s.arch,
+             "memory": s.memory, "bandwidth TB/s": s.memory_bandwidth_tbps, "SMs": s.sms,
+             "L2 MiB": s.l2_mib, "boost MHz": s.boost_clock_mhz, "source": s.source,
+             "detail source": s.detail_source, "note": s.note} for s in SPECS.values()]
+    return pd.DataFrame(rows).set_index("gpu")
+
+
+def measured_copy_bandwidth(df: pd.DataFrame, gpu: str, ceiling: str = "copy") -> Optional[float]:
+    """Median GB/s of the ``ceiling`` (``copy``: 1 read + 1 write; ``copy2r1w``) that the lab's
+    benchmark measured on ``gpu`` (newest run, CUDA-graph replay); None where never measured."""
+    if df.empty:
+        return None
+    d = latest(df[(df["gpu"] == gpu) & (df["impl"] == ceiling) & (df["metric"] == "bandwidth")
+                  & (df["path"] == "graph")])
+    if d.empty:
+        return None
+    newest = pd.to_datetime(d["timestamp"], utc=True).idxmax()
+    return float(d.loc[newest, "p50"])
+
+
+def bandwidth_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Datasheet vs measured copy bandwidth per GPU (measured only where the lab has run)."""
+    rows = []
+    for s in SPECS.values():
+        copy = measured_copy_bandwidth(df, s.key)
+        rows.append({"gpu": s.key, "datasheet GB/s": s.bandwidth_gbps,
+                     "measured copy GB/s": copy,
+                     "copy % of datasheet": 100 * copy / s.bandwidth_gbps if copy else None,
+                     "kind": "measured" if copy else "datasheet only"})
+    return pd.DataFrame(rows).set_index("gpu")

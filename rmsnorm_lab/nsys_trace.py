@@ -1,0 +1,316 @@
+"""Per-event Nsight Systems reports as DataFrames: the raw material of a timeline.
+
+``profiling.py`` reads the *summary* reports (one row per range or kernel name). This module reads
+the *trace* reports, one row per event, that ``nsys stats --format csv`` writes for::
+
+    nsys stats --report nvtx_pushpop_trace,cuda_gpu_trace,cuda_api_trace --format csv \\
+        --output profile-fwd --force-export true profile-fwd.nsys-rep
+
+which gives ``profile-fwd_nvtx_pushpop_trace.csv``, ``profile-fwd_cuda_gpu_trace.csv`` and
+``profile-fwd_cuda_api_trace.csv`` (newer nsys also offer ``nvtx_trace``, read the same way).
+
+The parsers are keyed on column-name patterns, not positions, because the reports' columns move
+between nsys versions. The headers of nsys 2024-2025 are (only the starred ones are required):
+
+* ``nvtx_pushpop_trace``: ``Start (ns)``\\*, ``End (ns)``, ``Duration (ns)``, ``DurChild (ns)``,
+  ``DurNonChild (ns)``, ``Name``\\*, ``PID``, ``TID``, ``Lvl``, ``NumChild``, ``RangeId``,
+  ``ParentId``, ``RangeStack``, ``NameTree``;
+* ``cuda_gpu_trace``: ``Start (ns)``\\*, ``Duration (ns)``, ``CorrId``, ``GrdX`` ... ``BlkZ``,
+  ``Reg/Trd``, ``StcSMem (MB)``, ``DymSMem (MB)``, ``Bytes (MB)``, ``Throughput (MBps)``,
+  ``SrcMemKd``, ``DstMemKd``, ``Device``, ``Ctx``, ``GreenCtx``, ``Strm``, ``Name``\\*;
+* ``cuda_api_trace``: ``Start (ns)``\\*, ``Duration (ns)``, ``Name``\\*, ``Result``, ``CorrID``,
+  ``Pid``, ``Tid``, ``T-Pri``, ``Thread Name``.
+
+Every event needs a start and either an end or a duration. Times come back in ns whatever unit
+the header names (``(us)`` when exported with ``--timeunit us``). Lines before the header (status
+lines nsys prints when writing to stdout) are skipped.
+
+NVTX time is host time (push to pop); a GPU trace row is device time; the two are on the same
+clock in one report, so they can be drawn on one axis. A kernel is tied to the API call that
+launched it by the correlation id (``CorrId`` / ``CorrID``).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import pandas as pd
+
+from .nvtx_ranges import DOMAIN
+from .profiling import STAGES, normalize_range
+
+#: the trace reports, and the names nsys gives the NVTX one (newest first)
+NVTX_REPORTS = ("nvtx_pushpop_trace", "nvtx_trace")
+GPU_REPORT = "cuda_gpu_trace"
+API_REPORT = "cuda_api_trace"
+TRACE_REPORTS = NVTX_REPORTS + (GPU_REPORT, API_REPORT)
+
+_UNIT_NS = {"ns": 1.0, "us": 1e3, "μs": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+_UNIT_RE = re.compile(r"\s*\((ns|us|μs|µs|ms|s)\)\s*$")
+
+
+class TraceError(ValueError):
+    """A trace CSV that cannot be read: no header with the needed columns, or a bad number."""
+
+
+# ============================================================================ columns
+
+def _base(column: str) -> str:
+    """A column name without its unit and in lower case: ``"Start (ns)"`` -> ``"start"``."""
+    return _UNIT_RE.sub("", column.strip()).strip().lower()
+
+
+def _unit_ns(column: str) -> float:
+    m = _UNIT_RE.search(column)
+    return _UNIT_NS[m.group(1)] if m else 1.0
+
+
+#: output column -> accepted base names (lower case, unit stripped), first match wins
+_PATTERNS: Dict[str, Sequence[str]] = {
+    "start_ns": ("start", "start time", "orig start"),
+    "end_ns": ("end", "end time", "orig end"),
+    "dur_ns": ("duration", "dur"),
+    "name": ("name", "range", "kernel name", "api name"),
+    "pid": ("pid", "process id"),
+    "tid": ("tid", "thread id"),
+    "corr_id": ("corrid", "correlation id", "corr id"),
+    "level": ("lvl", "level"),
+    "range_id": ("rangeid", "range id"),
+    "parent_id": ("parentid", "parent id"),
+    "device": ("device",),
+    "stream": ("strm", "stream"),
+    "grid_x": ("grdx", "grid x"),
+    "block_x": ("blkx", "block x"),
+    "thread_name": ("thread name",),
+}
+_TIME_COLUMNS = ("start_ns", "end_ns", "dur_ns")
+_INT_COLUMNS = ("pid", "tid", "corr_id", "level", "range_id", "parent_id", "grid_x", "block_x")
+
+
+def _read_rows(path: Path) -> List[List[str]]:
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    return list(csv.reader(io.StringIO(text)))
+
+
+def read_trace_csv(path) -> pd.DataFrame:
+    """Any per-event nsys CSV → a DataFrame with ``start_ns``, ``end_ns``, ``dur_ns`` (floats,
+    ns), ``name`` and whichever of ``pid``, ``tid``, ``corr_id``, ``level``, ``range_id``,
+    ``parent_id``, ``device``, ``stream``, ``grid_x``, ``block_x``, ``thread_name`` the report
+    has. Rows sorted by start. ``TraceError`` when no header has a start and a name column and
+    either an end or a duration."""
+    path = Path(path)
+    rows = _read_rows(path)
+    for i, header in enumerate(rows):
+        bases = [_base(c) for c in header]
+        cols: Dict[str, int] = {}
+        for out, names in _PATTERNS.items():
+            for name in names:
+                if name in bases:
+                    cols[out] = bases.index(name)
+                    break
+        if "start_ns" in cols and "name" in cols and ("end_ns" in cols or "dur_ns" in cols):
+            return _frame(path, header, cols, rows[i + 1:], i + 2)
+    raise TraceError(f"{path}: no header with a start, a name and an end or a duration column "
+                     "(e.g. 'Start (ns)', 'Duration (ns)', 'Name'): is this the CSV of an nsys "
+                     "trace report (nvtx_pushpop_trace, cuda_gpu_trace, cuda_api_trace)?")
+
+
+def _number(path: Path, lineno: int, column: str, raw: str) -> Optional[float]:
+    raw = raw.strip().replace(",", "")
+    if raw == "" or raw.lower() in ("nan", "none", "null"):
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise TraceError(f"{path}:{lineno}: column {column!r} is not a number: {raw!r}") from None
+
+
+def _frame(path: Path, header: List[str], cols: Dict[str, int], data: List[List[str]],
+           first_line: int) -> pd.DataFrame:
+    records = []
+    for n, cells in enumerate(data):
+        if not any(c.strip() for c in cells):
+            continue
+        lineno = first_line + n
+        rec: Dict[str, object] = {}
+        for out, idx in cols.items():
+            raw = cells[idx] if idx < len(cells) else ""
+            if out in _TIME_COLUMNS:
+                v = _number(path, lineno, header[idx], raw)
+                rec[out] = None if v is None else v * _unit_ns(header[idx])
+            elif out in _INT_COLUMNS:
+                v = _number(path, lineno, header[idx], raw)
+                rec[out] = None if v is None else int(v)
+            else:
+                rec[out] = raw.strip()
+        if rec.get("start_ns") is None:
+            raise TraceError(f"{path}:{lineno}: an event without a start time")
+        end, dur = rec.get("end_ns"), rec.get("dur_ns")
+        if end is None and dur is None:
+            raise TraceError(f"{path}:{lineno}: an event without an end or a duration")
+        if end is None:
+            rec["end_ns"] = rec["start_ns"] + dur
+        if dur is None:
+            rec["dur_ns"] = rec["end_ns"] - rec["start_ns"]
+        records.append(rec)
+    columns = ["start_ns", "end_ns", "dur_ns", "name"] + [
+        c for c in _PATTERNS if c in cols and c not in ("start_ns", "end_ns", "dur_ns", "name")]
+    df = pd.DataFrame(records, columns=columns)
+    for c in _TIME_COLUMNS:
+        df[c] = df[c].astype("float64")
+    for c in _INT_COLUMNS:
+        if c in df.columns:
+            df[c] = df[c].astype("Int64")
+    return df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+# ============================================================================ the three reports
+
+def parse_nvtx_trace(path, domain: str = DOMAIN, lab_only: bool = True) -> pd.DataFrame:
+    """``nvtx_pushpop_trace`` / ``nvtx_trace`` CSV → one row per range instance, with
+    ``range`` (the lab's name without the domain, ``"launch row 128x4096"``) and ``stage`` (its
+    first word: ``iter``, ``marshal``, ``launch``...). With ``lab_only`` ranges of other domains
+    are dropped; otherwise their ``range`` is the name as nsys wrote it and ``stage`` is empty."""
+    df = read_trace_csv(path)
+    lab = df["name"].map(lambda n: normalize_range(n, domain))
+    if lab_only:
+        df, lab = df[lab.notna()].copy(), lab[lab.notna()]
+    df["range"] = lab.where(lab.notna(), df["name"])
+    df["stage"] = [r.split(" ", 1)[0] if ok else "" for r, ok in zip(df["range"], lab.notna())]
+    return df.reset_index(drop=True)
+
+
+def is_kernel_name(name: str) -> bool:
+    """False for the memory operations a GPU trace also lists (``[CUDA memcpy ...]``,
+    ``[CUDA memset]``)."""
+    return not name.strip().startswith("[")
+
+
+def parse_gpu_trace(path) -> pd.DataFrame:
+    """``cuda_gpu_trace`` CSV → one row per GPU activity, with ``kind`` ``kernel`` or
+    ``memop``."""
+    df = read_trace_csv(path)
+    df["kind"] = ["kernel" if is_kernel_name(n) else "memop" for n in df["name"]]
+    return df
+
+
+def parse_api_trace(path) -> pd.DataFrame:
+    """``cuda_api_trace`` CSV → one row per CUDA runtime/driver API call, with ``launch`` True
+    for the calls that launch a kernel (``cudaLaunchKernel``, ``cuLaunchKernelEx``...)."""
+    df = read_trace_csv(path)
+    df["launch"] = df["name"].str.contains("LaunchKernel|GraphLaunch|cuLaunch", regex=True)
+    return df
+
+
+# ============================================================================ a capture's files
+
+@dataclasses.dataclass
+class Trace:
+    """The trace reports of one capture; any may be None when its CSV was not exported."""
+    nvtx: Optional[pd.DataFrame]
+    gpu: Optional[pd.DataFrame]
+    api: Optional[pd.DataFrame]
+    files: Dict[str, Path]
+
+    @property
+    def empty(self) -> bool:
+        return all(f is None or f.empty for f in (self.nvtx, self.gpu, self.api))
+
+
+def find_trace_csvs(folder, stem: Optional[str] = None) -> Dict[str, Path]:
+    """``{report: path}`` for the trace CSVs in ``folder`` (``<stem>_<report>.csv``; without a
+    stem, the first such file per report in name order). The NVTX one is returned under
+    ``"nvtx"``, whichever of ``NVTX_REPORTS`` it is. Missing reports are absent, not an error."""
+    folder = Path(folder)
+    found: Dict[str, Path] = {}
+    if not folder.is_dir():
+        return found
+    for report in TRACE_REPORTS:
+        pattern = f"{stem}_{report}.csv" if stem else f"*_{report}.csv"
+        cands = sorted(folder.glob(pattern))
+        if not cands and (folder / f"{report}.csv").is_file():
+            cands = [folder / f"{report}.csv"]
+        if not cands:
+            continue
+        key = "nvtx" if report in NVTX_REPORTS else report
+        found.setdefault(key, cands[0])
+    return found
+
+
+def load_trace(folder, stem: Optional[str] = None, domain: str = DOMAIN) -> Trace:
+    files = find_trace_csvs(folder, stem)
+    return Trace(nvtx=parse_nvtx_trace(files["nvtx"], domain) if "nvtx" in files else None,
+                 gpu=parse_gpu_trace(files[GPU_REPORT]) if GPU_REPORT in files else None,
+                 api=parse_api_trace(files[API_REPORT]) if API_REPORT in files else None,
+                 files=files)
+
+
+# ============================================================================ analysis
+
+def iterations(nvtx: pd.DataFrame) -> pd.DataFrame:
+    """The ``iter`` ranges (one per loop iteration of ``python -m rmsnorm_lab profile``), in
+    order."""
+    return nvtx[nvtx["stage"] == "iter"].sort_values("start_ns").reset_index(drop=True)
+
+
+def window(trace: Trace, first: int = 0, count: int = 3) -> tuple:
+    """``(t0, t1)`` in ns covering iterations ``first .. first+count-1`` and the GPU work they
+    launched (a kernel can run after its iteration's range closed). Without ``iter`` ranges, the
+    first ``count`` kernels' span."""
+    t0 = t1 = None
+    if trace.nvtx is not None and not trace.nvtx.empty:
+        it = iterations(trace.nvtx)
+        sel = it.iloc[first:first + count] if not it.empty else trace.nvtx.iloc[:0]
+        if not sel.empty:
+            t0, t1 = float(sel["start_ns"].min()), float(sel["end_ns"].max())
+    gpu = trace.gpu
+    if gpu is not None and not gpu.empty:
+        if t0 is None:
+            k = gpu.iloc[first:first + count]
+            return float(k["start_ns"].min()), float(k["end_ns"].max())
+        launched = launches(trace)
+        if launched is not None and not launched.empty:
+            inside = launched[(launched["api_start_ns"] >= t0) & (launched["api_start_ns"] <= t1)]
+            if not inside.empty:
+                t1 = max(t1, float(inside["end_ns"].max()))
+    if t0 is None:
+        raise TraceError("no iter ranges and no GPU activity in this trace")
+    return t0, t1
+
+
+def launches(trace: Trace) -> Optional[pd.DataFrame]:
+    """GPU activities joined to the API calls that launched them on the correlation id: the
+    GPU row's columns plus ``api_name``, ``api_start_ns``, ``api_end_ns`` and ``queue_ns``
+    (kernel start − API call start: enqueue plus waiting behind earlier work). None without both
+    traces or without correlation ids."""
+    gpu, api = trace.gpu, trace.api
+    if gpu is None or api is None or "corr_id" not in gpu or "corr_id" not in api:
+        return None
+    a = api[["corr_id", "name", "start_ns", "end_ns"]].dropna(subset=["corr_id"]).rename(
+        columns={"name": "api_name", "start_ns": "api_start_ns", "end_ns": "api_end_ns"})
+    out = gpu.dropna(subset=["corr_id"]).merge(a, on="corr_id", how="inner")
+    out["queue_ns"] = out["start_ns"] - out["api_start_ns"]
+    return out.sort_values("start_ns").reset_index(drop=True)
+
+
+def range_durations(nvtx: pd.DataFrame) -> pd.DataFrame:
+    """Per lab range name: instances and host µs per instance (median, p20, p80), ordered by
+    stage (``profiling.STAGES``)."""
+    if nvtx is None or nvtx.empty:
+        return pd.DataFrame(columns=["instances", "p20 µs", "median µs", "p80 µs"])
+    g = nvtx.groupby("range")["dur_ns"]
+    out = pd.DataFrame({"instances": g.size(), "p20 µs": g.quantile(0.2) / 1e3,
+                        "median µs": g.median() / 1e3, "p80 µs": g.quantile(0.8) / 1e3})
+    order = sorted(out.index, key=stage_order)
+    return out.loc[order]
+
+
+def stage_order(name: str):
+    stage = name.split(" ", 1)[0]
+    return (STAGES.index(stage) if stage in STAGES else len(STAGES), name)
+

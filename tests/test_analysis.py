@@ -1,0 +1,278 @@
+"""The cross-GPU analysis: spec table with sources, reported figures with provenance, the
+bandwidth + host model (calibrated on the committed H200 results), the cached compiled-code table
+and the report's cross-GPU section. CPU only; one kernel is compiled to check the cache."""
+
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rmsnorm_lab import results
+from rmsnorm_lab.analysis import compiled, model, reported, specs
+from rmsnorm_lab.analysis.report import gpu_section, pr_era_host
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
+
+
+@pytest.fixture(scope="module")
+def df():
+    return results.load_all(RESULTS)
+
+
+@pytest.fixture(scope="module")
+def rep():
+    return reported.load_reported(RESULTS)
+
+
+@pytest.fixture(scope="module")
+def cal(df):
+    return model.calibrate(df)
+
+
+# --- specs ------------------------------------------------------------------------------------
+
+def test_spec_table_has_every_gpu_with_a_vendor_source():
+    t = specs.spec_table()
+    assert set(t.index) == {"h100_sxm", "h100_pcie", "h200", "b200"}
+    for key, s in specs.SPECS.items():
+        assert s.source.startswith("https://www.nvidia.com/"), key
+        assert s.detail_source.startswith("https://"), key
+        assert s.memory_bandwidth_tbps > 0 and s.sms > 0 and s.l2_mib > 0
+        assert s.boost_clock_mhz > 0
+    # the datasheet bandwidths REPORTED.md lists
+    assert [specs.SPECS[k].memory_bandwidth_tbps for k in ("h100_sxm", "h100_pcie", "h200",
+                                                           "b200")] == [3.35, 2.0, 4.8, 8.0]
+    assert specs.spec("h100").key == "h100_sxm"
+    assert model.spec_of("h100", 114).key == "h100_pcie"
+
+
+def test_measured_copy_bandwidth_reads_the_h200_ceiling(df):
+    copy = specs.measured_copy_bandwidth(df, "h200")
+    assert copy == pytest.approx(4276.7, abs=1)
+    assert specs.measured_copy_bandwidth(df, "h200", "copy2r1w") == pytest.approx(4408.4, abs=1)
+    assert specs.measured_copy_bandwidth(df, "b200") is None
+    assert specs.measured_copy_bandwidth(df.iloc[:0], "h200") is None
+
+
+def test_load_all_skips_the_reported_and_compiled_directories(df):
+    assert set(df["gpu"]) == {"h200"}
+
+
+# --- reported ---------------------------------------------------------------------------------
+
+def test_reported_rows_carry_a_source_and_the_pr_ratios(rep):
+    assert not rep.empty and (rep["kind"] == "reported").all()
+    assert rep["source"].str.startswith("https://").all()
+    r = rep[(rep["metric"] == "ratio") & (rep["M"] == 8192)].set_index(["gpu", "op"])["value"]
+    assert r[("b200", "fwd")] == 0.93 and r[("b200", "bwd")] == 0.83
+    assert r[("h100_sxm", "fwd")] == 1.02 and r[("h100_sxm", "bwd")] == 1.10
+    assert pr_era_host(rep) == 54.0
+
+
+def test_malformed_reported_file_names_file_line_and_column(tmp_path):
+    d = tmp_path / "reported"
+    d.mkdir()
+    good = (RESULTS / "reported" / "pr1336_cute_vs_triton.csv").read_text().splitlines()
+    bad = good[:3] + [good[3].replace("https://github.com/linkedin/Liger-Kernel/pull/1336", "")]
+    (d / "x.csv").write_text("\n".join(bad) + "\n")
+    with pytest.raises(results.ResultsError) as e:
+        reported.load_reported(tmp_path)
+    assert e.value.line == 4 and e.value.column == "source" and e.value.file.endswith("x.csv")
+    (d / "x.csv").write_text("\n".join(good[:2] + [good[2].replace(",0.83,", ",abc,")]) + "\n")
+    with pytest.raises(results.ResultsError) as e:
+        reported.load_reported(tmp_path)
+    assert (e.value.line, e.value.column) == (3, "value")
+
+
+def test_no_reported_directory_is_empty_not_an_error(tmp_path):
+    assert reported.load_reported(tmp_path).empty
+
+
+# --- model ------------------------------------------------------------------------------------
+
+def test_calibration_fits_the_h200_measurements(df, cal):
+    assert set(cal["op"]) == {"fwd"}
+    r = cal.set_index("impl").loc["cute.auto"]
+    assert 0.8 < r["efficiency"] < 0.95 and 0 < r["t0_us"] < 10
+    # the fit reproduces the measured graph time at 65536x4096 within 3%
+    meas = model.measured_points(df)
+    t = meas[(meas["impl"] == "cute.auto") & (meas["M"] == 65536)]["time_us"].iloc[0]
+    assert model.device_us(cal, "fwd", "cute.auto", "h200", 65536) == pytest.approx(t, rel=0.03)
+
+
+def test_device_time_scales_with_datasheet_bandwidth(cal):
+    big = 1 << 20  # large M: the fixed t0 is negligible
+    h200, h100, b200 = (model.device_us(cal, "fwd", "liger.triton", g, big)
+                        for g in ("h200", "h100_sxm", "b200"))
+    assert h100 / h200 == pytest.approx(4.8 / 3.35, rel=0.01)
+    assert h200 / b200 == pytest.approx(8.0 / 4.8, rel=0.01)
+    assert math.isnan(model.device_us(cal, "fwd", "no.such.impl", "h200", 1024))
+
+
+def test_model_predicts_the_reported_h100_device_times_within_10_percent(rep, cal):
+    rvm = model.reported_vs_modelled(rep, cal)
+    h100 = rvm[(rvm["gpu"] == "h100_sxm") & (rvm["op"] == "fwd")].dropna(subset=["modelled_us"])
+    assert len(h100) == 2
+    assert ((h100["modelled/reported"] - 1).abs() < 0.10).all()
+
+
+def test_crossover_grows_with_bandwidth_and_matches_the_h200_measurements(df, cal):
+    hosts = model.host_costs(df)
+    h = model.host_us_of(hosts, "liger.triton")
+    m = {g: model.crossover_M(cal, "fwd", "liger.triton", h, g)
+         for g in ("h100_pcie", "h100_sxm", "h200", "b200")}
+    assert m["h100_pcie"] < m["h100_sxm"] < m["h200"] < m["b200"]
+    # at the crossover the modelled device time equals the host time
+    at = model.device_us(cal, "fwd", "liger.triton", "b200", m["b200"])
+    assert at == pytest.approx(h, rel=1e-3)
+    measured = model.measured_crossover_M(df, "h200", "fwd", "liger.triton", h)
+    assert measured == pytest.approx(m["h200"], rel=0.1)
+    assert model.crossover_M(cal, "fwd", "liger.triton", 0.5, "b200") == 0.0
+
+
+def test_host_costs_map_launch_paths_to_kernels_and_drop_ablations():
+    rows = pd.DataFrame({
+        "gpu": "h200", "sm_count": 132, "driver": "d", "torch": "t", "triton": "t",
+        "cutlass_dsl": "c", "commit": "c", "timestamp": "2026-01-01T00:00:00+00:00",
+        "op": "fwd", "path": "host", "M": 128, "N": 4096, "dtype": "bf16", "metric": "host",
+        "unit": "us", "p20": 1.0, "p50": [13.0, 20.0, 50.0, 36.0, 97.0], "p80": 99.0,
+        "impl": ["cute.auto@tvm_ffi", "cute.auto@tvm_ffi+nvtx", "cute.auto@compiled",
+                 "triton.row", "cute.auto"]})
+    h = model.host_costs(rows)
+    assert list(h["impl"]) == ["cute.auto", "cute.auto@compiled", "cute.auto@tvm_ffi",
+                               "triton.row"]
+    assert list(h["device_impl"]) == ["cute.auto"] * 3 + ["triton.row"]
+    assert model.host_us_of(h, "cute.auto") == 13.0  # the TVM-FFI path when present
+    assert model.host_us_of(h, "quack") != model.host_us_of(h, "quack")  # NaN
+
+
+def test_call_models():
+    assert model.call_us(10, 30, "b200", "pipelined") == 30
+    assert model.call_us(50, 30, "b200", "pipelined") == 50
+    flush = model.flush_us("b200")
+    assert flush < model.flush_us("h200") < model.flush_us("h100_sxm")
+    assert model.call_us(flush + 5, 30, "b200", "do_bench") == pytest.approx(35)
+    assert model.call_us(flush - 5, 30, "b200", "do_bench") == 30
+    with pytest.raises(ValueError):
+        model.call_us(1, 1, "b200", "bogus")
+
+
+def test_the_pr_finding_is_computed_not_asserted(df, rep, cal):
+    pr = model.pr_comparison(df, rep, cal=cal)
+    liger = pr[pr["pair"].str.startswith("liger")].set_index(["gpu", "M"])
+    # the kernels alone are at parity on every GPU: any difference comes from the host
+    assert ((liger["device ratio"] - 1).abs() < 0.05).all()
+    assert liger.loc[("b200", 8192), "call ratio (modelled)"] < 0.95
+    assert abs(liger.loc[("h100_sxm", 8192), "call ratio (modelled)"] - 1) < 0.05
+    v = model.finding(pr)
+    assert v["b200"].startswith("reproduced") and v["h100_sxm"].startswith("reproduced")
+    # with the pre-TVM-FFI host cost PR #1388 reported, the B200 magnitude lands on 0.93
+    era = model.with_host(model.host_costs(df), "liger.cutedsl", pr_era_host(rep))
+    pr2 = model.pr_comparison(df, rep, cal=cal, hosts=era).set_index(["pair", "gpu", "M"])
+    r = pr2.loc[("liger.cutedsl / liger.triton", "b200", 8192)]
+    assert r["call ratio (modelled)"] == pytest.approx(r["reported ratio"], abs=0.05)
+
+
+def test_finding_says_not_reproduced_when_the_host_costs_are_equal(df, rep, cal):
+    hosts = model.with_host(model.host_costs(df), "liger.cutedsl", 57.47)
+    v = model.finding(model.pr_comparison(df, rep, cal=cal, hosts=hosts))
+    assert v["b200"].startswith("NOT reproduced")
+
+
+def test_model_without_measurements_is_empty_not_an_error():
+    empty = results.load_all(Path("/nonexistent"))
+    assert model.calibrate(empty).empty and model.host_costs(empty).empty
+    assert model.predictions(empty).empty
+
+
+def test_predictions_label_every_row_modelled(df):
+    p = model.predictions(df)
+    assert set(p["kind"]) == {"modelled"} and set(p["gpu"]) == set(model.MODEL_GPUS)
+    assert (p["call_us (pipelined)"] >= p["device_us"]).all()
+
+
+# --- compiled-code table ----------------------------------------------------------------------
+
+def test_cached_ptx_table_covers_every_kernel_for_both_archs():
+    t = compiled.table()
+    assert not t.empty, "run python -m rmsnorm_lab.analysis.compiled"
+    labels = {k[0] for k in compiled.kernels()}
+    for arch in compiled.ARCHS:
+        assert set(t[t["arch"] == arch]["kernel"]) == labels
+    vec = t[t["vec_bytes"] == 16]
+    assert (vec["ld.global 16B"] > 0).all() and (t["local"] == 0).all()
+    if t["spill_bytes"].notna().all():
+        assert (t["spill_bytes"] == 0).all()
+    assert not compiled.differences(t).empty
+
+
+def test_cache_matches_a_fresh_compile():
+    label, fam, kind, N, dt = compiled.kernels()[0]
+    row = compiled.inspect_kernel(label, fam, kind, N, dt, "sm_100a")
+    cached = compiled.table()
+    cached = cached[(cached["kernel"] == label) & (cached["arch"] == "sm_100a")].iloc[0]
+    for col in ("ld.global 16B", "st.global 16B", "shuffles", "barriers", "instructions"):
+        assert row[col] == cached[col], col
+
+
+def test_instruction_mix_counts_opcodes_not_directives():
+    ptx = """.version 8.8
+.visible .entry k(
+)
+{
+\t.reg .f32 %f<4>;
+\tld.global.v4.u32 {%r1, %r2, %r3, %r4}, [%rd1];
+\tfma.rn.f32 %f1, %f2, %f3, %f1;
+\tmul.rn.f32x2 %rd5, %rd6, %rd7;
+\t@%p1 bra $L__BB0_2;
+$L__BB0_2:
+\tshfl.sync.bfly.b32 %r5, %r6, 16, 31, -1;
+\tret;
+}"""
+    m = compiled.instruction_mix(ptx)
+    assert m["instructions"] == 6 and m["ld.global"] == 1 and m["fma"] == 1
+    assert m["mul"] == 1 and m["packed f32x2"] == 1 and m["branch"] == 1 and m["shfl"] == 1
+
+
+# --- report section ---------------------------------------------------------------------------
+
+def test_report_section_renders_the_three_figures_without_compiling(tmp_path, df,
+                                                                     monkeypatch):
+    def no_compile(*a, **k):
+        raise AssertionError("the report must not compile")
+    monkeypatch.setattr(compiled, "inspect_kernel", no_compile)
+    md, headline = gpu_section(df, tmp_path, RESULTS)
+    text = "\n".join(md)
+    for name in ("gpus-roofline.png", "gpus-crossover.png", "gpus-reported-vs-modelled.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"![{name}]({name})" in text
+    assert "b200: reproduced" in text and "Compiled code, sm_90a vs sm_100a" in text
+    assert any("across GPUs" in line for line in headline)
+
+
+def test_report_section_without_h200_results_models_nothing(tmp_path):
+    empty = results.load_all(tmp_path)
+    md, headline = gpu_section(empty, tmp_path, tmp_path)
+    assert "nothing to model" in "\n".join(md) and headline == []
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_results_from_another_gpu_are_picked_up_as_measured(tmp_path, rep):
+    """A contributor's results/h100/fwd.csv joins every table as measured, next to the model."""
+    src = pd.read_csv(RESULTS / "h200" / "fwd.csv")
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h100").mkdir()
+    shutil.copy(RESULTS / "h200" / "fwd.csv", tmp_path / "h200" / "fwd.csv")
+    # a stand-in file (the H200's numbers relabelled; a real one comes from the bench command)
+    src.assign(gpu="h100").to_csv(tmp_path / "h100" / "fwd.csv", index=False)
+    df = results.load_all(tmp_path)
+    meas = model.measured_points(df)
+    assert {"h100", "h200"} <= set(meas["gpu"]) and set(meas["kind"]) == {"measured"}
+    pr = model.pr_comparison(df, rep)
+    r = pr[(pr["gpu"] == "h100_sxm") & (pr["M"] == 8192)
+           & pr["pair"].str.startswith("liger")].iloc[0]
+    assert math.isfinite(r["measured eager ratio"])
+    assert "h100 (measured)" in model.crossover_table(df).columns
