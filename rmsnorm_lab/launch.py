@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from . import settings as settings_module
+from .settings import from_environ
 from .settings import settings
 
 _SM_COUNT: Dict[int, int] = {}
@@ -34,7 +34,7 @@ def _per_call_settings_cost() -> None:
     """What a launch path that consults the environment pays per call: parse and validate every
     ``RMSNORM_LAB_*`` variable. The values are not applied (``settings`` stays authoritative);
     ``settings.settings_per_call`` exists to measure this cost against reading once at import."""
-    settings_module.from_environ(os.environ)
+    from_environ(os.environ)
 
 
 def as_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:

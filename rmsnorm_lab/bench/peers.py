@@ -89,6 +89,10 @@ def torch_compile(eps: float) -> Optional[ForwardFn]:
     setattr(cfg, limit, max(getattr(cfg, limit), 64))
     # A new compiled function per call of this factory. With inputs that require grad,
     # AOTAutograd compiles the backward too (lazily, on the first backward: in the check).
+    # The backward benchmark calls autograd.grad(..., retain_graph=True) repeatedly; AOTAutograd's
+    # donated buffers forbid that (it raised at 128x4096 on the H200), so they are off.
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
     compiled = torch.compile(reference.rms_norm, dynamic=False)
     return lambda x, w: compiled(x, w, eps)
 

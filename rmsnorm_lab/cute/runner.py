@@ -91,7 +91,9 @@ def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = 
 
 def _marshal(t: torch.Tensor, align: int):
     """A CuTe tensor handle for ``t`` with a dynamic layout (what from_dlpack costs per call)."""
-    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
+    # detach: DLPack refuses tensors that require grad (the autograd path hands those over)
+    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(
+        leading_dim=t.dim() - 1)
 
 
 def _cached_handle(t: torch.Tensor, align: int, cap: int):
