@@ -82,3 +82,12 @@ def test_auto_falls_back_for_unaligned_or_odd_widths():
 def test_unknown_variant_is_a_value_error():
     with pytest.raises(ValueError, match="variant"):
         plan("blocked", 4096)
+
+
+def test_int32_addressing_limit_is_enforced_with_a_way_out():
+    from rmsnorm_lab.cute.plan import check_int32_addressable
+    check_int32_addressable(M=2**31 // 4096 - 1, row_stride=4096, N=4096)
+    with pytest.raises(ValueError, match="backend='triton'"):
+        check_int32_addressable(M=2**31 // 4096, row_stride=4096, N=4096)
+    with pytest.raises(ValueError, match="2\\^31"):
+        check_int32_addressable(M=2**20, row_stride=2**12, N=8)  # a strided view counts its span

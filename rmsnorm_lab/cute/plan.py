@@ -78,6 +78,17 @@ class ForwardPlan:
         return max(1, min(tiles, sm_count * self.ctas_per_sm))
 
 
+INT32_LIMIT = 2**31
+
+
+def check_int32_addressable(M: int, row_stride: int, N: int) -> None:
+    """The kernels index with 32-bit arithmetic (64-bit cost the N=4096 row kernel a third of its
+    resident CTAs); refuse, naming the way out, what that cannot address."""
+    if M * max(row_stride, N) >= INT32_LIMIT:
+        raise ValueError(f"x spans {M * max(row_stride, N)} elements; the CuTe kernels address "
+                         f"at most 2^31 - 1 with 32-bit indices: use backend='triton', or split x")
+
+
 def is_aligned(t: torch.Tensor) -> bool:
     """16-byte vector copies need a 2-D tensor's base pointer and row stride 16-byte aligned."""
     return (t.data_ptr() % COPY_BYTES == 0

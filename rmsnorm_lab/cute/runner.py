@@ -29,7 +29,8 @@ from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from .. import nvtx_ranges
 from ..settings import settings
 from .forward import TORCH_TO_CUTE, RMSNormForward
-from .plan import ForwardPlan, auto_variant, plan_forward
+from .plan import (INT32_LIMIT, ForwardPlan, auto_variant, check_int32_addressable,
+                   plan_forward)
 
 
 _COMPILED: Dict[Tuple, object] = {}
@@ -157,6 +158,8 @@ def choose_plan(x2: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor
 def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
             casting_mode: str, need_rstd: bool, variant: str, sms: int):
     M, N = x2.shape
+    if M * x2.stride(0) >= INT32_LIMIT:
+        check_int32_addressable(M, x2.stride(0), N)
     y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x2.device) if need_rstd else None
     entry = entry_for(x2, y, weight, casting_mode, need_rstd, variant)
