@@ -195,6 +195,45 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     return names
 
 
+def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List[str]:
+    """The other notebooks' data figures for one GPU: 02's fused/split ratio, 03's host µs per
+    launch path, host/device crossover, tensor-cache cost and nsys timeline."""
+    from matplotlib.figure import Figure
+
+    from . import nsys_trace, plots_host
+
+    g = df[df["gpu"] == gpu]
+    names = []
+
+    def render(name, draw, size=(8, 4.5), panels=1):
+        fig = Figure(figsize=size, layout="constrained")
+        axes = fig.subplots(1, panels) if panels > 1 else fig.subplots()
+        try:
+            draw(axes)
+        except (KeyError, ValueError) as e:  # not enough rows for this figure in these results
+            print(f"report: {gpu} {name} not drawn ({e})", file=sys.stderr)
+            return
+        names.append(_save(fig, out / f"{gpu}-{name}.png"))
+
+    if {"cute.fused", "cute.split"} <= set(g[g["op"] == "bwd"]["impl"]):
+        render("bwd-fused-vs-split", lambda ax: plots.plot_fused_split_ratio(df, gpu=gpu, ax=ax))
+    if any("@" in i for i in g[g["path"] == "host"]["impl"]):
+        render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6))
+        render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax))
+    if any(i.startswith("cute.auto@cached:") for i in g["impl"]):
+        render("host-cache-cap", lambda axes: plots_host.plot_cache_cap(df, gpu=gpu, axes=axes),
+               (11, 4), panels=2)
+    trace_dir = root / gpu / "nsys"
+    if trace_dir.is_dir():
+        try:
+            trace = nsys_trace.load_trace(trace_dir)
+        except (OSError, ValueError) as e:
+            print(f"report: {gpu} nsys trace not read ({e})", file=sys.stderr)
+        else:
+            render("nsys-timeline", lambda ax: plots_host.plot_timeline(trace, first=10, ax=ax), (11, 4.5))
+    return names
+
+
 def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
     """Render figures into ``out`` and write ``out/report.md``; returns the headline text."""
     md = ["# rmsnorm-lab report", "",
@@ -224,6 +263,10 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
                 md += [f"{op}, host µs per call:", "", _markdown(host, 1), ""]
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
+        extra = _notebook_figures(df, gpu, out, root)
+        if extra:
+            md += ["### backward and host figures (notebooks 02 and 03)", ""]
+            md += [f"![{name}]({name})\n" for name in extra]
     from .analysis.report import gpu_section  # notebook 04's figures (reads only, no compiling)
 
     section, lines = gpu_section(df, out, root)

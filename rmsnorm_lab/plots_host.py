@@ -143,7 +143,9 @@ def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
                             va="center", fontsize=7)
     ax.set_yticks(ys, impls)
     ax.invert_yaxis()
-    ax.set_xlabel("host µs per call (median; whiskers p20-p80)")
+    # log scale: the jit path (tens of ms) and the TVM-FFI path (tens of µs) on one axis
+    ax.set_xscale("log")
+    ax.set_xlabel("host µs per call (median; whiskers p20-p80; log scale)")
     ax.set_title(f"{gpu}: host enqueue time per call, {shape[0]}×{shape[1]} bf16")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize="small", loc="lower right")
