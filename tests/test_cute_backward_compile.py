@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rmsnorm_lab.cute.backward_plan import plan_backward
-from rmsnorm_lab.cute.backward_runner import compile_and_inspect
+from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]

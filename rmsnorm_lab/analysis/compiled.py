@@ -10,11 +10,7 @@ Nothing here is a measurement of a GPU: it is what the compiler emitted.
 from __future__ import annotations
 
 import collections
-import glob
-import os
 import re
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -67,73 +63,35 @@ def instruction_mix(ptx: str) -> Dict[str, int]:
     return counts
 
 
-def _ptxas(ptx_path: str, arch: str) -> Optional[dict]:
-    from ..cute.inspect_ptx import find_ptxas
-    text = open(ptx_path).read()
-    version = re.search(r"^\.version\s+(\S+)", text, re.M).group(1)
-    ptxas = find_ptxas(version)
-    if ptxas is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([ptxas, f"-arch={arch}", "-v", ptx_path, "-o",
-                              os.path.join(tmp, "k.cubin")], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"ptxas failed on {ptx_path}:\n{res.stderr}")
-    log = res.stderr + res.stdout
-    return {
-        "registers": max(int(r) for r in re.findall(r"Used (\d+) registers", log)),
-        "spill_bytes": sum(int(a) + int(b) for a, b in re.findall(
-            r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)),
-        "stack_bytes": max((int(s) for s in re.findall(r"(\d+) bytes stack frame", log)),
-                           default=0),
-        "smem_bytes": max((int(s) for s in re.findall(r"(\d+) bytes smem", log)), default=0),
-    }
-
-
 def _dtype(name: str):
     import torch
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-def _compile_one(family: str, kind: str, N: int, dtype: str, arch: str, tmp: str):
-    """Compile one kernel with its PTX kept in ``tmp``; returns its plan."""
+def _plan(family: str, kind: str, N: int, dtype: str):
     dt = _dtype(dtype)
     if family == "fwd":
         from ..cute.plan import plan_forward
-        from ..cute.runner import compile_forward
-        aligned = kind != "fallback"
-        plan = plan_forward(kind, N, dt, dt, "llama", store_rstd=True, aligned=aligned)
-        compile_forward(plan, arch, keep_ptx_dir=tmp)
-    else:
-        from ..cute.backward_plan import plan_backward
-        from ..cute.backward_runner import compile_backward
-        plan = plan_backward(kind, N, dt, dt, "llama", aligned=True)
-        compile_backward(plan, arch, keep_ptx_dir=tmp)
-    return plan
+        return plan_forward(kind, N, dt, dt, "llama", store_rstd=True, aligned=kind != "fallback")
+    from ..cute.backward_plan import plan_backward
+    return plan_backward(kind, N, dt, dt, "llama", aligned=True)
 
 
 def inspect_kernel(label: str, family: str, kind: str, N: int, dtype: str, arch: str) -> dict:
     """One row of the table: compile, then read the PTX and ptxas -v."""
-    from ..cute.inspect_ptx import ptx_facts
+    from ..cute.inspect_ptx import compile_and_inspect
     t = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        plan = _compile_one(family, kind, N, dtype, arch, tmp)
-        paths = glob.glob(os.path.join(tmp, f"*.{arch}.ptx")) or glob.glob(
-            os.path.join(tmp, "*.ptx"))
-        if len(paths) != 1:
-            raise RuntimeError(f"expected one kept PTX file in {tmp}, found {paths}")
-        ptx = open(paths[0]).read()
-        report = _ptxas(paths[0], arch) or {}
-    facts = ptx_facts(ptx, arch)
+    plan = _plan(family, kind, N, dtype)
+    facts = compile_and_inspect(plan, arch)
     row = {"kernel": label, "arch": arch, "N": N, "dtype": dtype,
            "threads": plan.threads, "vec_bytes": plan.vec * {"bf16": 2, "fp16": 2, "fp32": 4}[
-               dtype], "registers": report.get("registers"),
-           "spill_bytes": report.get("spill_bytes"), "stack_bytes": report.get("stack_bytes"),
-           "smem_bytes": report.get("smem_bytes"),
+               dtype], "registers": facts.registers,
+           "spill_bytes": facts.spill_bytes, "stack_bytes": facts.stack_bytes,
+           "smem_bytes": facts.smem_bytes,
            "ld.global 16B": facts.global_loads_16B, "ld.global scalar": facts.global_loads_scalar,
            "st.global 16B": facts.global_stores_16B, "local": facts.local_accesses,
            "shuffles": facts.shuffles, "barriers": facts.barriers}
-    row.update(instruction_mix(ptx))
+    row.update(instruction_mix(facts.ptx))
     row["compile_s"] = round(time.perf_counter() - t, 2)
     return row
 

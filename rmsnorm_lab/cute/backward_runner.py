@@ -11,9 +11,6 @@ small next to the 2 x M x N the kernels read, and keeps the kernels free of atom
 
 from __future__ import annotations
 
-import glob
-import os
-import tempfile
 from typing import Dict, Optional, Tuple
 
 import cuda.bindings.driver as cuda
@@ -27,7 +24,6 @@ from .backward import RMSNormBackward, RMSNormBackwardDW
 from .backward_plan import (MODES, BackwardPlan, auto_mode, dw_row_groups, fused_strips,
                             plan_backward, plan_split)
 from .forward import TORCH_TO_CUTE
-from .inspect_ptx import PtxFacts, ptx_facts, ptxas_report
 from .plan import is_aligned
 from .runner import target_arch
 
@@ -72,24 +68,6 @@ def compile_backward(plan: BackwardPlan, arch: str, keep_ptx_dir: Optional[str] 
         fn = cute.compile(_kernel_object(plan), *_placeholder_args(plan), options=options)
         _COMPILED[key] = fn
     return fn
-
-
-def compile_and_inspect(plan: BackwardPlan, arch: str) -> PtxFacts:
-    """Compile ``plan`` for ``arch`` with the PTX kept and read the facts off it (the backward
-    twin of inspect_ptx.compile_and_inspect, which compiles forward plans)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        compile_backward(plan, arch, keep_ptx_dir=tmp)
-        paths = glob.glob(os.path.join(tmp, f"*.{arch}.ptx")) or glob.glob(
-            os.path.join(tmp, "*.ptx"))
-        if len(paths) != 1:
-            raise RuntimeError(f"expected one kept PTX file in {tmp}, found {paths}")
-        facts = ptx_facts(open(paths[0]).read(), arch)
-        report = ptxas_report(paths[0], arch)
-    if report is not None:
-        facts.registers = report["registers"]
-        facts.spill_bytes = report["spill_bytes"]
-        facts.stack_bytes = report["stack_bytes"]
-    return facts
 
 
 def _check_inputs(dy2, x2, weight, rstd):

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,6 +29,8 @@ class PtxFacts:
     registers: Optional[int] = None
     spill_bytes: Optional[int] = None
     stack_bytes: Optional[int] = None
+    smem_bytes: Optional[int] = None
+    ptx: str = dataclasses.field(default="", repr=False)
 
 
 # A 16-byte access is spelled v4 of 32-bit, v2 of 64-bit (what sm_100a's PTX uses for fp32 rows)
@@ -92,22 +95,29 @@ def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
     spills = sum(int(a) + int(b) for a, b in
                  re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log))
     stack = max((int(s) for s in re.findall(r"(\d+) bytes stack frame", log)), default=0)
-    return {"registers": regs, "spill_bytes": spills, "stack_bytes": stack}
+    smem = max((int(s) for s in re.findall(r"(\d+) bytes smem", log)), default=0)
+    return {"registers": regs, "spill_bytes": spills, "stack_bytes": stack, "smem_bytes": smem}
 
 
 def compile_and_inspect(plan, arch: str) -> PtxFacts:
-    """Compile ``plan`` for ``arch`` with the PTX kept, and read the facts off it."""
-    from .runner import compile_forward
+    """Compile a forward or backward ``plan`` for ``arch`` with the PTX kept, and read the facts
+    off it (``facts.ptx`` holds the text)."""
+    from .plan import ForwardPlan
+    if isinstance(plan, ForwardPlan):
+        from .runner import compile_forward as compile_with_ptx
+    else:
+        from .backward_runner import compile_backward as compile_with_ptx
     with tempfile.TemporaryDirectory() as tmp:
-        compile_forward(plan, arch, keep_ptx_dir=tmp)
+        compile_with_ptx(plan, arch, keep_ptx_dir=tmp)
         paths = glob.glob(os.path.join(tmp, f"*.{arch}.ptx")) or glob.glob(
             os.path.join(tmp, "*.ptx"))
         if len(paths) != 1:
             raise RuntimeError(f"expected one kept PTX file in {tmp}, found {paths}")
-        facts = ptx_facts(open(paths[0]).read(), arch)
+        ptx = open(paths[0]).read()
         report = ptxas_report(paths[0], arch)
+    facts = ptx_facts(ptx, arch)
+    facts.ptx = ptx
     if report is not None:
-        facts.registers = report["registers"]
-        facts.spill_bytes = report["spill_bytes"]
-        facts.stack_bytes = report["stack_bytes"]
+        for name, value in report.items():
+            setattr(facts, name, value)
     return facts
