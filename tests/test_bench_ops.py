@@ -359,9 +359,9 @@ def cpu_sweep(monkeypatch):
         sweep.prov = {c: row()[c] for c in results.PROVENANCE_COLUMNS}
         sweep.bar, sweep.out, sweep.l2_bytes = _Bar(), runner.Outcome(), 1  # one input set
 
-        def graph(stream, fn, replays, calls_multiple):
+        def graph(fn, *, replays, calls_multiple, stream=None):
             return fake_graph(stream, fn, replays, calls_multiple)
-        monkeypatch.setattr(runner, "_graph_time", graph)
+        monkeypatch.setattr(runner, "graph_time_us", graph)
         return sweep
     return make, calls, graph_fails
 

@@ -45,7 +45,7 @@ from .. import provenance, reference
 from .. import results as results_io
 from . import peers as peers_mod
 from .timing import (Quantiles, eager_time_us, graph_time_us, host_time_us, peak_mem_mib,
-                     quantiles, rotating, rotation_count)
+                     rotating, rotation_count)
 
 EPS = 1e-6
 DTYPE = torch.bfloat16
@@ -311,45 +311,6 @@ def _impl_stream(op: Op) -> Iterator[Optional["torch.cuda.Stream"]]:
             pass
 
 
-def _graph_time(stream, fn: Callable[[], object], *, replays: int, calls_multiple: int,
-                target_ms: float = 2.0, max_calls: int = 2000) -> Quantiles:
-    """``timing.graph_time_us``, or, with a ``stream``, the same measurement with the warm-up
-    and the capture on that stream (the one the forwards of a ``bwd`` ran on), so that autograd
-    runs every backward kernel on the capturing stream."""
-    if stream is None:
-        return graph_time_us(fn, replays=replays, calls_multiple=calls_multiple,
-                             target_ms=target_ms, max_calls=max_calls)
-    with torch.cuda.stream(stream):
-        for _ in range(max(3, calls_multiple)):  # lazy init and compiles before the capture
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        per_call_ms = max(start.elapsed_time(end) / 10, 1e-4)
-        calls = min(max(1, math.ceil(target_ms / per_call_ms)), max_calls)
-        calls = math.ceil(calls / calls_multiple) * calls_multiple
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(calls):
-                fn()
-        graph.replay()  # the first replay uploads the graph
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        for s, e in zip(starts, ends):
-            s.record()
-            graph.replay()
-            e.record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) * 1e3 / calls for s, e in zip(starts, ends)]
-        del graph
-    return quantiles(samples)
-
-
 def _recover() -> None:
     """After a failed capture: drain the device so the next implementation starts clean."""
     try:
@@ -423,8 +384,8 @@ class _Sweep:
             self._row(name, "eager", M, N, "time", eager)
             self._row(name, "eager", M, N, "bandwidth", bandwidth(moved, eager))
         try:
-            graph = _graph_time(stream, rotating(functools.partial(op.run, impl), bound),
-                                replays=self.budget.graph_replays, calls_multiple=k)
+            graph = graph_time_us(rotating(functools.partial(op.run, impl), bound), stream=stream,
+                                  replays=self.budget.graph_replays, calls_multiple=k)
         except Exception as e:  # noqa: BLE001 - e.g. a kernel that cannot be captured
             self.fail(f"{name} at {M}x{N}: CUDA-graph capture/replay raised "
                       f"{type(e).__name__}: {e}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Optional, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -35,10 +35,11 @@ def quantiles(samples: Sequence[float]) -> Quantiles:
     return Quantiles(*(float(v) for v in q))
 
 
-def _warm_up(fn: Callable[[], object], calls: int) -> None:
+def _warm_up(fn: Callable[[], object], calls: int,
+             stream: Optional[torch.cuda.Stream] = None) -> None:
     # On a side stream, as graph capture requires: lazy initialisation (compilation, autotuning,
     # workspace allocation) must happen before the capture, not inside it.
-    side = torch.cuda.Stream()
+    side = stream if stream is not None else torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(calls):
@@ -48,15 +49,27 @@ def _warm_up(fn: Callable[[], object], calls: int) -> None:
 
 
 def graph_time_us(fn: Callable[[], object], *, replays: int = 50, target_ms: float = 2.0,
-                  calls_multiple: int = 1, max_calls: int = 2000) -> Quantiles:
+                  calls_multiple: int = 1, max_calls: int = 2000,
+                  stream: Optional[torch.cuda.Stream] = None) -> Quantiles:
     """Device µs per call of ``fn`` by CUDA-graph replay.
 
     ``fn`` is captured ``k`` times in one graph, ``k`` chosen so that one replay lasts about
     ``target_ms`` (long enough that the event timer's ~µs resolution does not matter) and rounded
     up to a multiple of ``calls_multiple`` (the number of rotating input sets, so every replay
     walks the sets in the same order). Each replay gives one sample, ``elapsed / k``.
+
+    With ``stream``, the warm-up, the estimate and the capture all run on that stream: the
+    backward benchmark passes the stream its forwards ran on, because autograd runs each backward
+    kernel on its forward's stream and a capture must see them all on the capturing stream.
     """
-    _warm_up(fn, max(3, calls_multiple))
+    if stream is not None:
+        with torch.cuda.stream(stream):
+            return _graph_time(fn, replays, target_ms, calls_multiple, max_calls, stream)
+    return _graph_time(fn, replays, target_ms, calls_multiple, max_calls, None)
+
+
+def _graph_time(fn, replays, target_ms, calls_multiple, max_calls, stream) -> Quantiles:
+    _warm_up(fn, max(3, calls_multiple), stream)
     # Estimate the per-call time from a few eager calls: it includes launch gaps, so it is an
     # overestimate and k errs on the short side of target_ms.
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -70,7 +83,7 @@ def graph_time_us(fn: Callable[[], object], *, replays: int = 50, target_ms: flo
     calls = math.ceil(calls / calls_multiple) * calls_multiple
 
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             fn()
     graph.replay()  # the first replay uploads the graph; keep it out of the samples
