@@ -234,6 +234,30 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
     return names
 
 
+def _explainer_figures(out: Path) -> List[str]:
+    """The figures that need no measurements: notebook 01's thread/value layout of the row and
+    warp kernels, notebook 02's data flow of the split and fused backward."""
+    import torch
+    from matplotlib.figure import Figure
+
+    from . import flow_plot
+    from .cute.plan import plan_forward
+    from .layout_plot import draw_row_layout
+
+    names = []
+    fig = Figure(figsize=(12, 10), layout="constrained")
+    for ax, variant in zip(fig.subplots(2, 1, height_ratios=(1, 3)), ("row", "warp")):
+        draw_row_layout(plan_forward(variant, 4096, torch.bfloat16, torch.bfloat16, "llama",
+                                     True, True), ax=ax, lanes=8)
+    names.append(_save(fig, out / "layout-row-and-warp-4096-bf16.png"))
+    flows, sizes = flow_plot.backward_flows(16384, 4096, 132)
+    fig = Figure(figsize=(15, 4.8), layout="constrained")
+    for ax, (mode, steps) in zip(fig.subplots(1, 2), flows.items()):
+        flow_plot.draw_flow(ax, f"{mode}: 16384×4096 bf16", steps, sizes)
+    names.append(_save(fig, out / "backward-data-flow-16384x4096-bf16.png"))
+    return names
+
+
 def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
     """Render figures into ``out`` and write ``out/report.md``; returns the headline text."""
     md = ["# rmsnorm-lab report", "",
@@ -267,6 +291,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
         if extra:
             md += ["### backward and host figures (notebooks 02 and 03)", ""]
             md += [f"![{name}]({name})\n" for name in extra]
+    md += ["## how the kernels work (notebooks 01 and 02)", ""]
+    md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
     from .analysis.report import gpu_section  # notebook 04's figures (reads only, no compiling)
 
     section, lines = gpu_section(df, out, root)
