@@ -223,7 +223,7 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
     if any(i.startswith("cute.auto@cached:") for i in g["impl"]):
         render("host-cache-cap", lambda axes: plots_host.plot_cache_cap(df, gpu=gpu, axes=axes),
                (11, 4), panels=2)
-    trace_dir = root / gpu / "nsys"
+    trace_dir = root.parent / "profiles" / gpu  # nsys exports beside results/, not in it
     if trace_dir.is_dir():
         try:
             trace = nsys_trace.load_trace(trace_dir)

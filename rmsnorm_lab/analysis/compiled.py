@@ -2,7 +2,8 @@
 (sm_100a), read without a GPU: the kept PTX (instruction mix, 16-byte accesses, shuffles,
 barriers) and ``ptxas -v`` (registers, spills, stack, shared memory).
 
-Compiling takes a while, so the table is cached in ``results/compiled/ptx_table.csv``; ``table()``
+Compiling takes a while, so the table is cached in ``compiled/ptx_table.csv`` (beside
+``results/``: compiler output, not a measurement); ``table()``
 reads the cache and ``regenerate()`` rebuilds it (``python -m rmsnorm_lab.analysis.compiled``).
 Nothing here is a measurement of a GPU: it is what the compiler emitted.
 """
@@ -109,11 +110,12 @@ def build_table(archs: Sequence[str] = ARCHS) -> pd.DataFrame:
 
 
 def cache_path(root: Optional[Path] = None) -> Path:
-    return (Path(root) if root is not None else results_dir()) / CACHE
+    # ``root`` is a results directory, as everywhere else; the cache lives beside it
+    return (Path(root) if root is not None else results_dir()).parent / CACHE
 
 
 def regenerate(root: Optional[Path] = None, archs: Sequence[str] = ARCHS) -> pd.DataFrame:
-    """Rebuild the table and write it to ``results/compiled/ptx_table.csv``."""
+    """Rebuild the table and write it to ``compiled/ptx_table.csv``."""
     df = build_table(archs)
     path = cache_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The cross-GPU section of ``python -m rmsnorm_lab report``: notebook 04's figures as PNGs and a
 short markdown summary. Reads committed results only; never compiles (the compiled-code table
-comes from its cache, ``results/compiled/ptx_table.csv``)."""
+comes from its cache, ``compiled/ptx_table.csv``)."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
     ptx = compiled.table(root)
     if ptx.empty:
         md += ["Compiled-code table: no cache (`python -m rmsnorm_lab.analysis.compiled` "
-               "writes `results/compiled/ptx_table.csv`).", ""]
+               "writes `compiled/ptx_table.csv`).", ""]
     else:
         keep = ["kernel", "arch", "registers", "spill_bytes", "ld.global 16B", "st.global 16B",
                 "shuffles", "barriers", "instructions", "fma", "mul", "packed f32x2"]
