@@ -35,20 +35,10 @@ from cutlass.memory import SmemAllocator
 from .backward_plan import BackwardPlan
 from .forward import TORCH_TO_CUTE
 from .reduce import row_sum
+from .tiles import RowTiles
 
 
-def _tv_layout(p: BackwardPlan) -> cute.Layout:
-    """(thread, value) -> position in the column-major (rows_per_cta, cols_per_tile) tile, as in
-    the forward: thread (c, r) owns row r and, in column block k, the vec elements starting at
-    column (k * threads_per_row + c) * vec. A warp's k-th copy is one coalesced row segment."""
-    rows = p.rows_per_cta
-    return cute.make_layout(
-        ((p.threads_per_row, rows), (p.vec, p.vecs_per_thread)),
-        stride=((p.vec * rows, 1), (rows, p.vec * p.threads_per_row * rows)),
-    )
-
-
-class _Common:
+class _Common(RowTiles):
     """Copies, predicates and the per-element math shared by both kernel classes."""
 
     def __init__(self, plan: BackwardPlan):
@@ -60,25 +50,7 @@ class _Common:
         p = self.plan
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
                                    num_bits_per_copy=p.vec * self.x_type.width)
-        return cute.make_tiled_copy(atom, _tv_layout(p), tiler)
-
-    @cute.jit
-    def column_predicate(self, tXcX, c: cutlass.Constexpr[int], row_ok=None):
-        """One flag per column block of chunk c: does the block start before N (and, when given,
-        is the row valid)? One flag per copy suffices: on the vector path N is a multiple of
-        vec; on the fallback vec is 1. A thread's slice has shape ((vec, vecs_per_thread), 1, 1),
-        so the flags are laid out with stride 0 over the vec elements of a block, as
-        ``cute.copy`` expects."""
-        p = self.plan
-        pred = cute.make_rmem_tensor(
-            cute.make_layout((p.vecs_per_thread, 1, 1), stride=(1, 0, 0)), cutlass.Boolean)
-        for k in cutlass.range_constexpr(p.vecs_per_thread):
-            col_ok = tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
-            if cutlass.const_expr(row_ok is None):
-                pred[k, 0, 0] = col_ok
-            else:
-                pred[k, 0, 0] = col_ok & row_ok
-        return pred
+        return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
 
     @cute.jit
     def x_hat_for_dw(self, x_hat):
@@ -265,19 +237,6 @@ class RMSNormBackward(_Common):
                   pred=pred)
         cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDy, tiler, (row, c))), tXrDy,
                   pred=pred)
-
-    @cute.jit
-    def load_weight(self, mW, tiler, thr_x, tXcX, c: cutlass.Constexpr[int]):
-        """Registers holding w (its own dtype) for this thread's columns of chunk c, in x's
-        fragment layout. A wider weight (fp32 w with bf16 x) takes as many 16-byte copies per
-        column block as it needs (autovec_copy)."""
-        tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
-        tWrW = cute.make_fragment_like(tWgW)
-        tWrW.fill(0)
-        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
-            if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
-                cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
-        return tWrW
 
 
 class RMSNormBackwardDW(_Common):

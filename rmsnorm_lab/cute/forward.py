@@ -25,6 +25,7 @@ from cutlass import Float32, Int32
 
 from .plan import ForwardPlan
 from .reduce import row_sum
+from .tiles import RowTiles
 
 TORCH_TO_CUTE = {
     torch.float32: cutlass.Float32,
@@ -33,7 +34,7 @@ TORCH_TO_CUTE = {
 }
 
 
-class RMSNormForward:
+class RMSNormForward(RowTiles):
     """``__call__`` is the host side (builds tensors, launches); ``kernel`` is the device body."""
 
     def __init__(self, plan: ForwardPlan):
@@ -41,19 +42,6 @@ class RMSNormForward:
         self.x_type = TORCH_TO_CUTE[plan.x_dtype]
         self.w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else None
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
-
-    def tv_layout(self) -> cute.Layout:
-        """(thread, value) -> position in the column-major (rows_per_cta, cols_per_tile) tile.
-
-        Thread (c, r) owns row r; its value (v, k) is column (k * threads_per_row + c) * vec + v,
-        so a warp's k-th copy covers 32 consecutive 16-byte chunks of one row.
-        """
-        p = self.plan
-        rows = p.rows_per_cta
-        return cute.make_layout(
-            ((p.threads_per_row, rows), (p.vec, p.vecs_per_thread)),
-            stride=((p.vec * rows, 1), (rows, p.vec * p.threads_per_row * rows)),
-        )
 
     @cute.jit
     def __call__(self, gX: cute.Tensor, gW: cute.Tensor, gY: cute.Tensor, gRstd: cute.Tensor,
@@ -189,32 +177,3 @@ class RMSNormForward:
         if row_ok:
             tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (tile, c)))
             cute.copy(tiled_x, tXgX, tXrX, pred=self.column_predicate(tXcX, c))
-
-    @cute.jit
-    def column_predicate(self, tXcX, c: cutlass.Constexpr[int]):
-        """One flag per column block of chunk c: does the block start before N?
-
-        A thread's slice of the tile has shape ((vec, vecs_per_thread), 1, 1): the column blocks
-        are the second sub-mode of mode 0, not a mode of their own. One flag per 16-byte copy
-        suffices because N is a multiple of the copy width (plan eligibility). The flags are
-        laid out like that slice with stride 0 over the vec elements, as ``cute.copy`` expects.
-        """
-        p = self.plan
-        pred = cute.make_rmem_tensor(
-            cute.make_layout((p.vecs_per_thread, 1, 1), stride=(1, 0, 0)), cutlass.Boolean)
-        for k in cutlass.range_constexpr(p.vecs_per_thread):
-            pred[k, 0, 0] = tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
-        return pred
-
-    @cute.jit
-    def load_weight(self, mW, tiler, thr_x, tXcX, c: cutlass.Constexpr[int]):
-        """Registers holding w (its own dtype) for this thread's columns of chunk c, in the same
-        fragment layout as x. The weight may be wider than x (fp32 w with bf16 x): autovec_copy
-        splits each column block into as many 16-byte copies as it needs."""
-        tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
-        tWrW = cute.make_fragment_like(tWgW)
-        tWrW.fill(0)
-        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
-            if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
-                cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
-        return tWrW

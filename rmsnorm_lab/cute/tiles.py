@@ -1,0 +1,59 @@
+"""How every row kernel of the lab maps threads and 16-byte copies onto a tile of rows, shared by
+the forward and backward kernel classes (their plans carry the same fields: threads_per_row,
+rows_per_cta, vec, vecs_per_thread, cols_per_tile, N)."""
+
+import cutlass
+import cutlass.cute as cute
+
+
+class RowTiles:
+    """Mixin: ``self.plan`` describes the tile; these build its layout, predicates and the
+    weight's registers."""
+
+    def tv_layout(self) -> cute.Layout:
+        """(thread, value) -> position in the column-major (rows_per_cta, cols_per_tile) tile.
+
+        Thread (c, r) owns row r; its value (v, k) is column (k * threads_per_row + c) * vec + v,
+        so a warp's k-th copy covers 32 consecutive 16-byte chunks of one row.
+        """
+        p = self.plan
+        rows = p.rows_per_cta
+        return cute.make_layout(
+            ((p.threads_per_row, rows), (p.vec, p.vecs_per_thread)),
+            stride=((p.vec * rows, 1), (rows, p.vec * p.threads_per_row * rows)),
+        )
+
+    @cute.jit
+    def column_predicate(self, tXcX, c: cutlass.Constexpr[int], row_ok=None):
+        """One flag per column block of chunk c: does the block start before N (and, when given,
+        is the row valid)?
+
+        A thread's slice of the tile has shape ((vec, vecs_per_thread), 1, 1): the column blocks
+        are the second sub-mode of mode 0, not a mode of their own. One flag per copy suffices:
+        on the vector path N is a multiple of vec (plan eligibility); on the fallback vec is 1.
+        The flags are laid out like that slice with stride 0 over the vec elements, as
+        ``cute.copy`` expects.
+        """
+        p = self.plan
+        pred = cute.make_rmem_tensor(
+            cute.make_layout((p.vecs_per_thread, 1, 1), stride=(1, 0, 0)), cutlass.Boolean)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            col_ok = tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
+            if cutlass.const_expr(row_ok is None):
+                pred[k, 0, 0] = col_ok
+            else:
+                pred[k, 0, 0] = col_ok & row_ok
+        return pred
+
+    @cute.jit
+    def load_weight(self, mW, tiler, thr_x, tXcX, c: cutlass.Constexpr[int]):
+        """Registers holding w (its own dtype) for this thread's columns of chunk c, in x's
+        fragment layout. A wider weight (fp32 w with bf16 x) takes as many 16-byte copies per
+        column block as it needs (autovec_copy)."""
+        tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
+        tWrW = cute.make_fragment_like(tWgW)
+        tWrW.fill(0)
+        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
+            if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
+                cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
+        return tWrW
