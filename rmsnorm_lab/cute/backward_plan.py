@@ -34,8 +34,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .plan import (COPIES_PER_THREAD, COPY_BYTES, MAX_COPIES_PER_CHUNK, MAX_THREADS,
-                   REG_OVERHEAD, NotEligible, _ELEM_BYTES, _pow2_ceil)
+from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, NotEligible, RowTilePlan, _ELEM_BYTES,
+                   chunked, elems_in_registers, row_threads)
 
 KINDS = ("fused", "dx", "dw")
 MODES = ("fused", "split", "auto")
@@ -60,27 +60,15 @@ FP32_LIVE = 8
 
 
 @dataclasses.dataclass(frozen=True)
-class BackwardPlan:
+class BackwardPlan(RowTilePlan):
+    """``rows_per_cta`` is 1 for fused/dx and the dW kernel's row lanes."""
     kind: str
     x_dtype: torch.dtype
     w_dtype: Optional[torch.dtype]  # None: no weight (then there is no dw and no dW kernel)
-    N: int
     casting_mode: str
-    vec: int                 # elements per copy (16 bytes on the vector path, 1 on the fallback)
-    threads_per_row: int     # threads across the columns of one row
-    rows_per_cta: int        # 1 for fused/dx; the dW kernel's row lanes
-    vecs_per_thread: int     # column blocks per thread in one chunk
     chunks: int = 1          # dx only: >1 streams the row through registers in column chunks
     dw_unroll: int = 1       # dw only: rows a row lane has in flight (loop unroll factor)
     prefetch: bool = False   # fused only: load the next row's x and dy during this row
-
-    @property
-    def threads(self) -> int:
-        return self.threads_per_row * self.rows_per_cta
-
-    @property
-    def cols_per_tile(self) -> int:
-        return self.vec * self.threads_per_row * self.vecs_per_thread
 
     @property
     def col_blocks(self) -> int:
@@ -141,11 +129,6 @@ def _register_bytes(nbytes: int, vec: int) -> int:
     return nbytes if vec > 1 else max(nbytes, 4)
 
 
-def _elems_in_registers(threads: int, per_elem_bytes: int) -> int:
-    regs = min(255, 65536 // threads) - REG_OVERHEAD
-    return regs * 4 // per_elem_bytes
-
-
 def _check(N: int, x_dtype: torch.dtype, casting_mode: str):
     if x_dtype not in _ELEM_BYTES:
         raise NotEligible(f"x dtype {x_dtype} is not supported")
@@ -183,29 +166,28 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
 
     # fused and dx: one CTA on one row, the forward's threads-per-row rule (about
     # COPIES_PER_THREAD copies per thread, a power of two from one warp to MAX_THREADS).
-    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // COPIES_PER_THREAD))))
+    threads = row_threads(n_vecs)
     vecs_per_thread = -(-n_vecs // threads)
     if kind == "fused":
         # Per element of its row a thread holds x, dy, w and the fp32 dW accumulator, plus the
         # fp32 x_hat and m that the compiler keeps live across the row reduction; the row has to
         # stay in registers across the whole strip, so there is no chunked fused kernel.
         per_elem = 2 * x_bytes + w_bytes + (4 if w_dtype is not None else 0) + FP32_LIVE
-        max_elems = min(cap_elems, _elems_in_registers(threads, per_elem))
+        max_elems = min(cap_elems, elems_in_registers(threads, per_elem))
         if vecs_per_thread * vec > max_elems:
             raise NotEligible(
                 f"fused keeps the row, the weight and the dW accumulator in registers: at most "
                 f"{threads * (max_elems // vec) * vec} elements of {x_dtype} at {threads} "
                 f"threads, N={N} (use split)")
         # Prefetching the next row costs a second copy of x and dy; take it where it fits.
-        prefetch = vecs_per_thread * vec <= _elems_in_registers(threads, per_elem + 2 * x_bytes)
+        prefetch = vecs_per_thread * vec <= elems_in_registers(threads, per_elem + 2 * x_bytes)
         return BackwardPlan(threads_per_row=threads, rows_per_cta=1,
                             vecs_per_thread=vecs_per_thread, prefetch=prefetch, **common)
 
     # dx: x, dy, w and the fp32 x_hat and m per element; wider rows take column chunks.
     per_elem = 2 * x_bytes + w_bytes + FP32_LIVE
-    max_vecs = max(1, min(cap_elems, _elems_in_registers(threads, per_elem)) // vec)
-    chunks = -(-vecs_per_thread // max_vecs)
-    vecs_per_thread = -(-vecs_per_thread // chunks)
+    max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
+    vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
     return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                         chunks=chunks, **common)
 

@@ -45,19 +45,14 @@ class NotEligible(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class ForwardPlan:
-    variant: str
-    x_dtype: torch.dtype
-    w_dtype: Optional[torch.dtype]  # None: no weight
+class RowTilePlan:
+    """The tile every row kernel works on (forward and backward plans alike); the kernels' shared
+    layout code (``tiles.RowTiles``) reads these fields."""
     N: int
-    casting_mode: str
-    store_rstd: bool
     vec: int                 # elements per copy (16 bytes on the vector path, 1 on the fallback)
-    threads_per_row: int
+    threads_per_row: int     # threads across the columns of one row
     rows_per_cta: int
     vecs_per_thread: int     # column blocks per thread in one pass over a chunk
-    chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
-    ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
 
     @property
     def threads(self) -> int:
@@ -66,6 +61,17 @@ class ForwardPlan:
     @property
     def cols_per_tile(self) -> int:
         return self.vec * self.threads_per_row * self.vecs_per_thread
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardPlan(RowTilePlan):
+    variant: str
+    x_dtype: torch.dtype
+    w_dtype: Optional[torch.dtype]  # None: no weight
+    casting_mode: str
+    store_rstd: bool
+    chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
+    ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
 
     @property
     def persistent(self) -> bool:
@@ -99,10 +105,24 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def elems_in_registers(threads: int, x_bytes: int, w_bytes: int) -> int:
-    """How many elements of x (plus the matching w) one thread can hold without spilling."""
+def elems_in_registers(threads: int, x_bytes: int, w_bytes: int = 0) -> int:
+    """How many row elements one thread can hold without spilling, each costing ``x_bytes``
+    (plus ``w_bytes`` for the matching weight) of registers."""
     regs = min(255, 65536 // threads) - REG_OVERHEAD
     return regs * 4 // (x_bytes + w_bytes)
+
+
+def row_threads(n_vecs: int) -> int:
+    """Threads per row of a one-row CTA: COPIES_PER_THREAD copies each where the row allows, a
+    power of two from one warp to MAX_THREADS (forward and backward alike)."""
+    return min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // COPIES_PER_THREAD))))
+
+
+def chunked(vecs_per_thread: int, max_vecs: int):
+    """``(vecs_per_thread, chunks)``: as few column chunks as keep each within ``max_vecs``
+    copies per thread, the copies spread evenly over them."""
+    chunks = -(-vecs_per_thread // max_vecs)
+    return -(-vecs_per_thread // chunks), chunks
 
 
 def _row_mapping(n_vecs: int, max_vecs_of):
@@ -110,11 +130,9 @@ def _row_mapping(n_vecs: int, max_vecs_of):
     n_vecs copies: COPIES_PER_THREAD copies per thread where the row allows, a power-of-two
     thread count between one warp and MAX_THREADS, and as many column chunks as the register
     budget forces."""
-    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // COPIES_PER_THREAD))))
-    vecs_per_thread = -(-n_vecs // threads)
+    threads = row_threads(n_vecs)
     max_vecs = max(1, min(MAX_COPIES_PER_CHUNK, max_vecs_of(threads)))
-    chunks = -(-vecs_per_thread // max_vecs)
-    vecs_per_thread = -(-vecs_per_thread // chunks)
+    vecs_per_thread, chunks = chunked(-(-n_vecs // threads), max_vecs)
     return threads, vecs_per_thread, chunks
 
 
