@@ -44,13 +44,17 @@ def _bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str]) -> int
     return 0
 
 
+def _no_gpu(command: str, hint: str) -> int:
+    print(f"error: {command} needs a CUDA GPU, and torch.cuda.is_available() is False here "
+          f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}). {hint}",
+          file=sys.stderr)
+    return EXIT_NO_GPU
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
-        print(f"error: bench needs a CUDA GPU, and torch.cuda.is_available() is False here "
-              f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}). Recorded "
-              f"results render without one: python -m rmsnorm_lab report --no-bench",
-              file=sys.stderr)
-        return EXIT_NO_GPU
+        return _no_gpu("bench", "Recorded results render without one: "
+                                "python -m rmsnorm_lab report --no-bench")
     return _bench(args.op, args.quick, args.out, args.tag)
 
 
@@ -78,11 +82,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         dtype=args.dtype, iters=args.iters, warmup=args.warmup,
         include_compile=args.include_compile)
     if not torch.cuda.is_available():
-        print(f"error: profile needs a CUDA GPU, and torch.cuda.is_available() is False here "
-              f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}). On a GPU host "
-              f"run: {profiling.nsys_profile_line(cfg, args.backend or settings.backend)}",
-              file=sys.stderr)
-        return EXIT_NO_GPU
+        return _no_gpu("profile", "On a GPU host run: "
+                       + profiling.nsys_profile_line(cfg, args.backend or settings.backend))
     try:
         import nvtx  # noqa: F401
     except ImportError:
