@@ -69,8 +69,9 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
             _per_call_settings_cost()
         y, rstd = _cute_runner.forward(x2, weight, eps, offset, casting_mode, need_rstd,
                                        settings.forward_variant, sm_count(x2.get_device()))
-    y = y.view(x.shape)
-    return y, (rstd.view(x.shape[:-1]) if rstd is not None else None)
+    if x.dim() == 2:  # already rows: no views to make on the hot path
+        return y, rstd
+    return y.view(x.shape), (rstd.view(x.shape[:-1]) if rstd is not None else None)
 
 
 def grad_rows(dy: torch.Tensor, n: int) -> torch.Tensor:

@@ -78,7 +78,7 @@ def _fake_args(plan: ForwardPlan):
 
 def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
     """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
-    key = (plan, arch, "tvm_ffi")
+    key = (plan, arch)
     fn = _COMPILED.get(key)
     if fn is None or keep_ptx_dir is not None:
         options = f"--gpu-arch {arch} --enable-tvm-ffi"
