@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from . import autograd as _autograd
-from . import reference
+from . import launch, reference
 from .settings import BACKENDS, settings
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -75,5 +75,4 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     if torch.compiler.is_compiling():  # the kernels' Python is opaque to Dynamo: one op node
         return _autograd.rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode,
                                       backend)[0]
-    from . import launch
     return launch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=False)[0]

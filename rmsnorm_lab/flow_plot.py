@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from .cute.backward_plan import dw_row_groups, fused_strips, plan_split
+from .cute.backward_plan import dw_row_groups, fused_strips, plan_backward, plan_split
 
 MB = 1e6
 Step = Tuple[str, List[str], List[str]]  # (kernel, tensors read, tensors written)
@@ -20,7 +20,8 @@ def backward_flows(M: int, N: int, sms: int, dtype: torch.dtype = torch.bfloat16
     every tensor they name (the fp32 dW partials sized by the strips the plans would use)."""
     elem = torch.empty((), dtype=dtype).element_size()
     _, dw_plan = plan_split(N, dtype, dtype, "llama", aligned=True)
-    g_split, g_fused = dw_row_groups(M, dw_plan, sms), fused_strips(M, sms)
+    fused = plan_backward("fused", N, dtype, dtype, "llama", aligned=True)
+    g_split, g_fused = dw_row_groups(M, dw_plan, sms), fused_strips(M, sms, fused)
     act = M * N * elem
     sizes = {"X": act, "dY": act, "dX": act, "W": N * elem, "rstd": M * 4, "dW": N * elem}
     p_split, p_fused = f"partials ({g_split}×N fp32)", f"partials ({g_fused}×N fp32)"

@@ -39,6 +39,9 @@ class Settings:
     #: kernels), ``auto`` (the kernel family picks per shape). ``RMSNORM_LAB_BACKWARD=split`` is
     #: the escape hatch when the fused kernel misbehaves on a machine.
     backward: str = "auto"
+    #: strips of rows (= CTAs) of the fused backward; 0 (auto) takes the plan's CTAs per SM
+    #: times the SM count (backward_plan.fused_strips). Negative values are refused.
+    fused_strips: int = 0
     #: how torch tensors reach a compiled CuTe kernel (rmsnorm_lab/cute/runner.py lists them);
     #: ``tvm_ffi`` is the fastest on the host
     launch_path: str = "tvm_ffi"
@@ -91,9 +94,12 @@ def _coerce(name: str, value: Any) -> Any:
         return bool(value)
     if kind == "int":
         try:
-            return int(value)
+            number = int(value)
         except (TypeError, ValueError):
             raise ValueError(f"settings.{name} expects an integer, got {value!r}") from None
+        if name == "fused_strips" and number < 0:
+            raise ValueError(f"settings.fused_strips must be 0 (auto) or positive, got {number}")
+        return number
     value = str(value)
     choices = _CHOICES.get(name)
     if choices is not None and value not in choices:

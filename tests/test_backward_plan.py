@@ -5,7 +5,8 @@ import torch
 
 from rmsnorm_lab.cute.backward_plan import (
     DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, FP32_LIVE, auto_mode, dw_row_groups, fused_strips,
-    plan_backward, plan_split, strip_bounds, strip_partition, vector_width)
+    MAX_FUSED_CTAS_PER_SM, plan_backward, plan_split, resident_ctas, strip_bounds,
+    strip_partition, vector_width)
 from rmsnorm_lab.cute.plan import COPY_BYTES, NotEligible
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
@@ -53,13 +54,28 @@ def test_strip_bounds_match_the_textbook_split_and_reject_bad_indices():
         strip_bounds(10, 0, 0)
 
 
-def test_fused_strip_count_defaults_to_sms_and_never_exceeds_rows():
-    assert fused_strips(100003, 132) == 132
-    assert fused_strips(1, 132) == 1
-    assert fused_strips(131, 132) == 131
-    assert fused_strips(4096, 132, strips=64) == 64
+def test_fused_strip_count_fills_the_resident_ctas_and_never_exceeds_rows():
+    plan = plan_backward("fused", 4096, BF16, BF16, "llama", True)
+    assert plan.ctas_per_sm == 2
+    assert fused_strips(100003, 132, plan) == 264
+    assert fused_strips(100003, 132) == 132  # without a plan: one per SM
+    assert fused_strips(1, 132, plan) == 1
+    assert fused_strips(131, 132, plan) == 131
+    assert fused_strips(4096, 132, plan, strips=64) == 64
     with pytest.raises(ValueError):
-        fused_strips(10, 132, strips=0)
+        fused_strips(10, 132, plan, strips=0)
+
+
+def test_resident_ctas_follow_the_register_model():
+    # 128 registers (what ptxas -v reports for the N=4096 bf16 fused kernel) x 256 threads: two
+    # CTAs fill the 64K-register file; at 64 threads eight fit, capped by MAX_FUSED_CTAS_PER_SM
+    assert resident_ctas(256, 88 * 4) == 2
+    assert resident_ctas(128, 88 * 4) == 4
+    assert resident_ctas(64, 88 * 4) == MAX_FUSED_CTAS_PER_SM == 8
+    assert resident_ctas(32, 0) == 8
+    assert resident_ctas(1024, 200 * 4) == 1  # never below one
+    assert plan_backward("fused", 1024, BF16, BF16, "llama", True).ctas_per_sm == 8
+    assert plan_backward("fused", 8192, BF16, BF16, "llama", True).ctas_per_sm == 1
 
 
 def test_dw_row_groups_fill_the_gpu_but_keep_enough_rows_per_group():

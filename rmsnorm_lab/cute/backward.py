@@ -71,29 +71,33 @@ class RMSNormBackward(_Common):
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
 
     @cute.jit
-    def __call__(self, pDy: cute.Pointer, pX: cute.Pointer, pW: cute.Pointer,
-                 pRstd: cute.Pointer, pDx: cute.Pointer, pDwP: cute.Pointer, M: Int32,
-                 lddy: Int32, ldx: Int32, lddx: Int32, grid: Int32, offset: Float32,
+    def __call__(self, gDy: cute.Tensor, gX: cute.Tensor, gW: cute.Tensor, gRstd: cute.Tensor,
+                 gDx: cute.Tensor, gDwP: cute.Tensor, grid: Int32, offset: Float32,
                  stream: cuda.CUstream):
+        """Host side. dy, x, dx arrive as (M, N):(ld, 1) with dynamic M and row strides, w as
+        (N,), rstd as (M,), the fp32 dW partials as (grid, N) (fused with a weight; otherwise an
+        unread stand-in); the kernel's layouts are rebuilt here with N static, 32-bit sizes and
+        strides (as in the forward: 64-bit index math costs registers) and the row strides'
+        divisibility by the copy width made known, so every copy is provably 16-byte aligned."""
         p = self.plan
-        # Row strides divisible by the copy width (plan eligibility) let the compiler prove that
-        # every copy is 16-byte aligned.
-        lddy = cute.assume(lddy, divby=p.vec)
-        ldx = cute.assume(ldx, divby=p.vec)
-        lddx = cute.assume(lddx, divby=p.vec)
-        mDy = cute.make_tensor(pDy, cute.make_layout((M, p.N), stride=(lddy, 1)))
-        mX = cute.make_tensor(pX, cute.make_layout((M, p.N), stride=(ldx, 1)))
-        mDx = cute.make_tensor(pDx, cute.make_layout((M, p.N), stride=(lddx, 1)))
-        mRstd = cute.make_tensor(pRstd, cute.make_layout((M,)))
+        M = Int32(gX.shape[0])
+        lddy = cute.assume(Int32(gDy.stride[0]), divby=p.vec)
+        ldx = cute.assume(Int32(gX.stride[0]), divby=p.vec)
+        lddx = cute.assume(Int32(gDx.stride[0]), divby=p.vec)
+        mDy = cute.make_tensor(gDy.iterator, cute.make_layout((M, p.N), stride=(lddy, 1)))
+        mX = cute.make_tensor(gX.iterator, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mDx = cute.make_tensor(gDx.iterator, cute.make_layout((M, p.N), stride=(lddx, 1)))
+        mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
         mW = None
         mDwP = None
         if cutlass.const_expr(self.w_type is not None):
             # The weight as a (1, N) tile row, partitioned by the same tiled copy as x.
-            mW = cute.make_tensor(pW, cute.make_layout((1, p.N), stride=(0, 1)))
+            mW = cute.make_tensor(gW.iterator, cute.make_layout((1, p.N), stride=(0, 1)))
             if cutlass.const_expr(self.fused):
                 # One fp32 partial row per strip; the row stride N is static, so the compiler
                 # sees 16-byte aligned rows on the vector path.
-                mDwP = cute.make_tensor(pDwP, cute.make_layout((grid, p.N), stride=(p.N, 1)))
+                mDwP = cute.make_tensor(gDwP.iterator,
+                                        cute.make_layout((grid, p.N), stride=(p.N, 1)))
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = self.warps_per_row * 4
@@ -247,16 +251,20 @@ class RMSNormBackwardDW(_Common):
         super().__init__(plan)
 
     @cute.jit
-    def __call__(self, pDy: cute.Pointer, pX: cute.Pointer, pRstd: cute.Pointer,
-                 pDwP: cute.Pointer, M: Int32, lddy: Int32, ldx: Int32, row_groups: Int32,
+    def __call__(self, gDy: cute.Tensor, gX: cute.Tensor, gRstd: cute.Tensor, gDwP: cute.Tensor,
                  stream: cuda.CUstream):
+        """Host side: dy and x (M, N):(ld, 1), rstd (M,), the fp32 partials (row groups, N);
+        layouts rebuilt with N static and 32-bit sizes, as in ``RMSNormBackward``."""
         p = self.plan
-        lddy = cute.assume(lddy, divby=p.vec)
-        ldx = cute.assume(ldx, divby=p.vec)
-        mDy = cute.make_tensor(pDy, cute.make_layout((M, p.N), stride=(lddy, 1)))
-        mX = cute.make_tensor(pX, cute.make_layout((M, p.N), stride=(ldx, 1)))
-        mRstd = cute.make_tensor(pRstd, cute.make_layout((M,)))
-        mDwP = cute.make_tensor(pDwP, cute.make_layout((row_groups, p.N), stride=(p.N, 1)))
+        M = Int32(gX.shape[0])
+        row_groups = Int32(gDwP.shape[0])
+        lddy = cute.assume(Int32(gDy.stride[0]), divby=p.vec)
+        ldx = cute.assume(Int32(gX.stride[0]), divby=p.vec)
+        mDy = cute.make_tensor(gDy.iterator, cute.make_layout((M, p.N), stride=(lddy, 1)))
+        mX = cute.make_tensor(gX.iterator, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
+        mDwP = cute.make_tensor(gDwP.iterator,
+                                cute.make_layout((row_groups, p.N), stride=(p.N, 1)))
         smem_bytes = p.rows_per_cta * p.cols_per_tile * 4
         self.kernel(mDy, mX, mRstd, mDwP).launch(
             grid=[p.col_blocks, row_groups, 1], block=[p.threads, 1, 1], smem=smem_bytes,

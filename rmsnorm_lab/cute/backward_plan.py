@@ -34,8 +34,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, NotEligible, RowTilePlan, _ELEM_BYTES,
-                   chunked, elems_in_registers, row_threads)
+from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, REG_OVERHEAD, NotEligible, RowTilePlan,
+                   _ELEM_BYTES, chunked, elems_in_registers, row_threads)
 
 KINDS = ("fused", "dx", "dw")
 MODES = ("fused", "split", "auto")
@@ -53,6 +53,10 @@ DW_CTAS_PER_SM = 2
 # Rows each dW row lane keeps in flight: the loop over its rows is unrolled this many times, so
 # a thread issues 2 x DW_UNROLL 16-byte loads (x and dy) before it needs the first result.
 DW_UNROLL = 4
+# Resident threads per SM on sm_90 and sm_100, and a cap on the fused kernel's strips per SM:
+# every strip writes (and the final sum reads) one fp32 partial row of N.
+SM_THREADS = 2048
+MAX_FUSED_CTAS_PER_SM = 8
 # Register bytes per row element beyond the loaded values: with the row in registers, the fp32
 # x_hat and m computed before the row reduction stay live until dx is formed after it (ptxas -v:
 # without this term the fused plan at N=16384 bf16 "none" used 255 registers and spilled 200 B).
@@ -69,6 +73,7 @@ class BackwardPlan(RowTilePlan):
     chunks: int = 1          # dx only: >1 streams the row through registers in column chunks
     dw_unroll: int = 1       # dw only: rows a row lane has in flight (loop unroll factor)
     prefetch: bool = False   # fused only: load the next row's x and dy during this row
+    ctas_per_sm: int = 1     # fused only: strips per SM the registers allow (fused_strips)
 
     @property
     def col_blocks(self) -> int:
@@ -96,10 +101,12 @@ def strip_partition(M: int, strips: int) -> List[Tuple[int, int]]:
     return [strip_bounds(M, strips, s) for s in range(strips)]
 
 
-def fused_strips(M: int, sms: int, strips: Optional[int] = None) -> int:
-    """Strip count (= grid size = dw_partial rows) of the fused kernel: one per SM by default,
-    never more than the rows (a strip without rows would only write a zero partial row)."""
-    g = sms if strips is None else strips
+def fused_strips(M: int, sms: int, plan: Optional[BackwardPlan] = None,
+                 strips: Optional[int] = None) -> int:
+    """Strip count (= grid size = dw_partial rows) of the fused kernel: by default as many CTAs
+    as fit on the GPU at once (``plan.ctas_per_sm`` per SM; one per SM without a plan), never
+    more than the rows (a strip without rows would only write a zero partial row)."""
+    g = sms * (plan.ctas_per_sm if plan is not None else 1) if strips is None else strips
     if g < 1:
         raise ValueError(f"strips must be positive, got {g}")
     return max(1, min(g, M))
@@ -181,8 +188,12 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
                 f"threads, N={N} (use split)")
         # Prefetching the next row costs a second copy of x and dy; take it where it fits.
         prefetch = vecs_per_thread * vec <= elems_in_registers(threads, per_elem + 2 * x_bytes)
+        if prefetch:
+            per_elem += 2 * x_bytes
         return BackwardPlan(threads_per_row=threads, rows_per_cta=1,
-                            vecs_per_thread=vecs_per_thread, prefetch=prefetch, **common)
+                            vecs_per_thread=vecs_per_thread, prefetch=prefetch,
+                            ctas_per_sm=resident_ctas(threads, vecs_per_thread * vec * per_elem),
+                            **common)
 
     # dx: x, dy, w and the fp32 x_hat and m per element; wider rows take column chunks.
     per_elem = 2 * x_bytes + w_bytes + FP32_LIVE
@@ -190,6 +201,19 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
     return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                         chunks=chunks, **common)
+
+
+def resident_ctas(threads: int, register_bytes_per_thread: int) -> int:
+    """CTAs of ``threads`` threads that fit on one SM when each thread holds
+    ``register_bytes_per_thread`` of row data plus REG_OVERHEAD registers (the register model of
+    plan.py; at N=4096 bf16 it gives the fused kernel 128 registers, what ptxas -v reports), at
+    most MAX_FUSED_CTAS_PER_SM. A strip per resident CTA: one CTA per SM keeps one row's loads in
+    flight per SM, too few to cover memory latency."""
+    regs = REG_OVERHEAD + -(-register_bytes_per_thread // 4)
+    regs = -(-regs // 8) * 8  # allocation granularity
+    by_registers = 65536 // (threads * regs)
+    by_threads = SM_THREADS // threads
+    return max(1, min(by_registers, by_threads, MAX_FUSED_CTAS_PER_SM))
 
 
 def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str,

@@ -1,33 +1,38 @@
 """Compile cache and launches for the CuTe backward kernels.
 
-As in runner.py, the compiled kernels take raw device pointers plus the dynamic sizes (M, row
-strides, grid), so one compilation serves every M, stride and strip count; the cache key is what
-the kernel bakes in: the plan (dtypes, N, casting mode, thread mapping) and the target arch.
+Like the forward (runner.py), the kernels are compiled once per plan with TVM-FFI
+(``--enable-tvm-ffi``) against typed stand-ins whose M and row strides are symbolic, so one
+compilation serves every M, stride and strip count, and torch tensors are passed as they are, on
+torch's current stream. What a kernel bakes in (dtypes, N, casting mode, thread mapping, target
+arch) is the compile-cache key; everything a call needs beyond its tensors (mode, plans, kernels,
+stand-ins for absent tensors) is found with one dict probe (``_Entry``).
 
 ``backward`` returns ``(dx, dw)``. The last step of dW, ``dw_partial.sum(0)`` over the G strip (or
 row-group) partial rows, is a torch reduction on the current stream: it reads G x N fp32 values,
-small next to the 2 x M x N the kernels read, and keeps the kernels free of atomics.
+small next to the 2 x M x N the kernels read, and keeps the kernels free of atomics (so dW is
+bitwise reproducible run to run).
 """
 
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_ptr
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from .. import nvtx_ranges
 from ..reference import check_casting_mode
+from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDW
 from .backward_plan import (MODES, BackwardPlan, auto_mode, dw_row_groups, fused_strips,
                             plan_backward, plan_split)
 from .forward import TORCH_TO_CUTE
-from .plan import is_aligned
 from .runner import target_arch
 
 _COMPILED: Dict[Tuple, object] = {}
+_ENTRIES: Dict[Tuple, "_Entry"] = {}
 
 
 def _align(plan: BackwardPlan, dtype=None) -> int:
@@ -36,21 +41,28 @@ def _align(plan: BackwardPlan, dtype=None) -> int:
     return 16 if plan.vec > 1 else (dtype or plan.x_dtype).itemsize
 
 
-def _placeholder_args(plan: BackwardPlan):
-    """Arguments of the right types for ``cute.compile`` (never launched)."""
+def _fake_args(plan: BackwardPlan):
+    """Typed stand-ins for ``cute.compile``: (M, N):(ld, 1) matrices with M and the row strides
+    symbolic, (N,) weight, (M,) rstd, (G, N) fp32 partials; TVM-FFI's environment stream."""
     align = _align(plan)
     x_type = TORCH_TO_CUTE[plan.x_dtype]
-    w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else x_type
-    f32, i32 = cutlass.Float32, cutlass.Int32
-    p_x = make_ptr(x_type, 0, assumed_align=align)
-    p_rstd = make_ptr(f32, 0, assumed_align=4)
-    p_part = make_ptr(f32, 0, assumed_align=16 if plan.vec > 1 else 4)
+
+    def matrix(dtype, rows: str, ld: str, a: int):
+        return make_fake_tensor(dtype, (cute.sym_int64(symbol=rows), cute.sym_int64(symbol="N")),
+                                stride=(cute.sym_int64(symbol=ld), 1), assumed_align=a)
+
+    dy, x = matrix(x_type, "M", "lddy", align), matrix(x_type, "M", "ldx", align)
+    rstd = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="Mr"),), stride=(1,),
+                            assumed_align=4)
+    part = matrix(cutlass.Float32, "G", "ldp", 16 if plan.vec > 1 else 4)
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     if plan.kind == "dw":
-        return (p_x, p_x, p_rstd, p_part, i32(1), i32(plan.N), i32(plan.N), i32(1),
-                cuda.CUstream(0))
-    w_align = _align(plan, plan.w_dtype or plan.x_dtype)
-    return (p_x, p_x, make_ptr(w_type, 0, assumed_align=w_align), p_rstd, p_x, p_part, i32(1),
-            i32(plan.N), i32(plan.N), i32(plan.N), i32(1), f32(0.0), cuda.CUstream(0))
+        return dy, x, rstd, part, stream
+    w_dtype = plan.w_dtype or plan.x_dtype
+    w = make_fake_tensor(TORCH_TO_CUTE[w_dtype], (cute.sym_int64(symbol="Nw"),), stride=(1,),
+                         assumed_align=_align(plan, w_dtype))
+    dx = matrix(x_type, "M", "lddx", align)
+    return dy, x, w, rstd, dx, part, cutlass.Int32(1), cutlass.Float32(0.0), stream
 
 
 def _kernel_object(plan: BackwardPlan):
@@ -58,16 +70,22 @@ def _kernel_object(plan: BackwardPlan):
 
 
 def compile_backward(plan: BackwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
-    """Compile (or fetch from the cache) the backward kernel for ``plan`` on ``arch``."""
+    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
     key = (plan, arch)
     fn = _COMPILED.get(key)
     if fn is None or keep_ptx_dir is not None:
-        options = f"--gpu-arch {arch}"
+        options = f"--gpu-arch {arch} --enable-tvm-ffi"
         if keep_ptx_dir is not None:
             options += f" --keep-ptx --dump-dir {keep_ptx_dir}"
-        fn = cute.compile(_kernel_object(plan), *_placeholder_args(plan), options=options)
+        with nvtx_ranges.range("compile", plan.kind):
+            fn = cute.compile(_kernel_object(plan), *_fake_args(plan), options=options)
         _COMPILED[key] = fn
     return fn
+
+
+def clear_caches() -> None:
+    _COMPILED.clear()
+    _ENTRIES.clear()
 
 
 def _check_inputs(dy2, x2, weight, rstd):
@@ -83,8 +101,9 @@ def _check_inputs(dy2, x2, weight, rstd):
                          f"{rstd.dtype} {tuple(rstd.shape)}")
     if weight is not None and weight.shape != (x2.shape[1],):
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match N={x2.shape[1]}")
-    for name, t in (("dy", dy2), ("x", x2), ("rstd", rstd), ("weight", weight)):
-        if t is not None and t.device != x2.device:
+    device = x2.get_device()  # ints: no torch.device objects per call
+    for name, t in (("dy", dy2), ("rstd", rstd), ("weight", weight)):
+        if t is not None and t.get_device() != device:
             raise ValueError(f"{name} is on {t.device}, x on {x2.device}")
     M, N = x2.shape
     for name, t in (("dy", dy2), ("x", x2)):
@@ -95,26 +114,62 @@ def _check_inputs(dy2, x2, weight, rstd):
 
 def choose_plans(dy2, x2, dx, weight, casting_mode: str, mode: str):
     """``(mode, plans)``: ``("fused", (fused,))`` or ``("split", (dx, dw or None))``."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    check_casting_mode(casting_mode)
+    entry = _entry_for(dy2, x2, dx, weight, casting_mode, mode)
+    return entry.mode, entry.plans
+
+
+class _Entry:
+    """One configuration's mode, plans, kernels (compiled on first launch) and the stand-ins
+    passed for tensors a kernel does not read (no weight; no dW partials)."""
+    __slots__ = ("mode", "plans", "kernels", "arch", "no_w", "no_part")
+
+    def __init__(self, mode: str, plans, device: torch.device, x_dtype: torch.dtype):
+        self.mode = mode
+        self.plans = plans
+        self.kernels = [None] * len(plans)
+        self.arch = target_arch(device)
+        self.no_w = torch.empty((0,), dtype=x_dtype, device=device)
+        self.no_part = torch.empty((1, 1), dtype=torch.float32, device=device)
+
+    def kernel(self, i: int):
+        k = self.kernels[i]
+        if k is None:
+            k = self.kernels[i] = compile_backward(self.plans[i], self.arch)
+        return k
+
+
+def _entry_for(dy2, x2, dx, weight, casting_mode: str, mode: str) -> _Entry:
     M, N = x2.shape
-    aligned = (is_aligned(x2) and is_aligned(dy2) and is_aligned(dx)
-               and (weight is None or (weight.data_ptr() % 16 == 0 and weight.stride(0) == 1)))
+    ptrs = (dy2.data_ptr() | x2.data_ptr() | dx.data_ptr()
+            | (weight.data_ptr() if weight is not None else 0))
+    strides = (dy2.stride(0) | x2.stride(0) | dx.stride(0)) * x2.element_size()
+    aligned = ((ptrs | strides) & 15) == 0
     w_dtype = weight.dtype if weight is not None else None
-    if mode == "auto":
-        mode = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned)
-    if mode == "fused":
-        return mode, (plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned),)
-    return mode, plan_split(N, x2.dtype, w_dtype, casting_mode, aligned)
+    # auto_mode decides from what the key holds (not from M), so one entry serves every M
+    key = (mode, N, x2.dtype, w_dtype, casting_mode, aligned, x2.get_device())
+    entry = _ENTRIES.get(key)
+    if entry is None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        check_casting_mode(casting_mode)
+        chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned) \
+            if mode == "auto" else mode
+        if chosen == "fused":
+            plans = (plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned),)
+        else:
+            plans = tuple(p for p in plan_split(N, x2.dtype, w_dtype, casting_mode, aligned)
+                          if p is not None)
+        entry = _ENTRIES[key] = _Entry(chosen, plans, x2.device, x2.dtype)
+    return entry
 
 
 def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor],
              rstd: torch.Tensor, offset: float, casting_mode: str, mode: str, sms: int,
              strips: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(dx, dw)`` for 2-D ``dy2``/``x2`` (last-dim stride 1) and fp32 ``rstd`` of shape (M,).
-    ``mode``: fused | split | auto. ``strips``: the fused grid (default ``sms``) or, for split,
-    the dW kernel's row groups (default from ``dw_row_groups``)."""
+    ``mode``: fused | split | auto. ``strips``: the fused grid (default: ``settings.fused_strips``,
+    whose 0 means the plan's CTAs per SM times ``sms``) or, for split, the dW kernel's row groups
+    (default from ``dw_row_groups``)."""
     _check_inputs(dy2, x2, weight, rstd)
     M, N = x2.shape
     dx = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
@@ -123,40 +178,30 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
         return dx, dw
     if weight is not None and weight.stride(0) != 1:
         weight = weight.contiguous()
-    mode, plans = choose_plans(dy2, x2, dx, weight, casting_mode, mode)
-    arch = target_arch(x2.device)
-    stream = cuda.CUstream(torch.cuda.current_stream(x2.device).cuda_stream)
-    f32 = cutlass.Float32
-    rstd_ptr = make_ptr(f32, rstd.data_ptr(), assumed_align=4)
-
-    def ptr(plan, t):
-        return make_ptr(TORCH_TO_CUTE[t.dtype], t.data_ptr(), assumed_align=_align(plan, t.dtype))
-
-    def dxdw_launch(plan, grid, dw_partial):
-        w_src = weight if weight is not None else x2
-        part = dw_partial if dw_partial is not None else dx  # unused without a dW output
-        compile_backward(plan, arch)(
-            ptr(plan, dy2), ptr(plan, x2), ptr(plan, w_src), rstd_ptr, ptr(plan, dx),
-            make_ptr(f32, part.data_ptr(), assumed_align=16 if plan.vec > 1 else 4),
-            M, dy2.stride(0), x2.stride(0), dx.stride(0), grid, offset, stream)
-
-    if mode == "fused":
-        (plan,) = plans
-        grid = fused_strips(M, sms, strips)
-        dw_partial = None
+    entry = _entry_for(dy2, x2, dx, weight, casting_mode, mode)
+    w = weight if weight is not None else entry.no_w
+    dw_partial = None
+    if entry.mode == "fused":
+        plan = entry.plans[0]
+        grid = fused_strips(M, sms, plan, strips or settings.fused_strips or None)
         if weight is not None:
             dw_partial = torch.empty((grid, N), dtype=torch.float32, device=x2.device)
-        dxdw_launch(plan, grid, dw_partial)
+        with nvtx_ranges.range("launch", "fused", x2.shape):
+            entry.kernel(0)(dy2, x2, w, rstd, dx,
+                            dw_partial if dw_partial is not None else entry.no_part, grid, offset)
     else:
-        dx_plan, dw_plan = plans
-        dxdw_launch(dx_plan, M, None)
-        dw_partial = None
-        if dw_plan is not None:
-            groups = dw_row_groups(M, dw_plan, sms) if strips is None else max(1, min(strips, M))
-            dw_partial = torch.empty((groups, N), dtype=torch.float32, device=x2.device)
-            compile_backward(dw_plan, arch)(
-                ptr(dw_plan, dy2), ptr(dw_plan, x2), rstd_ptr,
-                make_ptr(f32, dw_partial.data_ptr(), assumed_align=16 if dw_plan.vec > 1 else 4),
-                M, dy2.stride(0), x2.stride(0), groups, stream)
-    dw = dw_partial.sum(0).to(weight.dtype) if dw_partial is not None else None
+        with nvtx_ranges.range("launch", "split", x2.shape):
+            entry.kernel(0)(dy2, x2, w, rstd, dx, entry.no_part, M, offset)
+            if weight is not None:
+                dw_plan = entry.plans[1]
+                groups = dw_row_groups(M, dw_plan, sms) if strips is None \
+                    else max(1, min(strips, M))
+                dw_partial = torch.empty((groups, N), dtype=torch.float32, device=x2.device)
+                entry.kernel(1)(dy2, x2, rstd, dw_partial)
+    if dw_partial is None:
+        return dx, None
+    with nvtx_ranges.range("reduce", entry.mode, dw_partial.shape):
+        dw = dw_partial.sum(0)
+        if weight.dtype != torch.float32:
+            dw = dw.to(weight.dtype)
     return dx, dw
