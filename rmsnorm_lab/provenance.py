@@ -79,13 +79,16 @@ def _cutlass_dsl() -> str:
 
 
 def commit() -> str:
-    """``git rev-parse --short=12 HEAD`` of the lab's repository, ``+dirty`` when tracked files
-    differ from it; ``unknown`` outside a git checkout (e.g. an installed wheel)."""
+    """The commit the measured code came from: ``LAB_COMMIT`` when the caller names it (a copy of
+    the tree shipped to a GPU host, whose own ``.git``, if any, need not match what was shipped);
+    otherwise ``git rev-parse --short=12 HEAD`` of the lab's repository, ``+dirty`` when tracked
+    files differ from it; ``unknown`` outside a git checkout (e.g. an installed wheel)."""
+    named = os.environ.get("LAB_COMMIT")
+    if named:
+        return named
     head = _run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT)
     if not head:
-        # A copy of the tree without .git (e.g. shipped to a GPU host): the caller names the
-        # commit it shipped; the copy cannot say whether it was modified.
-        return os.environ.get("LAB_COMMIT", "unknown")
+        return "unknown"
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT)
     return head + ("+dirty" if status else "")
 

@@ -270,3 +270,11 @@ def test_plot_without_ax_makes_a_figure(synthetic_df):
     ax = plots.plot_bandwidth_vs_M(synthetic_df, "fwd")
     assert ax.figure is not None
     plt.close(ax.figure)
+
+
+def test_commit_named_by_the_caller_wins_over_any_git_checkout(monkeypatch):
+    # A tree shipped to a GPU host may carry a stale .git; the shipper's LAB_COMMIT is the truth.
+    monkeypatch.setenv("LAB_COMMIT", "abc123def456")
+    assert provenance.commit() == "abc123def456"
+    monkeypatch.delenv("LAB_COMMIT")
+    assert provenance.commit() != "abc123def456"
