@@ -108,15 +108,15 @@ def test_fused_and_dx_plans_cover_the_row(N, dtype):
         assert p.threads & (p.threads - 1) == 0
         assert p.cols_per_tile * p.chunks >= N
         assert p.cols_per_tile * (p.chunks - 1) < N  # no chunk is all padding
-        if kind == "fused":
-            assert p.chunks == 1
+        if kind == "fused" and p.chunks > 1:
+            assert p.dw_smem_bytes <= 160 * 1024 and not p.prefetch
 
 
-def test_fused_refuses_rows_too_wide_for_registers_and_split_serves_them():
+def test_fused_refuses_rows_too_wide_for_shared_memory_and_split_serves_them():
     with pytest.raises(NotEligible, match="use split"):
-        plan_backward("fused", 32768, BF16, BF16, "llama", True)
+        plan_backward("fused", 65536, BF16, BF16, "llama", True)
     with pytest.raises(NotEligible, match="use split"):
-        plan_backward("fused", 16384, F32, F32, "llama", True)
+        plan_backward("fused", 49152, F32, F32, "llama", True)
     dx, dw = plan_split(262144, BF16, BF16, "llama", True)
     assert dx.chunks > 1 and dx.cols_per_tile * dx.chunks >= 262144
     assert dw.col_blocks * dw.cols_per_tile >= 262144
@@ -175,3 +175,14 @@ def test_fused_prefetches_the_next_row_where_registers_allow():
     assert plan_backward("fused", 8192, BF16, F32, "llama", True).prefetch
     assert not plan_backward("fused", 8192, F32, F32, "llama", True).prefetch
     assert not plan_backward("dx", 4096, BF16, BF16, "llama", True).prefetch
+
+
+def test_rows_too_wide_for_registers_fuse_in_chunks_with_dw_in_shared_memory():
+    p = plan_backward("fused", 16384, BF16, BF16, "llama", True)
+    assert p.chunks == 2 and not p.prefetch
+    assert p.dw_smem_bytes == p.chunks * p.cols_per_tile * 4 == 16384 * 4
+    assert plan_backward("fused", 8192, BF16, BF16, "llama", True).dw_smem_bytes == 0
+    assert plan_backward("fused", 16384, BF16, None, "llama", True).dw_smem_bytes == 0
+    assert plan_backward("fused", 32768, BF16, BF16, "llama", True).chunks == 3
+    with pytest.raises(NotEligible, match="shared memory"):
+        plan_backward("fused", 65536, BF16, BF16, "llama", True)

@@ -13,7 +13,8 @@ ARCHS = ["sm_90a", "sm_100a"]
 
 # (kind, N, x dtype, w dtype, mode, aligned): every kernel, dtype and mode; weightless; a mixed
 # weight dtype; the widest fused rows the register model admits, with and without the next-row
-# prefetch (8192 bf16 with an fp32 weight: ~245 registers); a chunked dx row; and the
+# prefetch (8192 bf16 with an fp32 weight: ~245 registers); rows too wide for that (chunked, dW
+# in shared memory); a chunked dx row; and the
 # vec=1 fallback for an odd width (also with a wider fp32 weight) and for unaligned tensors.
 CASES = [
     ("fused", 4096, BF16, BF16, "llama", True),
@@ -22,6 +23,8 @@ CASES = [
     ("fused", 4096, F16, F32, "none", True),
     ("fused", 8192, BF16, F32, "llama", True),
     ("fused", 16384, BF16, None, "llama", True),
+    ("fused", 16384, BF16, BF16, "llama", True),   # chunked, dW accumulated in shared memory
+    ("fused", 32768, BF16, F32, "none", True),
     ("fused", 1023, BF16, BF16, "llama", True),
     ("fused", 1023, BF16, F32, "gemma", True),
     ("fused", 4096, F16, F16, "gemma", False),

@@ -210,3 +210,16 @@ def test_agreement_table_row_is_complete_and_within_tolerance():
         assert row[key] <= DX_REL[torch.bfloat16], (key, row[key])
     for key in ("dw_rel_err_fused", "dw_rel_err_split"):
         assert row[key] <= DW_REL[torch.bfloat16], (key, row[key])
+
+
+@pytest.mark.parametrize("N", [16384, 32768])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("casting", CASTING)
+def test_wide_rows_fuse_in_chunks_with_dw_in_shared_memory(N, dtype, casting):
+    """Rows too wide for registers: two passes over column chunks, dW accumulated in shared
+    memory. 131 rows (one per strip) and 1000 (several, with a remainder)."""
+    for M, offset in ((131, 0.0), (1000, 1.0)):
+        dy, x, w, rstd = inputs((M, N), dtype, True)
+        poison_allocator()
+        dx, dw = backward(dy, x, w, rstd, offset, casting, "fused", sms())
+        check(dx, dw, dy, x, w, rstd, offset, casting, f"wide fused {M}x{N} offset={offset}")

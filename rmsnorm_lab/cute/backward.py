@@ -65,9 +65,11 @@ class RMSNormBackward(_Common):
 
     def __init__(self, plan: BackwardPlan):
         assert plan.kind in ("fused", "dx") and plan.rows_per_cta == 1
-        assert plan.kind == "dx" or plan.chunks == 1, "the fused row lives in registers"
         super().__init__(plan)
         self.fused = plan.kind == "fused"
+        # A fused row too wide for registers streams through them in column chunks, and its dW
+        # accumulator lives in shared memory instead (plan.dw_smem_bytes).
+        self.dw_in_smem = self.fused and plan.chunks > 1 and self.w_type is not None
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
 
     @cute.jit
@@ -101,6 +103,8 @@ class RMSNormBackward(_Common):
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = self.warps_per_row * 4
+        if cutlass.const_expr(self.dw_in_smem):
+            smem_bytes = smem_bytes + 16 + p.dw_smem_bytes  # 16: alignment after the row sums
         self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
 
@@ -115,11 +119,19 @@ class RMSNormBackward(_Common):
         warp_in_row = tidx // 32
         lane = tidx % 32
 
+        smem = SmemAllocator()
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):
-            smem = SmemAllocator()
             sBuf = smem.allocate_tensor(Float32, cute.make_layout((1, self.warps_per_row)),
                                         byte_alignment=4)
+        # The wide fused row's dW accumulator: one fp32 (1, chunks * cols_per_tile) row in shared
+        # memory, partitioned per chunk exactly like x, so every thread reads and writes only its
+        # own slots (no barrier needed, from the zeroing to the final store).
+        sDw = None
+        if cutlass.const_expr(self.dw_in_smem):
+            width = p.chunks * p.cols_per_tile
+            sDw = smem.allocate_tensor(Float32, cute.make_layout((1, width), stride=(width, 1)),
+                                       byte_alignment=16)
 
         tiler = (1, p.cols_per_tile)
         tiled_x = self.make_tiled_copy(tiler)
@@ -151,6 +163,9 @@ class RMSNormBackward(_Common):
         if cutlass.const_expr(self.fused and self.w_type is not None):
             tXrDw = cute.make_fragment_like(tXrX, Float32)
             tXrDw.fill(0.0)
+            if cutlass.const_expr(self.dw_in_smem):
+                for c in cutlass.range_constexpr(p.chunks):
+                    cute.autovec_copy(tXrDw, self.dw_slots(thr_x, sDw, tiler, c))
 
         # Prefetch (fused): the next row's x, dy and rstd are loaded into a second set of
         # registers while this row is reduced and stored, so a CTA -- alone on its SM with one
@@ -205,17 +220,34 @@ class RMSNormBackward(_Common):
                 tXrDx.store((rstd * (m - x_hat * mean_mx)).to(self.x_type))
                 tXgDx = thr_x.partition_D(cute.local_tile(mDx, tiler, (row, c)))
                 cute.copy(tiled_x, tXrDx, tXgDx, pred=self.column_predicate(tXcX, c))
-                if cutlass.const_expr(tXrDw is not None):
+                if cutlass.const_expr(self.dw_in_smem):
+                    tXsDw = self.dw_slots(thr_x, sDw, tiler, c)
+                    tXsDw.store(tXsDw.load() + dyf * self.x_hat_for_dw(x_hat))
+                elif cutlass.const_expr(tXrDw is not None):
                     # Padding columns loaded as zeros add nothing.
                     tXrDw.store(tXrDw.load() + dyf * self.x_hat_for_dw(x_hat))
 
-        if cutlass.const_expr(tXrDw is not None):
+        if cutlass.const_expr(self.dw_in_smem):
+            # This strip's partial dW row, chunk by chunk from shared memory.
+            for c in cutlass.range_constexpr(p.chunks):
+                tXsDw = self.dw_slots(thr_x, sDw, tiler, c)
+                tXgDwP = thr_x.partition_D(cute.local_tile(mDwP, tiler, (bidx, c)))
+                for k in cutlass.range_constexpr(p.vecs_per_thread):
+                    if tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N:
+                        cute.autovec_copy(tXsDw[(None, k), None, None],
+                                          tXgDwP[(None, k), None, None])
+        elif cutlass.const_expr(tXrDw is not None):
             # This strip's partial dW row. Every strip writes, even an empty one (its zeros),
             # so the host's sum over partial rows never reads uninitialized memory.
             tXgDwP = thr_x.partition_D(cute.local_tile(mDwP, tiler, (bidx, 0)))
             for k in cutlass.range_constexpr(p.vecs_per_thread):
                 if tXcX[(0, k), 0, 0][1] < p.N:
                     cute.autovec_copy(tXrDw[(None, k), None, None], tXgDwP[(None, k), None, None])
+
+    @cute.jit
+    def dw_slots(self, thr_x, sDw, tiler, c: cutlass.Constexpr[int]):
+        """This thread's dW accumulator slots for column chunk c (shared memory)."""
+        return thr_x.partition_D(cute.local_tile(sDw, tiler, (0, c)))
 
     @cute.jit
     def m_of(self, dyf, tWrW, offset: Float32):

@@ -56,6 +56,10 @@ DW_UNROLL = 4
 # Resident threads per SM on sm_90 and sm_100, and a cap on the fused kernel's strips per SM:
 # every strip writes (and the final sum reads) one fp32 partial row of N.
 SM_THREADS = 2048
+# Shared memory: what one SM offers CTAs on sm_90/sm_100 (228 KB less 1 KB reserved per CTA), and
+# the most a wide fused row's fp32 dW accumulator may take (N <= 40960).
+SM_SMEM_BYTES = 227 * 1024
+FUSED_SMEM_BYTES = 160 * 1024
 MAX_FUSED_CTAS_PER_SM = 8
 # Register bytes per row element beyond the loaded values: with the row in registers, the fp32
 # x_hat and m computed before the row reduction stay live until dx is formed after it (ptxas -v:
@@ -70,10 +74,17 @@ class BackwardPlan(RowTilePlan):
     x_dtype: torch.dtype
     w_dtype: Optional[torch.dtype]  # None: no weight (then there is no dw and no dW kernel)
     casting_mode: str
-    chunks: int = 1          # dx only: >1 streams the row through registers in column chunks
+    chunks: int = 1          # dx, fused: >1 streams the row through registers in column chunks
     dw_unroll: int = 1       # dw only: rows a row lane has in flight (loop unroll factor)
     prefetch: bool = False   # fused only: load the next row's x and dy during this row
     ctas_per_sm: int = 1     # fused only: strips per SM the registers allow (fused_strips)
+
+    @property
+    def dw_smem_bytes(self) -> int:
+        """Fused with chunks: the shared-memory fp32 dW accumulator (0 when it is in registers)."""
+        if self.kind != "fused" or self.chunks == 1 or self.w_dtype is None:
+            return 0
+        return self.chunks * self.cols_per_tile * 4
 
     @property
     def col_blocks(self) -> int:
@@ -182,10 +193,7 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
         per_elem = 2 * x_bytes + w_bytes + (4 if w_dtype is not None else 0) + FP32_LIVE
         max_elems = min(cap_elems, elems_in_registers(threads, per_elem))
         if vecs_per_thread * vec > max_elems:
-            raise NotEligible(
-                f"fused keeps the row, the weight and the dW accumulator in registers: at most "
-                f"{threads * (max_elems // vec) * vec} elements of {x_dtype} at {threads} "
-                f"threads, N={N} (use split)")
+            return _wide_fused(threads, vecs_per_thread, x_bytes, w_bytes, cap_elems, common)
         # Prefetching the next row costs a second copy of x and dy; take it where it fits.
         prefetch = vecs_per_thread * vec <= elems_in_registers(threads, per_elem + 2 * x_bytes)
         if prefetch:
@@ -201,6 +209,27 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
     return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                         chunks=chunks, **common)
+
+
+def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, cap_elems: int,
+                common: dict) -> BackwardPlan:
+    """The fused plan of a row too wide for registers: x and dy stream through them in column
+    chunks (two passes, like the dx kernel: the second re-reads a row the first just read, mostly
+    from L2), and the fp32 dW accumulator moves to shared memory, N x 4 bytes per CTA."""
+    vec = common["vec"]
+    per_elem = 2 * x_bytes + w_bytes + FP32_LIVE
+    max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
+    vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
+    dw_smem = chunks * threads * vecs_per_thread * vec * 4
+    if common["w_dtype"] is not None and dw_smem > FUSED_SMEM_BYTES:
+        raise NotEligible(
+            f"fused keeps an fp32 dW row per CTA: {dw_smem} bytes of shared memory at N="
+            f"{common['N']}, over {FUSED_SMEM_BYTES} (use split)")
+    ctas = resident_ctas(threads, vecs_per_thread * vec * per_elem)
+    if common["w_dtype"] is not None:
+        ctas = max(1, min(ctas, SM_SMEM_BYTES // (dw_smem + 1024)))
+    return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
+                        chunks=chunks, ctas_per_sm=ctas, **common)
 
 
 def resident_ctas(threads: int, register_bytes_per_thread: int) -> int:
