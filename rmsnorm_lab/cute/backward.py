@@ -105,8 +105,16 @@ class RMSNormBackward(_Common):
             smem_bytes = self.warps_per_row * 4
         if cutlass.const_expr(self.dw_in_smem):
             smem_bytes = smem_bytes + 16 + p.dw_smem_bytes  # 16: alignment after the row sums
-        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
+        if cutlass.const_expr(self.dw_in_smem):
+            # min_blocks_per_mp caps ptxas at 65536 / (ctas_per_sm * threads) registers, so the
+            # CTAs the plan counts on are resident together (the carveout: all of L1 that can be
+            # shared memory, which their dW rows need).
+            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
+                grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
+                min_blocks_per_mp=p.ctas_per_sm, preferred_smem_carveout=100)
+        else:
+            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
+                grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,

@@ -59,6 +59,7 @@ SM_THREADS = 2048
 # Shared memory: what one SM offers CTAs on sm_90/sm_100 (228 KB less 1 KB reserved per CTA), and
 # the most a wide fused row's fp32 dW accumulator may take (N <= 40960).
 SM_SMEM_BYTES = 227 * 1024
+WIDE_FUSED_CTAS_PER_SM = 2
 FUSED_SMEM_BYTES = 160 * 1024
 MAX_FUSED_CTAS_PER_SM = 8
 # Register bytes per row element beyond the loaded values: with the row in registers, the fp32
@@ -225,7 +226,10 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
         raise NotEligible(
             f"fused keeps an fp32 dW row per CTA: {dw_smem} bytes of shared memory at N="
             f"{common['N']}, over {FUSED_SMEM_BYTES} (use split)")
-    ctas = resident_ctas(threads, vecs_per_thread * vec * per_elem)
+    # Two CTAs per SM where shared memory allows, the kernel's launch bound holding ptxas to
+    # the 128 registers that takes (left to itself it took 184 at N=16384 bf16: one CTA per SM,
+    # 626 µs at 16384x16384 on the H200).
+    ctas = WIDE_FUSED_CTAS_PER_SM
     if common["w_dtype"] is not None:
         ctas = max(1, min(ctas, SM_SMEM_BYTES // (dw_smem + 1024)))
     return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
