@@ -69,6 +69,13 @@ def test_compiles_with_expected_memory_instructions(arch, kind, N, x_dtype, w_dt
     assert facts.barriers >= 1
     if facts.spill_bytes is None:
         pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
+    if plan.dw_smem_bytes and plan.ctas_per_sm > 1:
+        # The wide fused kernel runs under a launch bound of two CTAs per SM (128 registers):
+        # ptxas spills a few bytes (32 on sm_90a, 160 on sm_100a), and on the H200 that ran
+        # 16384x16384 in 479.8 µs against 604.5 µs unbounded (184 registers, one CTA per SM).
+        assert facts.registers <= 128
+        assert facts.spill_bytes <= 256, f"{facts.spill_bytes} bytes spilled"
+        return
     assert facts.spill_bytes == 0, f"{facts.spill_bytes} bytes spilled, {facts.registers} regs"
     assert facts.stack_bytes == 0
 
