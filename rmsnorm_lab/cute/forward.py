@@ -118,14 +118,25 @@ class RMSNormForward(RowTiles):
             tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
 
         num_tiles = cute.ceil_div(M, p.rows_per_cta)
+        # Prefetch (persistent): the CTA's next row is loaded into a second register copy while
+        # this one is reduced and stored, so every CTA keeps a row's loads in flight.
+        tXrXn = None
+        if cutlass.const_expr(p.prefetch):
+            tXrXn = cute.make_fragment_like(tXrX)
+            self.load_chunk(tiled_x, thr_x, mX, tiler, bidx, 0, tXcX, tXrXn, bidx < num_tiles)
         for tile in cutlass.range(bidx, num_tiles, gdim):
             row = tile * p.rows_per_cta + row_in_cta
             row_ok = row < M
+            if cutlass.const_expr(p.prefetch):
+                tXrX.store(tXrXn.load())
+                self.load_chunk(tiled_x, thr_x, mX, tiler, tile + gdim, 0, tXcX, tXrXn,
+                                tile + gdim < num_tiles)
 
             # Pass 1: sum of squares (chunks == 1 keeps x in tXrX for pass 2).
             ss = Float32(0.0)
             for c in cutlass.range_constexpr(p.chunks):
-                self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                if cutlass.const_expr(not p.prefetch):
+                    self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
                 xf = tXrX.load().to(Float32)
                 ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
             ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row)

@@ -72,6 +72,7 @@ class ForwardPlan(RowTilePlan):
     store_rstd: bool
     chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
     ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
+    prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
 
     @property
     def persistent(self) -> bool:
@@ -174,10 +175,16 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
                            vecs_per_thread=vecs_per_thread, chunks=1, **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     ctas_per_sm = 0
+    prefetch = False
     if variant == "persistent":
-        ctas_per_sm = resident_ctas(threads, vecs_per_thread * vec * (elem + w_bytes))
+        # A second register copy of the row for the next row's loads, where it fits: a CTA
+        # then always has a row in flight, as the fused backward does.
+        prefetch = chunks == 1 and vecs_per_thread * vec <= elems_in_registers(
+            threads, 2 * elem + w_bytes)
+        ctas_per_sm = resident_ctas(
+            threads, vecs_per_thread * vec * ((2 if prefetch else 1) * elem + w_bytes))
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
-                       chunks=chunks, ctas_per_sm=ctas_per_sm, **common)
+                       chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **common)
 
 
 def resident_ctas(threads: int, register_bytes_per_thread: int) -> int:
