@@ -29,9 +29,9 @@ def backward_flows(M: int, N: int, sms: int, dtype: torch.dtype = torch.bfloat16
     flows = {
         "split": [("dx kernel", ["X", "dY", "W", "rstd"], ["dX"]),
                   ("dW kernel", ["X", "dY", "rstd"], [p_split]),
-                  ("sum(0)", [p_split], ["dW"])],
+                  ("dW reduce", [p_split], ["dW"])],
         "fused": [("fused kernel", ["X", "dY", "W", "rstd"], ["dX", p_fused]),
-                  ("sum(0)", [p_fused], ["dW"])],
+                  ("dW reduce", [p_fused], ["dW"])],
     }
     return flows, sizes
 

@@ -17,7 +17,7 @@ The math (reference.py holds the rounding points)::
   group g for column block b -- one warp per row, ``dw_unroll`` rows per warp in flight -- then
   reduces over its warps in shared memory and writes ``dw_partial[g, block b]``.
 
-The host finishes ``dw = dw_partial.sum(0)`` with torch (backward_runner.py).
+A last kernel, ``DwReduce`` (dw_reduce.py), sums the partial rows into dw.
 
 The thread/value mapping and the predicated 16-byte tiled copies are the forward's (forward.py);
 naming follows the CUTLASS examples (``mX`` tensor, ``gX`` tile, ``tXgX`` this thread's slice,

@@ -203,8 +203,10 @@ AUTO_WARP_MAX_ROW_BYTES = 2048
 
 
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype) -> str:
-    """The variant ``auto`` launches, from the H200 forward sweep (results/NOTES.md): persistent
-    (no prefetch) trailed everywhere, so it is never chosen."""
+    """The variant ``auto`` launches, from the H200 forward sweeps (results/NOTES.md). Persistent
+    is never chosen: with its next-row prefetch it gained 3-24% over none, but still trailed
+    CTA-per-row by 4-19% at every shape of the sweep except 1024x4096 (where M, which this rule
+    does not see, is too small for a CTA per row to fill the GPU)."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
