@@ -213,7 +213,11 @@ def test_cached_ptx_table_covers_every_kernel_for_both_archs():
     vec = t[t["vec_bytes"] == 16]
     assert (vec["ld.global 16B"] > 0).all() and (t["local"] == 0).all()
     if t["spill_bytes"].notna().all():
-        assert (t["spill_bytes"] == 0).all()
+        # the wide fused kernel runs under a two-CTAs-per-SM launch bound and spills a little
+        # (tests/test_cute_backward_compile.py has the measured reason); nothing else spills
+        bounded = t["kernel"].str.contains("dW in smem")
+        assert (t.loc[~bounded, "spill_bytes"] == 0).all()
+        assert (t.loc[bounded, "spill_bytes"] <= 256).all()
     assert not compiled.differences(t).empty
 
 

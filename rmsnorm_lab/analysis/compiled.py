@@ -36,6 +36,7 @@ FORWARD_KERNELS: Tuple[Tuple[str, str, int, str], ...] = (
 )
 BACKWARD_KERNELS: Tuple[Tuple[str, str, int, str], ...] = (
     ("bwd.fused", "fused", 4096, "bf16"),
+    ("bwd.fused N=16384 (chunked, dW in smem)", "fused", 16384, "bf16"),
     ("bwd.dx (split)", "dx", 4096, "bf16"),
     ("bwd.dw (split)", "dw", 4096, "bf16"),
 )
