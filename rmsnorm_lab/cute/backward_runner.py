@@ -134,12 +134,6 @@ def _check_inputs(dy2, x2, weight, rstd):
             raise ValueError(f"{name} spans 2**31 elements or more: Int32 indexing limit")
 
 
-def choose_plans(dy2, x2, dx, weight, casting_mode: str, mode: str):
-    """``(mode, plans)``: ``("fused", (fused,))`` or ``("split", (dx, dw or None))``."""
-    entry = _entry_for(dy2, x2, dx, weight, casting_mode, mode)
-    return entry.mode, entry.plans
-
-
 class _Entry:
     """One configuration's mode, plans, kernels (compiled on first launch) and the stand-ins
     passed for tensors a kernel does not read (no weight; no dW partials)."""
