@@ -223,3 +223,27 @@ def test_wide_rows_fuse_in_chunks_with_dw_in_shared_memory(N, dtype, casting):
         poison_allocator()
         dx, dw = backward(dy, x, w, rstd, offset, casting, "fused", sms())
         check(dx, dw, dy, x, w, rstd, offset, casting, f"wide fused {M}x{N} offset={offset}")
+
+
+def test_fused_strips_setting_reaches_the_kernel():
+    """settings.fused_strips (RMSNORM_LAB_FUSED_STRIPS) sets the fused grid when the call names
+    none: the dW partial rows are then exactly that many, and the result is still right."""
+    from rmsnorm_lab import settings
+    from rmsnorm_lab.cute import backward_runner
+    dy, x, w, rstd = inputs((1000, 4096), torch.bfloat16, True)
+    seen = []
+    real = backward_runner.compile_dw_reduce
+
+    def spy(N, w_dtype, arch, keep_ptx_dir=None):
+        kernel = real(N, w_dtype, arch, keep_ptx_dir)
+        return lambda part, dw: (seen.append(part.shape[0]), kernel(part, dw))
+    backward_runner.clear_caches()
+    try:
+        backward_runner.compile_dw_reduce = spy
+        with settings.override(fused_strips=7):
+            dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "fused", sms())
+    finally:
+        backward_runner.compile_dw_reduce = real
+        backward_runner.clear_caches()
+    assert seen == [7]
+    check(dx, dw, dy, x, w, rstd, 0.0, "llama", "fused_strips=7")
