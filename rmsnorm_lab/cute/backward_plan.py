@@ -36,8 +36,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, REG_OVERHEAD, NotEligible, RowTilePlan,
-                   _ELEM_BYTES, chunked, elems_in_registers, row_threads)
+from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, NotEligible, RowTilePlan, _ELEM_BYTES,
+                   chunked, elems_in_registers, resident_ctas, row_threads)
 
 KINDS = ("fused", "dx", "dw")
 MODES = ("fused", "split", "auto")
@@ -55,15 +55,14 @@ DW_CTAS_PER_SM = 2
 # Rows each dW row lane keeps in flight: the loop over its rows is unrolled this many times, so
 # a thread issues 2 x DW_UNROLL 16-byte loads (x and dy) before it needs the first result.
 DW_UNROLL = 4
-# Resident threads per SM on sm_90 and sm_100, and a cap on the fused kernel's strips per SM:
-# every strip writes (and the final sum reads) one fp32 partial row of N.
-SM_THREADS = 2048
+# A cap on the fused kernel's strips per SM: every strip writes (and the dW reduction reads) one
+# fp32 partial row of N. On the H200 8/SM was the best at N=1024 (results/NOTES.md, section 10).
+MAX_FUSED_CTAS_PER_SM = 8
 # Shared memory: what one SM offers CTAs on sm_90/sm_100 (228 KB less 1 KB reserved per CTA), and
 # the most a wide fused row's fp32 dW accumulator may take (N <= 40960).
 SM_SMEM_BYTES = 227 * 1024
-WIDE_FUSED_CTAS_PER_SM = 2
 FUSED_SMEM_BYTES = 160 * 1024
-MAX_FUSED_CTAS_PER_SM = 8
+WIDE_FUSED_CTAS_PER_SM = 2
 # Register bytes per row element beyond the loaded values: with the row in registers, the fp32
 # x_hat and m computed before the row reduction stay live until dx is formed after it (ptxas -v:
 # without this term the fused plan at N=16384 bf16 "none" used 255 registers and spilled 200 B).
@@ -203,7 +202,8 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
             per_elem += 2 * x_bytes
         return BackwardPlan(threads_per_row=threads, rows_per_cta=1,
                             vecs_per_thread=vecs_per_thread, prefetch=prefetch,
-                            ctas_per_sm=resident_ctas(threads, vecs_per_thread * vec * per_elem),
+                            ctas_per_sm=resident_ctas(threads, vecs_per_thread * vec * per_elem,
+                                                      most=MAX_FUSED_CTAS_PER_SM),
                             **common)
 
     # dx: x, dy, w and the fp32 x_hat and m per element; wider rows take column chunks.
@@ -236,19 +236,6 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
         ctas = max(1, min(ctas, SM_SMEM_BYTES // (dw_smem + 1024)))
     return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                         chunks=chunks, ctas_per_sm=ctas, **common)
-
-
-def resident_ctas(threads: int, register_bytes_per_thread: int) -> int:
-    """CTAs of ``threads`` threads that fit on one SM when each thread holds
-    ``register_bytes_per_thread`` of row data plus REG_OVERHEAD registers (the register model of
-    plan.py; at N=4096 bf16 it gives the fused kernel 128 registers, what ptxas -v reports), at
-    most MAX_FUSED_CTAS_PER_SM. A strip per resident CTA: one CTA per SM keeps one row's loads in
-    flight per SM, too few to cover memory latency."""
-    regs = REG_OVERHEAD + -(-register_bytes_per_thread // 4)
-    regs = -(-regs // 8) * 8  # allocation granularity
-    by_registers = 65536 // (threads * regs)
-    by_threads = SM_THREADS // threads
-    return max(1, min(by_registers, by_threads, MAX_FUSED_CTAS_PER_SM))
 
 
 def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str,

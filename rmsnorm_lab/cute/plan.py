@@ -181,19 +181,24 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         # then always has a row in flight, as the fused backward does.
         prefetch = chunks == 1 and vecs_per_thread * vec <= elems_in_registers(
             threads, 2 * elem + w_bytes)
-        ctas_per_sm = resident_ctas(
-            threads, vecs_per_thread * vec * ((2 if prefetch else 1) * elem + w_bytes))
+        ctas_per_sm = resident_ctas(  # + 4 registers: the row loop's index and bounds
+            threads, vecs_per_thread * vec * ((2 if prefetch else 1) * elem + w_bytes),
+            extra_regs=4)
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **common)
 
 
-def resident_ctas(threads: int, register_bytes_per_thread: int) -> int:
-    """CTAs of ``threads`` that fit on one SM at once, from the register model: a persistent grid
-    larger than that runs as a second wave and loses the point of being persistent.
-    Registers are allocated per warp in units of 8 per thread; 2048 threads and 32 CTAs per SM."""
-    regs = REG_OVERHEAD + 4 + register_bytes_per_thread // 4
+def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int = 0,
+                  most: int = 32) -> int:
+    """CTAs of ``threads`` threads that fit on one SM at once when each thread holds
+    ``register_bytes_per_thread`` of row data plus REG_OVERHEAD (+ ``extra_regs``) registers, at
+    most ``most``: the register model behind every persistent grid of the lab (the forward's
+    ``persistent`` variant, the fused backward's strips). A grid larger than that runs as a
+    second wave and loses the point of being persistent. Registers are allocated per warp in units
+    of 8 per thread, at most 255; an SM holds 2048 threads and 32 CTAs."""
+    regs = REG_OVERHEAD + extra_regs + -(-register_bytes_per_thread // 4)
     regs = min(255, -(-regs // 8) * 8)
-    return max(1, min(65536 // (regs * threads), 2048 // threads, 32))
+    return max(1, min(65536 // (regs * threads), 2048 // threads, most))
 
 
 # Rows of at most this many bytes go to warp-per-row under `auto`: at 16384x1024 bf16 it ran at
