@@ -30,7 +30,7 @@ from .backward_plan import (MODES, BackwardPlan, auto_mode, dw_row_groups, fused
                             plan_backward, plan_split)
 from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
-from .runner import target_arch
+from .runner import compile_tvm_ffi, target_arch
 
 _COMPILED: Dict[Tuple, object] = {}
 _ENTRIES: Dict[Tuple, "_Entry"] = {}
@@ -72,37 +72,26 @@ def _kernel_object(plan: BackwardPlan):
 
 def compile_backward(plan: BackwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
     """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
-    key = (plan, arch)
-    fn = _COMPILED.get(key)
-    if fn is None or keep_ptx_dir is not None:
-        options = f"--gpu-arch {arch} --enable-tvm-ffi"
-        if keep_ptx_dir is not None:
-            options += f" --keep-ptx --dump-dir {keep_ptx_dir}"
-        with nvtx_ranges.range("compile", plan.kind):
-            fn = cute.compile(_kernel_object(plan), *_fake_args(plan), options=options)
-        _COMPILED[key] = fn
-    return fn
+    return compile_tvm_ffi(_COMPILED, (plan, arch), arch, plan.kind,
+                           lambda: (_kernel_object(plan), _fake_args(plan)), keep_ptx_dir)
+
+
+def _dw_reduce_args(w_dtype: torch.dtype):
+    """Stand-ins for ``DwReduce``: (G, N) fp32 partials, the (N,) dW, the environment stream."""
+    part = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="G"),
+                                              cute.sym_int64(symbol="N")),
+                            stride=(cute.sym_int64(symbol="ldp"), 1), assumed_align=4)
+    dw = make_fake_tensor(TORCH_TO_CUTE[w_dtype], (cute.sym_int64(symbol="Nw"),),
+                          stride=(1,), assumed_align=w_dtype.itemsize)
+    return part, dw, make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
 def compile_dw_reduce(N: int, w_dtype: torch.dtype, arch: str,
                       keep_ptx_dir: Optional[str] = None):
     """The TVM-FFI compilation of the partial-row reduction for width N into ``w_dtype``."""
-    key = ("dw_reduce", N, w_dtype, arch)
-    fn = _COMPILED.get(key)
-    if fn is None or keep_ptx_dir is not None:
-        options = f"--gpu-arch {arch} --enable-tvm-ffi"
-        if keep_ptx_dir is not None:
-            options += f" --keep-ptx --dump-dir {keep_ptx_dir}"
-        part = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="G"),
-                                                  cute.sym_int64(symbol="N")),
-                                stride=(cute.sym_int64(symbol="ldp"), 1), assumed_align=4)
-        dw = make_fake_tensor(TORCH_TO_CUTE[w_dtype], (cute.sym_int64(symbol="Nw"),),
-                              stride=(1,), assumed_align=w_dtype.itemsize)
-        with nvtx_ranges.range("compile", "dw_reduce"):
-            fn = cute.compile(DwReduce(N, TORCH_TO_CUTE[w_dtype]), part, dw,
-                              make_fake_stream(use_tvm_ffi_env_stream=True), options=options)
-        _COMPILED[key] = fn
-    return fn
+    return compile_tvm_ffi(
+        _COMPILED, ("dw_reduce", N, w_dtype, arch), arch, "dw_reduce",
+        lambda: (DwReduce(N, TORCH_TO_CUTE[w_dtype]), _dw_reduce_args(w_dtype)), keep_ptx_dir)
 
 
 def clear_caches() -> None:

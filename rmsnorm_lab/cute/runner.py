@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -76,18 +76,27 @@ def _fake_args(plan: ForwardPlan):
             make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
-def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
-    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
-    key = (plan, arch)
-    fn = _COMPILED.get(key)
+def compile_tvm_ffi(cache: Dict, key, arch: str, label: str, build: Callable[[], tuple],
+                    keep_ptx_dir: Optional[str] = None):
+    """``cache[key]``, compiled on a miss (or always, to keep the PTX in ``keep_ptx_dir``) with
+    TVM-FFI for ``arch``: ``build()`` returns the kernel object and its typed stand-in arguments.
+    Every CuTe kernel of the lab compiles through here, inside an NVTX ``compile`` range."""
+    fn = cache.get(key)
     if fn is None or keep_ptx_dir is not None:
         options = f"--gpu-arch {arch} --enable-tvm-ffi"
         if keep_ptx_dir is not None:
             options += f" --keep-ptx --dump-dir {keep_ptx_dir}"
-        with nvtx_ranges.range("compile", plan.variant):
-            fn = cute.compile(RMSNormForward(plan), *_fake_args(plan), options=options)
-        _COMPILED[key] = fn
+        kernel, args = build()
+        with nvtx_ranges.range("compile", label):
+            fn = cute.compile(kernel, *args, options=options)
+        cache[key] = fn
     return fn
+
+
+def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
+    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
+    return compile_tvm_ffi(_COMPILED, (plan, arch), arch, plan.variant,
+                           lambda: (RMSNormForward(plan), _fake_args(plan)), keep_ptx_dir)
 
 
 def _marshal(t: torch.Tensor, align: int):
