@@ -132,22 +132,6 @@ def cmd_nsys_summary(args: argparse.Namespace) -> int:
 
 # --- report ----------------------------------------------------------------------------------
 
-def _markdown(table: pd.DataFrame, digits: int) -> str:
-    """A pipe table; index levels become the leading columns; missing values print as '-'."""
-    flat = table.reset_index()
-    head = "| " + " | ".join(str(c) for c in flat.columns) + " |"
-    rule = "|" + "|".join("---:" for _ in flat.columns) + "|"
-
-    def cell(v):
-        if isinstance(v, float):
-            return "-" if pd.isna(v) else f"{v:.{digits}f}"
-        return str(v)
-
-    body = ["| " + " | ".join(cell(v) for v in row) + " |"
-            for row in flat.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
-
-
 def _provenance(df: pd.DataFrame) -> str:
     d = results_io.latest(df)
     lines = []
@@ -280,12 +264,14 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
             for part in table.columns.get_level_values(0).unique():
                 unit = "GB/s" if part == "GB/s" else part
                 md += [f"{op}, CUDA-graph replay, median, {unit}:", "",
-                       _markdown(table[part], 0 if part == "GB/s" else 1), ""]
+                       plots.markdown_table(table[part], 0 if part == "GB/s" else 1,
+                                            right_align=True), ""]
                 headline += [f"{gpu} {op} ({unit}, graph, median)",
                              table[part].to_string(float_format=lambda v: f"{v:.0f}"), ""]
             host = plots.host_table(df, op, gpu)
             if not host.empty:
-                md += [f"{op}, host µs per call:", "", _markdown(host, 1), ""]
+                md += [f"{op}, host µs per call:", "",
+                       plots.markdown_table(host, 1, right_align=True), ""]
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
         extra = _notebook_figures(df, gpu, out, root)

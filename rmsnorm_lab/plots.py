@@ -253,3 +253,21 @@ def op_breakdown(df: pd.DataFrame, impls=None, path: str = "graph",
     order = {name: i for i, name in enumerate(impl_order(t.index.get_level_values("impl")))}
     keys = sorted(t.index, key=lambda k: (order[k[0]], k[2], k[1]))
     return t.reindex(keys)
+
+
+def markdown_table(table: pd.DataFrame, digits: int = 2, right_align: bool = False) -> str:
+    """A pipe table for the report: a named or multi-level index becomes the leading columns;
+    floats print with ``digits`` decimals, missing values as '-'."""
+    named = bool(table.index.name) or isinstance(table.index, pd.MultiIndex)
+    flat = table.reset_index() if named else table
+    head = "| " + " | ".join(str(c) for c in flat.columns) + " |"
+    rule = "|" + "|".join(("---:" if right_align else "---") for _ in flat.columns) + "|"
+
+    def cell(v):
+        if isinstance(v, float):
+            return "-" if pd.isna(v) else f"{v:.{digits}f}"
+        return str(v)
+
+    body = ["| " + " | ".join(cell(v) for v in row) + " |"
+            for row in flat.itertuples(index=False)]
+    return "\n".join([head, rule, *body])

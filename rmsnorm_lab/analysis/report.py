@@ -10,6 +10,7 @@ from typing import List, Tuple
 
 import pandas as pd
 
+from ..plots import markdown_table
 from . import compiled, figures, model
 from .reported import load_reported
 from .specs import bandwidth_table
@@ -28,17 +29,6 @@ def pr_era_host(reported: pd.DataFrame) -> float:
     return float(r["value"].iloc[0]) if len(r) else math.nan
 
 
-def _table(df: pd.DataFrame, digits: int = 2) -> str:
-    flat = df.reset_index() if df.index.name or isinstance(df.index, pd.MultiIndex) else df
-    head = "| " + " | ".join(str(c) for c in flat.columns) + " |"
-    rule = "|" + "|".join("---" for _ in flat.columns) + "|"
-
-    def cell(v):
-        if isinstance(v, float):
-            return "-" if pd.isna(v) else f"{v:.{digits}f}"
-        return str(v)
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in flat.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
 
 
 def _save(fig, path: Path) -> str:
@@ -64,7 +54,7 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
         md += ["No CUDA-graph measurements to calibrate the model on: nothing to model.", ""]
         return md, headline
     md += ["Bandwidth, datasheet vs measured copy:", "",
-           _table(bandwidth_table(df).drop(columns="kind"), 0), ""]
+           markdown_table(bandwidth_table(df).drop(columns="kind"), 0), ""]
     hosts = model.host_costs(df)
     pr = model.pr_comparison(df, reported, cal=cal, hosts=hosts)
     era = pr_era_host(reported)
@@ -100,16 +90,16 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
             md += [f"- {k}: {v}" for k, v in v2.items()]
         cols = ["pair", "gpu", "M", "device ratio", "call ratio (modelled)",
                 "reported ratio", "measured eager ratio"]
-        md += ["", "CuTe / Triton time per call:", "", _table(pr[cols]), ""]
+        md += ["", "CuTe / Triton time per call:", "", markdown_table(pr[cols]), ""]
         cross = model.crossover_table(df, cal=cal, hosts=hosts)
         md += ["Crossover M (device time reaches host time; below it a call is host-bound), "
-               "N=4096 bf16 forward:", "", _table(cross, 0), ""]
+               "N=4096 bf16 forward:", "", markdown_table(cross, 0), ""]
         headline += ["across GPUs (modelled, N=4096 fwd): " + verdict["overall"],
                      *(f"  {k}: {v}" for k, v in verdict.items() if k != "overall"), ""]
     rvm = model.reported_vs_modelled(reported, cal)
     if not rvm.empty:
         md += ["Reported device times vs the model:", "",
-               _table(rvm.dropna(subset=["modelled_us"]).drop(columns="source")), ""]
+               markdown_table(rvm.dropna(subset=["modelled_us"]).drop(columns="source")), ""]
     ptx = compiled.table(root)
     if ptx.empty:
         md += ["Compiled-code table: no cache (`python -m rmsnorm_lab.analysis.compiled` "
@@ -118,7 +108,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
         keep = ["kernel", "arch", "registers", "spill_bytes", "ld.global 16B", "st.global 16B",
                 "shuffles", "barriers", "instructions", "fma", "mul", "packed f32x2"]
         md += ["Compiled code, sm_90a vs sm_100a (from the cached PTX table; compiler output, "
-               "not a measurement):", "", _table(ptx[[c for c in keep if c in ptx.columns]], 0),
+               "not a measurement):", "",
+               markdown_table(ptx[[c for c in keep if c in ptx.columns]], 0),
                ""]
     md += [f"![{n}]({n})" for n in names] + [""]
     return md, headline
