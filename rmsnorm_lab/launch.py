@@ -41,6 +41,8 @@ def _per_call_settings_cost() -> None:
 
 def as_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
     """x as an (M, N) view without copying; refuses layouts a row kernel cannot address."""
+    if x.dim() == 2 and x.stride(1) == 1:  # already rows: a view would cost ~1 µs of the call
+        return x
     if x.stride(-1) != 1 and x.shape[-1] != 1:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), "
                          f"got strides {tuple(x.stride())}")
@@ -56,8 +58,7 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
             casting_mode: str, backend: str, need_rstd: bool
             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Returns ``(y, rstd)`` with y shaped like x, rstd (fp32, ``x.shape[:-1]``) or None."""
-    # 2-D x with unit column stride is already rows: a view costs ~1 µs of the call
-    x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
+    x2 = as_rows(x)
     M, N = x2.shape
     if weight is not None and weight.stride(0) != 1 and N > 1:
         raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
@@ -82,6 +83,8 @@ def grad_rows(dy: torch.Tensor, n: int) -> torch.Tensor:
     """The incoming gradient as (M, N) rows. Autograd hands over whatever layout the next op's
     backward produced (the gradient of ``y.sum()`` is an expanded, stride-0 tensor), so a layout
     a row kernel cannot address is copied rather than refused."""
+    if dy.dim() == 2 and dy.stride(1) == 1:  # already rows
+        return dy
     if dy.stride(-1) != 1 and n > 1:
         dy = dy.contiguous()
     try:
@@ -102,15 +105,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     directly (a program reads a whole row of dy before it writes that row of dx); the CuTe runner
     and the reference allocate dx and it is copied over.
     """
-    # Already rows (the common 2-D case): no views. Host time matters more here than in the
-    # forward: on the H200's host RMSNormFunction.backward took 82 µs per call on autograd's
-    # device thread, where the CuTe runner called directly on the main thread took 28.
-    if x.dim() == 2 and x.stride(1) == 1:
-        x2 = x
-        dy2 = dy if dy.dim() == 2 and dy.stride(1) == 1 else grad_rows(dy, x.shape[1])
-    else:
-        x2 = as_rows(x)
-        dy2 = grad_rows(dy, x2.shape[1])
+    x2 = as_rows(x)
+    dy2 = grad_rows(dy, x2.shape[1])
     M, N = x2.shape
     rstd1 = rstd if rstd.dim() == 1 else rstd.reshape(M)
     if weight is not None and weight.stride(0) != 1 and N > 1:
