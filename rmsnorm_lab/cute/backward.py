@@ -68,8 +68,8 @@ class RMSNormBackward(_Common):
         super().__init__(plan)
         self.fused = plan.kind == "fused"
         # A fused row too wide for registers streams through them in column chunks, and its dW
-        # accumulator lives in shared memory instead (plan.dw_smem_bytes).
-        self.dw_in_smem = self.fused and plan.chunks > 1 and self.w_type is not None
+        # accumulator lives in shared memory instead.
+        self.dw_in_smem = plan.dw_smem_bytes > 0
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
 
     @cute.jit
@@ -103,18 +103,16 @@ class RMSNormBackward(_Common):
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = self.warps_per_row * 4
+        # The wide fused row: min_blocks_per_mp caps ptxas at 65536 / (ctas_per_sm * threads)
+        # registers, so the CTAs the plan counts on are resident together (the carveout: all of
+        # L1 that can be shared memory, which their dW rows need). Elsewhere: the defaults.
+        min_blocks, carveout = 0, None
         if cutlass.const_expr(self.dw_in_smem):
             smem_bytes = smem_bytes + 16 + p.dw_smem_bytes  # 16: alignment after the row sums
-        if cutlass.const_expr(self.dw_in_smem):
-            # min_blocks_per_mp caps ptxas at 65536 / (ctas_per_sm * threads) registers, so the
-            # CTAs the plan counts on are resident together (the carveout: all of L1 that can be
-            # shared memory, which their dW rows need).
-            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
-                grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
-                min_blocks_per_mp=p.ctas_per_sm, preferred_smem_carveout=100)
-        else:
-            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
-                grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
+            min_blocks, carveout = p.ctas_per_sm, 100
+        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
+            min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,

@@ -223,19 +223,20 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
     per_elem = 2 * x_bytes + w_bytes + FP32_LIVE
     max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
-    dw_smem = chunks * threads * vecs_per_thread * vec * 4
-    if common["w_dtype"] is not None and dw_smem > FUSED_SMEM_BYTES:
-        raise NotEligible(
-            f"fused keeps an fp32 dW row per CTA: {dw_smem} bytes of shared memory at N="
-            f"{common['N']}, over {FUSED_SMEM_BYTES} (use split)")
     # Two CTAs per SM where shared memory allows, the kernel's launch bound holding ptxas to
     # the 128 registers that takes (left to itself it took 184 at N=16384 bf16: one CTA per SM,
     # 626 µs at 16384x16384 on the H200).
-    ctas = WIDE_FUSED_CTAS_PER_SM
-    if common["w_dtype"] is not None:
-        ctas = max(1, min(ctas, SM_SMEM_BYTES // (dw_smem + 1024)))
-    return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
-                        chunks=chunks, ctas_per_sm=ctas, **common)
+    plan = BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
+                        chunks=chunks, ctas_per_sm=WIDE_FUSED_CTAS_PER_SM, **common)
+    dw_smem = plan.dw_smem_bytes  # 0 without a weight: nothing to accumulate
+    if dw_smem > FUSED_SMEM_BYTES:
+        raise NotEligible(
+            f"fused keeps an fp32 dW row per CTA: {dw_smem} bytes of shared memory at N="
+            f"{common['N']}, over {FUSED_SMEM_BYTES} (use split)")
+    if dw_smem:
+        fit = SM_SMEM_BYTES // (dw_smem + 1024)
+        plan = dataclasses.replace(plan, ctas_per_sm=max(1, min(WIDE_FUSED_CTAS_PER_SM, fit)))
+    return plan
 
 
 def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str,
