@@ -27,6 +27,8 @@ _CHOICES: Dict[str, tuple] = {
     "backward": BACKWARD_MODES,
     "launch_path": LAUNCH_PATHS,
 }
+# integer toggles with a lower bound (tensor_cache_cap has none: negative means unbounded)
+_MINIMUM: Dict[str, int] = {"fused_strips": 0}
 
 
 @dataclasses.dataclass
@@ -97,8 +99,9 @@ def _coerce(name: str, value: Any) -> Any:
             number = int(value)
         except (TypeError, ValueError):
             raise ValueError(f"settings.{name} expects an integer, got {value!r}") from None
-        if name == "fused_strips" and number < 0:
-            raise ValueError(f"settings.fused_strips must be 0 (auto) or positive, got {number}")
+        low = _MINIMUM.get(name)
+        if low is not None and number < low:
+            raise ValueError(f"settings.{name} must be at least {low}, got {number}")
         return number
     value = str(value)
     choices = _CHOICES.get(name)
