@@ -19,3 +19,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def side_stream_graph_replay():
+    """``check(call)``: ``call()`` eagerly, then warmed up and captured in a CUDA graph on a side
+    stream; the graph's output is NaN-poisoned, replayed, and must equal the eager result."""
+    import torch
+
+    def check(call):
+        expect = call().clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()  # warm up on the side stream
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                y = call()
+        torch.cuda.current_stream().wait_stream(s)
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, expect)
+    return check

@@ -28,23 +28,11 @@ def test_path_matches_reference(path, variant, dtype, with_weight):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_path_runs_on_the_current_stream_and_in_a_graph(path):
+def test_path_runs_on_the_current_stream_and_in_a_graph(path, side_stream_graph_replay):
     x = torch.randn(1000, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     with settings.override(launch_path=path):
-        expect = rms_norm(x, w, backend="cute").clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            rms_norm(x, w, backend="cute")
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                y = rms_norm(x, w, backend="cute")
-        torch.cuda.current_stream().wait_stream(s)
-    y.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y, expect)
+        side_stream_graph_replay(lambda: rms_norm(x, w, backend="cute"))
 
 
 @pytest.mark.parametrize("cap", [0, 2, 8])
