@@ -1,21 +1,21 @@
 """Fused vs split backward, numerically: how far apart their dx and dw are, and how far each is
 from a float64 oracle, per dtype and shape, on one GPU.
 
-    python -m rmsnorm_lab.bench.agreement [--out results/<gpu>/numerics/fused-vs-split.csv]
+    python -m rmsnorm_lab.bench.agreement [--out results/<gpu>/numerics/fused-vs-split.jsonl]
 
 Both paths compute dx row by row with the same thread mapping and the same row-sum order, so dx
 is expected to match bit for bit; dW sums the same products in a different grouping (strips of
 contiguous rows vs row groups of the split dW kernel), so dW may differ in its last bits. y is not
 compared: the forward is the same kernel either way.
 
-The CSV is not a timing result (it lives below ``<gpu>/numerics/``, which ``results.load_all``
-does not read) but carries the same provenance columns.
+The table is not a timing result, so it is not a results CSV: one JSON object per row (JSON lines,
+below ``<gpu>/numerics/``), carrying the same provenance fields as every results row.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import json
 from pathlib import Path
 from typing import Dict, List
 
@@ -84,24 +84,22 @@ def run(shapes=SHAPES, dtypes=DTYPES) -> List[Dict[str, object]]:
 
 def write(rows: List[Dict[str, object]], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(rows)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
     return path
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None,
-                        help="CSV path (default results/<gpu>/numerics/fused-vs-split.csv)")
+                        help="output path (default results/<gpu>/numerics/fused-vs-split.jsonl)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("needs a CUDA GPU; the recorded table is results/<gpu>/numerics/fused-vs-split.csv")
+        print("needs a CUDA GPU; the recorded table is results/<gpu>/numerics/fused-vs-split.jsonl")
         return 2
     rows = run()
     out = args.out or (results_io.results_dir() / str(rows[0]["gpu"]) / "numerics"
-                       / "fused-vs-split.csv")
+                       / "fused-vs-split.jsonl")
     print(f"wrote {len(rows)} rows to {write(rows, out)}")
     for r in rows:
         print(" ".join(f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
