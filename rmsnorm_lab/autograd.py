@@ -1,19 +1,23 @@
 """Autograd for ``rms_norm``: one forward and one backward, reached two ways.
 
 ``forward_impl`` / ``backward_impl`` do the work (a backend's kernels, or the reference for
-``backend="torch"``). Two wrappers put them on the autograd tape:
+``backend="torch"``). Three wrappers put them on the autograd tape:
 
-* **Eager**: ``RMSNormFunction``, a plain ``torch.autograd.Function``. On the host it costs what
-  an empty Function costs (~8 µs over the kernels on a CPU measured here), where the custom op
-  below costs ~50 µs per training call through its dispatcher and autograd wrapper. This library
-  measures host overhead in µs, so eager training takes the Function.
+* **Eager, CuTe on the tvm_ffi path** (``settings.autograd_node == "native"``, the default): the
+  native node (csrc/native_node.cpp, cute/native_launch.py), a C++ autograd Function. Its
+  backward runs without Python, as torch's own RMSNorm does: on an H200's host an *empty* Python
+  Function alone cost 81 µs for forward + backward through the engine (results/NOTES.md §14).
+* **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function``, where
+  the custom op below costs ~50 µs per training call through its dispatcher and autograd
+  wrapper. ``settings.autograd_node = "python"`` puts CuTe calls here too (to measure the node).
 * **torch.compile**: the ``torch.library`` custom ops ``rmsnorm_lab::rms_norm_fwd`` → ``(y,
   rstd)`` and ``rmsnorm_lab::rms_norm_bwd`` → ``(dx, dw)``, with fake (meta) implementations and
   ``register_autograd``, so Dynamo records each as one opaque node and
   ``torch.compile(fullgraph=True)`` traces ``rms_norm`` without a graph break. ``rms_norm`` picks
   them whenever ``torch.compiler.is_compiling()``.
 
-Both wrappers save ``(x, weight, rstd)`` and run the same backward body. There is no double
+All three save ``(x, weight, rstd)`` and run the same kernels (the native node's backward is the
+C++ twin of ``backward_runner.backward``). There is no double
 backward: ``backward(create_graph=True)`` raises rather than silently dropping second-order
 terms. Custom-op schemas cannot return ``Optional[Tensor]``, so without a weight the backward op
 returns an empty ``dw`` and the autograd formula maps it to None.
@@ -42,6 +46,7 @@ import torch
 from torch import Tensor
 
 from . import launch, reference
+from .settings import settings
 
 
 # ----------------------------------------------------------------------------- the work
@@ -192,4 +197,33 @@ def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: f
     if torch.compiler.is_compiling():
         return rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode, backend,
                             bool(in_place))[0]
+    if (backend == "cute" and settings.autograd_node == "native" and not in_place
+            and settings.launch_path == "tvm_ffi" and x.numel()):
+        native = _native_module()
+        if native is not None:
+            return _native_rms_norm(native, x, weight, eps, offset, casting_mode)
     return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, backend, in_place)
+
+
+_native = None
+
+
+def _native_module():
+    """The native node's extension (built on first use), or None after one warning."""
+    global _native
+    if _native is None:
+        from . import native_node
+        _native = native_node.load_or_warn() or False
+    return _native or None
+
+
+def _native_rms_norm(native, x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
+                     casting_mode: str) -> Tensor:
+    from .cute import native_launch
+    x2 = launch.as_rows(x)
+    if weight is not None and weight.stride(0) != 1 and x2.shape[1] > 1:
+        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
+    if settings.settings_per_call:
+        launch.per_call_settings_cost()
+    return native_launch.rms_norm(native, x2, x, weight, eps, offset, casting_mode,
+                                  launch.sm_count(x2.get_device()))

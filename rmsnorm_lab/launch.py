@@ -32,7 +32,7 @@ def sm_count(index: int) -> int:
     return n
 
 
-def _per_call_settings_cost() -> None:
+def per_call_settings_cost() -> None:
     """What a launch path that consults the environment pays per call: parse and validate every
     ``RMSNORM_LAB_*`` variable. The values are not applied (``settings`` stays authoritative);
     ``settings.settings_per_call`` exists to measure this cost against reading once at import."""
@@ -71,7 +71,7 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
         if _cute_runner is None:  # imported on first use: CUTLASS takes seconds to import
             from .cute import runner as _cute_runner
         if settings.settings_per_call:
-            _per_call_settings_cost()
+            per_call_settings_cost()
         y, rstd = _cute_runner.forward(x2, weight, eps, offset, casting_mode, need_rstd,
                                        settings.forward_variant, sm_count(x2.get_device()))
     if x.dim() == 2:  # already rows: no views to make on the hot path

@@ -20,12 +20,14 @@ BACKENDS = ("cute", "triton", "torch")
 FORWARD_VARIANTS = ("auto", "row", "persistent", "warp", "fallback")
 BACKWARD_MODES = ("auto", "fused", "split")
 LAUNCH_PATHS = ("tvm_ffi", "cached", "compiled", "jit")
+AUTOGRAD_NODES = ("native", "python")
 
 _CHOICES: Dict[str, tuple] = {
     "backend": BACKENDS,
     "forward_variant": FORWARD_VARIANTS,
     "backward": BACKWARD_MODES,
     "launch_path": LAUNCH_PATHS,
+    "autograd_node": AUTOGRAD_NODES,
 }
 # integer toggles with a lower bound (tensor_cache_cap has none: negative means unbounded)
 _MINIMUM: Dict[str, int] = {"fused_strips": 0}
@@ -47,6 +49,11 @@ class Settings:
     #: how torch tensors reach a compiled CuTe kernel (rmsnorm_lab/cute/runner.py lists them);
     #: ``tvm_ffi`` is the fastest on the host
     launch_path: str = "tvm_ffi"
+    #: the autograd node of a CuTe training call on the ``tvm_ffi`` path: ``native`` (C++,
+    #: csrc/native_node.cpp, built on first use; if it cannot be built, one warning and the
+    #: Python node) or ``python`` (a ``torch.autograd.Function``; always the node of the other
+    #: launch paths, of Triton, of ``in_place=True`` and under torch.compile)
+    autograd_node: str = "native"
     #: marshaled tensor handles kept by the ``cached`` path (FIFO); 0 turns the cache off,
     #: a negative cap removes the bound (only to demonstrate why the bound exists)
     tensor_cache_cap: int = 8

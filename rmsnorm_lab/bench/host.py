@@ -7,7 +7,9 @@ Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
   every installed peer; op ``fwd`` (inference), op ``fwd`` with impl suffix ``+autograd`` (inputs
   require grad, so the autograd graph is built), op ``full`` (forward + backward).
   ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on, ``-sm_count_cache`` with
-  the SM count asked of the driver per call, ``+settings_per_call`` re-reading the environment.
+  the SM count asked of the driver per call, ``+settings_per_call`` re-reading the environment,
+  ``+python_node`` with the Python autograd node instead of the native one (the other launch
+  paths always take the Python node).
 * ``path=graph``: device µs of ``cute.auto@tvm_ffi`` (L2-warm) for the CROSSOVER_M sweep, to find
   the M at which device time overtakes each path's host time.
 * op ``full`` at CACHE_SHAPE with impl ``cute.auto@cached:<cap>`` (``:unbounded`` for no cap),
@@ -50,6 +52,8 @@ def host_impls() -> Dict[str, tuple]:
     impls["cute.auto@tvm_ffi+nvtx"] = (_lab("cute"), {"nvtx": True})
     impls["cute.auto@tvm_ffi-sm_count_cache"] = (_lab("cute"), {"sm_count_cache": False})
     impls["cute.auto@tvm_ffi+settings_per_call"] = (_lab("cute"), {"settings_per_call": True})
+    # the default path's training calls with the Python autograd node instead of the native one
+    impls["cute.auto@tvm_ffi+python_node"] = (_lab("cute"), {"autograd_node": "python"})
     impls["triton.row"] = (_lab("triton"), {})
     impls.update({name: (fn, {}) for name, fn in peers_mod.forward_peers(EPS).items()})
     return impls

@@ -144,7 +144,7 @@ class _Entry:
         return k
 
 
-def _entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
+def entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
     """The launch entry for these inputs (dx, freshly allocated and contiguous, is aligned
     whenever the plan's vector width divides N, which the plan checks)."""
     M, N = x2.shape
@@ -185,7 +185,7 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
         return dx, dw
     if weight is not None and weight.stride(0) != 1:
         weight = weight.contiguous()
-    entry = _entry_for(dy2, x2, weight, casting_mode, mode)
+    entry = entry_for(dy2, x2, weight, casting_mode, mode)
     w = weight if weight is not None else entry.no_w
     dw_partial = None
     if entry.mode == "fused":

@@ -1,0 +1,99 @@
+"""Builds and loads the native tape node (``csrc/native_node.cpp``).
+
+The node is a torch C++ extension compiled on first use with the machine's C++ compiler
+(``torch.utils.cpp_extension.load``; torch caches the build, so later processes only load it).
+It links TVM-FFI's C library to call the compiled CuTe kernels, and NVTX's header-only C API
+when its headers are found (the ``nvidia-nvtx`` wheel or the CUDA toolkit).
+
+``load()`` returns the extension module or raises ``NativeNodeUnavailable`` saying why (no
+compiler, a build error). ``rms_norm`` with ``settings.autograd_node == "native"`` falls back to
+the Python node with one warning when the build fails; ``"python"`` never builds it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pathlib
+import warnings
+from typing import List, Optional
+
+import torch
+
+SOURCE = pathlib.Path(__file__).with_name("csrc") / "native_node.cpp"
+
+_MODULE = None
+_FAILURE: Optional[str] = None
+
+
+class NativeNodeUnavailable(RuntimeError):
+    """The native node could not be built or loaded here."""
+
+
+def _nvtx_include_dirs() -> List[str]:
+    """Directories holding ``nvtx3/nvToolsExt.h``: the nvidia-nvtx wheel, then CUDA's."""
+    roots = []
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+        roots += [os.path.join(p, "*", "include") for p in nvidia.__path__]
+    except ImportError:
+        pass
+    from torch.utils.cpp_extension import CUDA_HOME
+    for home in (CUDA_HOME, "/usr/local/cuda"):
+        if home:
+            roots.append(os.path.join(home, "include"))
+    for pattern in roots:
+        for d in sorted(glob.glob(pattern)):
+            if os.path.exists(os.path.join(d, "nvtx3", "nvToolsExt.h")):
+                return [d]
+    return []
+
+
+def _build():
+    import tvm_ffi.libinfo
+    from torch.utils.cpp_extension import load
+
+    lib = tvm_ffi.libinfo.find_libtvm_ffi()
+    lib_dir = os.path.dirname(lib)
+    includes = [tvm_ffi.libinfo.find_include_path()]
+    cflags = ["-O2", "-std=c++17"]
+    nvtx = _nvtx_include_dirs()
+    if nvtx:
+        includes += nvtx
+        cflags.append("-DRMSNORM_LAB_NVTX")
+    # torch's build cache is keyed on the name and the sources, not on torch's version: put the
+    # version in the name so an upgraded torch rebuilds rather than loads a stale binary
+    tag = torch.__version__.replace(".", "_").replace("+", "_")
+    return load(name=f"rmsnorm_lab_native_{tag}", sources=[str(SOURCE)],
+                extra_include_paths=includes, extra_cflags=cflags,
+                extra_ldflags=[f"-L{lib_dir}", f"-l:{os.path.basename(lib)}",
+                               f"-Wl,-rpath,{lib_dir}"])
+
+
+def load():
+    """The built extension (built on the first call of the process; cached by torch)."""
+    global _MODULE, _FAILURE
+    if _MODULE is not None:
+        return _MODULE
+    if _FAILURE is not None:
+        raise NativeNodeUnavailable(_FAILURE)
+    try:
+        _MODULE = _build()
+    except Exception as exc:  # compiler missing, build error, loader error: say which
+        _FAILURE = (f"the native autograd node could not be built ({type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}); "
+                    "rmsnorm_lab.native_node.load() raises with the compiler's output; "
+                    "RMSNORM_LAB_AUTOGRAD_NODE=python uses the Python node without trying")
+        raise NativeNodeUnavailable(_FAILURE) from exc
+    return _MODULE
+
+
+def load_or_warn():
+    """``load()``, or None after one warning naming the reason (the Python node takes over)."""
+    try:
+        return load()
+    except NativeNodeUnavailable as exc:
+        if not getattr(load_or_warn, "_warned", False):
+            load_or_warn._warned = True
+            warnings.warn(f"{exc}; using the Python autograd node", RuntimeWarning, stacklevel=3)
+        return None

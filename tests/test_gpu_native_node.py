@@ -1,0 +1,111 @@
+"""The native tape node with the CuTe kernels on a GPU (run with: pytest -m gpu).
+
+It launches the same compilations with the same grids as the Python node, so its y, dx and dW
+must be bitwise equal to the Python node's; tests/test_autograd.py checks the default (native)
+path against the reference as well.
+"""
+
+import pytest
+import torch
+
+from rmsnorm_lab import rms_norm, settings
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-6
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(1, 4096), (3, 1023), (127, 4096), (2, 33, 8192), (131, 16384)]
+
+
+def fresh(shape, dtype):
+    return torch.randn(shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def poison_allocator():
+    """NaN in the caching allocator's free blocks: an output the node leaves unwritten shows."""
+    big = torch.empty(256 << 20, dtype=torch.float32, device="cuda").fill_(float("nan"))
+    del big
+
+
+def run(node, x, w, dy, **kw):
+    xg = x.clone().requires_grad_()
+    wg = w.clone().requires_grad_() if w is not None else None
+    poison_allocator()
+    with settings.override(autograd_node=node):
+        y = rms_norm(xg, wg, EPS, backend="cute", **kw)
+        y.backward(dy)
+    torch.cuda.synchronize()
+    name = y.grad_fn.name()
+    return y.detach(), xg.grad, (wg.grad if wg is not None else None), name
+
+
+def same(a, b):
+    if a is None or b is None:
+        assert a is None and b is None
+        return
+    assert not torch.isnan(a).any()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def check_parity(x, w, dy, **kw):
+    *native, native_name = run("native", x, w, dy, **kw)
+    *python, python_name = run("python", x, w, dy, **kw)
+    assert "RMSNormNode" in native_name and "RMSNormFunction" in python_name
+    for a, b in zip(native, python):
+        same(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("casting_mode", ["llama", "gemma", "none"])
+@pytest.mark.parametrize("backward", ["fused", "split"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_bitwise_equal_to_python_node(dtype, casting_mode, backward, shape):
+    for with_weight, offset in ((True, 0.0), (True, 1.0), (False, 0.0)):
+        x, dy = fresh(shape, dtype), fresh(shape, dtype)
+        w = fresh(shape[-1:], dtype) if with_weight else None
+        with settings.override(backward=backward):
+            check_parity(x, w, dy, offset=offset, casting_mode=casting_mode)
+
+
+def test_mixed_weight_dtype():
+    x, dy = fresh((300, 4096), torch.bfloat16), fresh((300, 4096), torch.bfloat16)
+    check_parity(x, fresh((4096,), torch.float32), dy)
+
+
+@pytest.mark.parametrize("kind", ["expanded", "misaligned", "row_strided"])
+def test_awkward_incoming_gradients(kind):
+    M, N = 129, 4096
+    x, w = fresh((M, N), torch.bfloat16), fresh((N,), torch.bfloat16)
+    if kind == "expanded":  # the gradient of y.sum(): stride 0
+        dy = torch.ones((), device="cuda", dtype=torch.bfloat16).expand(M, N)
+    elif kind == "misaligned":  # 2 bytes past a 16-byte boundary
+        dy = fresh(M * N + 1, torch.bfloat16)[1:].view(M, N)
+    else:  # rows of a wider tensor
+        dy = fresh((M, N + 64), torch.bfloat16)[:, :N]
+    check_parity(x, w, dy)
+
+
+def test_nvtx_ranges_on():
+    from rmsnorm_lab import native_node
+    assert native_node.load().has_nvtx()  # a GPU machine has NVTX's headers
+    x, w, dy = fresh((64, 2048), torch.bfloat16), fresh((2048,), torch.bfloat16), \
+        fresh((64, 2048), torch.bfloat16)
+    with settings.override(nvtx=True):
+        check_parity(x, w, dy)
+
+
+@pytest.mark.parametrize("strips", [1, 7, 500])
+def test_fused_strips_setting(strips):
+    x, w, dy = fresh((300, 4096), torch.bfloat16), fresh((4096,), torch.bfloat16), \
+        fresh((300, 4096), torch.bfloat16)
+    with settings.override(fused_strips=strips, backward="fused"):
+        check_parity(x, w, dy)
+
+
+def test_other_paths_keep_the_python_node():
+    x = fresh((8, 4096), torch.bfloat16).requires_grad_()
+    with settings.override(launch_path="cached"):
+        assert "RMSNormFunction" in rms_norm(x, None, backend="cute").grad_fn.name()
+    assert "RMSNormFunction" in rms_norm(x, None, backend="triton").grad_fn.name()
+    assert "RMSNormFunction" in rms_norm(x, None, backend="cute", in_place=True).grad_fn.name()
+    assert "RMSNormNode" in rms_norm(x, None, backend="cute").grad_fn.name()

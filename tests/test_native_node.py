@@ -1,0 +1,271 @@
+"""The native tape node (csrc/native_node.cpp) on the CPU.
+
+The node is built here with the machine's compiler, then driven with stand-in kernels: Python
+functions behind TVM-FFI's C ABI, called exactly as the CuTe kernels are (same argument order,
+DLTensor views, ints, floats). They compute with the reference formulas, so the node's
+plumbing (saved tensors, shapes, gradient routing, the copies of awkward gradients, errors) is
+checked against float64 autograd without a GPU. tests/test_gpu_native_node.py runs the real
+kernels.
+"""
+
+import ctypes
+import gc
+import warnings
+
+import pytest
+import torch
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+
+from rmsnorm_lab import native_node, settings  # noqa: E402
+from rmsnorm_lab.cute.native_launch import ffi_handle  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def native():
+    return native_node.load()
+
+
+def as_torch(t) -> torch.Tensor:
+    """A torch view of a CPU tensor a kernel received (a non-owning TVM-FFI tensor)."""
+    dtype = DTYPES[str(t.dtype)]
+    shape, strides = tuple(t.shape), tuple(t.strides)
+    if 0 in shape:
+        return torch.empty(shape, dtype=dtype)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    size = torch.empty((), dtype=dtype).element_size()
+    buf = (ctypes.c_char * (span * size)).from_address(t.data_ptr())
+    return torch.frombuffer(buf, dtype=dtype, count=span).as_strided(shape, strides)
+
+
+def described(t) -> dict:
+    """What a kernel saw of a tensor argument (the argument itself dies with the call)."""
+    return dict(shape=tuple(t.shape), strides=tuple(t.strides), ptr=t.data_ptr(),
+                dtype=str(t.dtype))
+
+
+class StandIns:
+    """Stand-in kernels with the CuTe kernels' signatures; every call is logged."""
+
+    def __init__(self):
+        self.log = []
+
+    def forward(self, x, w, y, rstd, grid, eps, offset):
+        self.log.append(("forward", dict(x=described(x), grid=grid, eps=eps, offset=offset)))
+        X, Y, R = as_torch(x).double(), as_torch(y), as_torch(rstd)
+        r = torch.rsqrt(X.pow(2).mean(-1) + eps)
+        out = X * r[:, None]
+        if w.shape[0]:
+            out = out * (as_torch(w).double() + offset)
+        R.copy_(r)
+        Y.copy_(out)
+
+    def backward(self, dy, x, w, rstd, dx, part, count, offset):
+        """Fused: dx and the strip partials of dW (``count`` strips); split: dx only."""
+        self.log.append(("backward", dict(dy=described(dy), count=count, part_rows=part.shape[0])))
+        DY, X, R = as_torch(dy).double(), as_torch(x).double(), as_torch(rstd).double()
+        wt = (as_torch(w).double() + offset) if w.shape[0] else torch.ones(X.shape[1]).double()
+        xhat = X * R[:, None]
+        g = DY * wt
+        as_torch(dx).copy_(R[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True)))
+        if w.shape[0] and part.shape[0] == count:  # fused with a weight: one partial per strip
+            self._partials(DY * xhat, as_torch(part), count)
+
+    def dw(self, dy, x, rstd, part):
+        self.log.append(("dw", dict(part_rows=part.shape[0])))
+        xhat = as_torch(x).double() * as_torch(rstd).double()[:, None]
+        self._partials(as_torch(dy).double() * xhat, as_torch(part), part.shape[0])
+
+    def reduce(self, part, dw):
+        self.log.append(("reduce", dict(part_rows=part.shape[0])))
+        as_torch(dw).copy_(as_torch(part).sum(0))
+
+    @staticmethod
+    def _partials(contrib, part, rows):
+        for i, strip in enumerate(torch.tensor_split(contrib, rows)):
+            part[i].copy_(strip.sum(0))
+
+    def calls(self, name):
+        return [args for n, args in self.log if n == name]
+
+
+def make_kernels(native, k: StandIns, split=False, aligned=True):
+    fns = {name: tvm_ffi.convert(getattr(k, name)) for name in ("forward", "backward", "dw",
+                                                                  "reduce")}
+    kernels = native.Kernels(
+        forward=ffi_handle(fns["forward"]), backward=ffi_handle(fns["backward"]),
+        dw=ffi_handle(fns["dw"]) if split else 0, reduce=ffi_handle(fns["reduce"]),
+        no_weight=torch.empty(0), no_partials=torch.empty(1, 1), forward_name="row",
+        backward_name="split" if split else "fused", aligned=aligned)
+    return kernels, fns
+
+
+def reference_grads(x, w, dy, offset=0.0):
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_() if w is not None else None
+    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS)
+    if w64 is not None:
+        y = y * (w64 + offset)
+    y.backward(dy.double())
+    return y.detach(), x64.grad, (w64.grad if w64 is not None else None)
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("shape", [(7, 16), (2, 3, 16)])
+def test_forward_and_gradients_match_float64(native, split, shape):
+    k = StandIns()
+    kernels, _ = make_kernels(native, k, split=split)
+    x = torch.randn(shape, requires_grad=True)
+    w = torch.randn(shape[-1], requires_grad=True)
+    M = x.numel() // shape[-1]
+    y = native.apply(x, w, kernels, forward_grid=5, eps=EPS, offset=0.5,
+                     backward_int=3 if not split else M, partial_rows=3, nvtx=False)
+    assert y.shape == x.shape and y.grad_fn is not None
+    dy = torch.randn(shape)
+    y.backward(dy)
+    y64, dx64, dw64 = reference_grads(x, w, dy, offset=0.5)
+    torch.testing.assert_close(y.double(), y64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), dx64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad.double(), dw64, rtol=1e-5, atol=1e-5)
+    (fwd,) = k.calls("forward")
+    assert (fwd["grid"], fwd["eps"], fwd["offset"]) == (5, EPS, 0.5)
+    assert fwd["x"]["shape"] == (M, shape[-1])  # the kernel sees rows
+    (bwd,) = k.calls("backward")
+    if split:  # dx kernel gets M and the stand-in partials; the dW kernel the real ones
+        assert (bwd["count"], bwd["part_rows"]) == (M, 1)
+        assert [c["part_rows"] for c in k.calls("dw")] == [3]
+    else:
+        assert (bwd["count"], bwd["part_rows"]) == (3, 3) and not k.calls("dw")
+    assert [c["part_rows"] for c in k.calls("reduce")] == [3]
+
+
+def test_without_weight_no_partials_and_no_reduce(native):
+    k = StandIns()
+    kernels, _ = make_kernels(native, k)
+    x = torch.randn(6, 8, requires_grad=True)
+    y = native.apply(x, None, kernels, 6, EPS, 0.0, 2, 0, False)
+    dy = torch.randn(6, 8)
+    y.backward(dy)
+    _, dx64, _ = reference_grads(x, None, dy)
+    torch.testing.assert_close(x.grad.double(), dx64, rtol=1e-5, atol=1e-5)
+    assert not k.calls("reduce") and k.calls("backward")[0]["part_rows"] == 1
+
+
+def test_weight_alone_requiring_grad(native):
+    k = StandIns()
+    kernels, _ = make_kernels(native, k)
+    x = torch.randn(5, 8)
+    w = torch.randn(8, requires_grad=True)
+    y = native.apply(x, w, kernels, 5, EPS, 0.0, 2, 2, False)
+    dy = torch.randn(5, 8)
+    y.backward(dy)
+    _, _, dw64 = reference_grads(x, w, dy)
+    torch.testing.assert_close(w.grad.double(), dw64, rtol=1e-5, atol=1e-5)
+    assert x.grad is None
+
+
+def test_expanded_gradient_is_copied_to_rows(native):
+    k = StandIns()
+    kernels, _ = make_kernels(native, k)
+    x = torch.randn(4, 8, requires_grad=True)
+    native.apply(x, None, kernels, 4, EPS, 0.0, 2, 0, False).sum().backward()  # dy: stride 0
+    (bwd,) = k.calls("backward")
+    assert bwd["dy"]["strides"] == (8, 1)
+    _, dx64, _ = reference_grads(x, None, torch.ones(4, 8))
+    torch.testing.assert_close(x.grad.double(), dx64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_misaligned_gradient_copied_only_for_aligned_kernels(native, aligned):
+    k = StandIns()
+    kernels, _ = make_kernels(native, k, aligned=aligned)
+    x = torch.randn(4, 8, requires_grad=True)
+    y = native.apply(x, None, kernels, 4, EPS, 0.0, 2, 0, False)
+    storage = torch.randn(4 * 8 + 1)
+    dy = storage[1:].view(4, 8)  # 4 bytes past a 16-byte boundary
+    assert dy.data_ptr() % 16 != 0
+    y.backward(dy)
+    seen = k.calls("backward")[0]["dy"]["ptr"]
+    if aligned:
+        assert seen % 16 == 0 and seen != dy.data_ptr()
+    else:
+        assert seen == dy.data_ptr()
+    _, dx64, _ = reference_grads(x, None, dy)
+    torch.testing.assert_close(x.grad.double(), dx64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_dtypes_reach_the_kernel(native, dtype):
+    k = StandIns()
+    kernels, _ = make_kernels(native, k)
+    x = torch.randn(3, 8, dtype=dtype)
+    w = torch.randn(8, dtype=dtype, requires_grad=True)
+    y = native.apply(x, w, kernels, 3, EPS, 0.0, 1, 1, False)
+    assert y.dtype == dtype and k.calls("forward")[0]["x"]["dtype"] == str(dtype).split(".")[1]
+    y64, _, _ = reference_grads(x.float(), w.float(), torch.ones(3, 8))
+    torch.testing.assert_close(y.double(), y64, rtol=1e-2, atol=1e-2)
+
+
+def test_double_backward_refused(native):
+    kernels, _ = make_kernels(native, StandIns())
+    x = torch.randn(3, 8, requires_grad=True)
+    y = native.apply(x, None, kernels, 3, EPS, 0.0, 1, 0, False)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+
+
+def test_kernel_error_surfaces_with_its_kind(native):
+    def failing(*args):
+        raise ValueError("kernel refused")
+    f = tvm_ffi.convert(failing)
+    kernels = native.Kernels(ffi_handle(f), ffi_handle(f), 0, ffi_handle(f), torch.empty(0),
+                             torch.empty(1, 1), "row", "fused", True)
+    with pytest.raises(RuntimeError, match="ValueError: kernel refused"):
+        native.apply(torch.randn(2, 8, requires_grad=True), None, kernels, 2, EPS, 0.0, 1, 0,
+                     False)
+
+
+def test_weight_without_partials_refused(native):
+    kernels, _ = make_kernels(native, StandIns())
+    with pytest.raises(RuntimeError, match="needs dW partial rows"):
+        native.apply(torch.randn(2, 8), torch.randn(8, requires_grad=True), kernels, 2, EPS,
+                     0.0, 1, 0, False)
+
+
+def test_kernels_hold_their_functions(native):
+    """Kernels takes its own reference on each function: dropping Python's does not free them."""
+    k = StandIns()
+    kernels, fns = make_kernels(native, k)
+    del fns
+    gc.collect()
+    x = torch.randn(3, 8, requires_grad=True)
+    native.apply(x, None, kernels, 3, EPS, 0.0, 1, 0, False).backward(torch.ones(3, 8))
+    assert k.calls("forward") and k.calls("backward")
+
+
+def test_build_failure_warns_once_and_falls_back(monkeypatch):
+    monkeypatch.setattr(native_node, "_MODULE", None)
+    monkeypatch.setattr(native_node, "_FAILURE", None)
+    monkeypatch.setattr(native_node.load_or_warn, "_warned", False, raising=False)
+
+    def no_compiler():
+        raise OSError("c++: not found")
+    monkeypatch.setattr(native_node, "_build", no_compiler)
+    with pytest.warns(RuntimeWarning, match="c\\+\\+: not found.*Python autograd node"):
+        assert native_node.load_or_warn() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native_node.load_or_warn() is None  # no second warning
+    with pytest.raises(native_node.NativeNodeUnavailable, match="could not be built"):
+        native_node.load()
+
+
+def test_autograd_node_setting():
+    assert settings.autograd_node == "native"
+    with settings.override(autograd_node="python"):
+        assert settings.autograd_node == "python"
+    with pytest.raises(ValueError, match="autograd_node"):
+        settings.autograd_node = "cpp"
