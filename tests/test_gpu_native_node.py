@@ -47,9 +47,9 @@ def same(a, b):
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def check_parity(x, w, dy, **kw):
+def check_parity(x, w, dy, dy_python=None, **kw):
     *native, native_name = run("native", x, w, dy, **kw)
-    *python, python_name = run("python", x, w, dy, **kw)
+    *python, python_name = run("python", x, w, dy if dy_python is None else dy_python, **kw)
     assert "RMSNormNode" in native_name and "RMSNormFunction" in python_name
     for a, b in zip(native, python):
         same(a, b)
@@ -80,6 +80,11 @@ def test_awkward_incoming_gradients(kind):
         dy = torch.ones((), device="cuda", dtype=torch.bfloat16).expand(M, N)
     elif kind == "misaligned":  # 2 bytes past a 16-byte boundary
         dy = fresh(M * N + 1, torch.bfloat16)[1:].view(M, N)
+        # the native node copies it into an aligned tensor and runs the vector kernels; the
+        # Python node runs the unaligned fallback on it, whose sums round differently (1 ulp in
+        # a few elements on the H200), so the parity is with the Python node on that copy
+        check_parity(x, w, dy, dy_python=dy.clone())
+        return
     else:  # rows of a wider tensor
         dy = fresh((M, N + 64), torch.bfloat16)[:, :N]
     check_parity(x, w, dy)
