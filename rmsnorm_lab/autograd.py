@@ -199,31 +199,28 @@ def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: f
                             bool(in_place))[0]
     if (backend == "cute" and settings.autograd_node == "native" and not in_place
             and settings.launch_path == "tvm_ffi" and x.numel()):
-        native = _native_module()
+        native = _native_path()
         if native is not None:
-            return _native_rms_norm(native, x, weight, eps, offset, casting_mode)
+            extension, native_launch = native
+            if settings.settings_per_call:
+                launch.per_call_settings_cost()
+            return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
     return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, backend, in_place)
 
 
-_native = None
+_native = None  # (extension, cute.native_launch) once loaded; False where it cannot be built
 
 
-def _native_module():
-    """The native node's extension (built on first use), or None after one warning."""
+def _native_path():
+    """The native node's extension and launch module (built on first use), or None after one
+    warning."""
     global _native
     if _native is None:
         from . import native_node
-        _native = native_node.load_or_warn() or False
+        extension = native_node.load_or_warn()
+        if extension is None:
+            _native = False
+        else:
+            from .cute import native_launch
+            _native = (extension, native_launch)
     return _native or None
-
-
-def _native_rms_norm(native, x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
-                     casting_mode: str) -> Tensor:
-    from .cute import native_launch
-    x2 = launch.as_rows(x)
-    if weight is not None and weight.stride(0) != 1 and x2.shape[1] > 1:
-        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
-    if settings.settings_per_call:
-        launch.per_call_settings_cost()
-    return native_launch.rms_norm(native, x2, x, weight, eps, offset, casting_mode,
-                                  launch.sm_count(x2.get_device()))

@@ -114,3 +114,14 @@ def test_other_paths_keep_the_python_node():
     assert "RMSNormFunction" in rms_norm(x, None, backend="triton").grad_fn.name()
     assert "RMSNormFunction" in rms_norm(x, None, backend="cute", in_place=True).grad_fn.name()
     assert "RMSNormNode" in rms_norm(x, None, backend="cute").grad_fn.name()
+
+
+@pytest.mark.parametrize("variant", ["row", "persistent", "warp"])
+def test_forward_variant_setting_reaches_the_node(variant):
+    """The node memoizes each call shape's launch decision with the settings in its key: a
+    changed forward variant or backward mode is a new decision, not a stale one."""
+    x, w, dy = fresh((300, 2048), torch.bfloat16), fresh((2048,), torch.bfloat16), \
+        fresh((300, 2048), torch.bfloat16)
+    for backward in ("fused", "split"):
+        with settings.override(forward_variant=variant, backward=backward):
+            check_parity(x, w, dy)

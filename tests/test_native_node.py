@@ -269,3 +269,31 @@ def test_autograd_node_setting():
         assert settings.autograd_node == "python"
     with pytest.raises(ValueError, match="autograd_node"):
         settings.autograd_node = "cpp"
+
+
+def test_real_kernels_are_reached_through_the_c_abi(native, monkeypatch):
+    """The CuTe compilations themselves (for sm_90a, no GPU needed) called by the node: they
+    decode every argument the node passes and refuse CPU tensors with their own message, which
+    the node surfaces. The forward through ``native_launch``; the fused backward and the dW
+    reduction behind a stand-in forward."""
+    from rmsnorm_lab import launch
+    from rmsnorm_lab.cute import native_launch
+    monkeypatch.setattr(launch, "sm_count", lambda index: 132)
+    x = torch.randn(64, 4096, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4096, dtype=torch.bfloat16, requires_grad=True)
+    with settings.override(backward="fused"):
+        with pytest.raises(RuntimeError, match=r"gX: Tensor\(\[n0, 4096\], bfloat16\).*"
+                                               r"offset: float32.*expected device_type=cuda"):
+            native_launch.rms_norm(native, x, w, EPS, 0.0, "llama")
+    kernels, fwd_grid, strips, partial_rows = [c for k, c in native_launch._CALLS.items()
+                                               if k[0] == x.shape][0]
+    assert fwd_grid == 64 and strips == partial_rows > 0
+    _, (_, fused, reduce) = [v for v in native_launch._KERNELS.values() if v[0] is kernels][0]
+    k = StandIns()
+    forward = tvm_ffi.convert(k.forward)
+    mixed = native.Kernels(ffi_handle(forward), ffi_handle(fused), 0, ffi_handle(reduce),
+                           torch.empty(0, dtype=torch.bfloat16), torch.empty(1, 1), "row",
+                           "fused", True)
+    y = native.apply(x, w, mixed, fwd_grid, EPS, 0.0, strips, partial_rows, False)
+    with pytest.raises(RuntimeError, match=r"gDy: Tensor.*gDwP: Tensor.*expected device_type=cuda"):
+        y.backward(torch.randn(64, 4096, dtype=torch.bfloat16))
