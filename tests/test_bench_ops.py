@@ -424,3 +424,36 @@ def test_checkpoint_writes_rows_so_far(tmp_path):
     assert not path.exists()
     runner._checkpoint(rows, path)
     assert len(results.load(path)) == 1
+
+
+def test_interleaved_host_timer_takes_one_sample_of_each_per_round(monkeypatch):
+    """Rounds interleave the functions (so a drifting host hits all alike), each sample is n
+    calls made inside the function's context, and each function gets its own quantiles."""
+    import contextlib
+    import time
+
+    from rmsnorm_lab.bench import timing
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    order, inside = [], []
+
+    @contextlib.contextmanager
+    def context(name):
+        inside.append(name)
+        yield
+        inside.pop()
+
+    def make(name, seconds):
+        def call():
+            assert inside == [name]
+            order.append(name)
+            time.sleep(seconds)
+        return call
+
+    tasks = {"fast": timing.HostTask(make("fast", 0), 3, lambda: context("fast")),
+             "slow": timing.HostTask(make("slow", 2e-3), 2, lambda: context("slow"))}
+    rounds = []
+    q = timing.interleaved_host_time_us(tasks, repeats=4, warmup=1, on_round=rounds.append)
+    assert rounds == [0, 1, 2, 3]
+    timed = order[2:]  # one warm-up call each
+    assert timed == (["fast"] * 3 + ["slow"] * 2) * 4
+    assert q["slow"].p50 >= 2000 > q["fast"].p50 and q["fast"].p20 <= q["fast"].p80

@@ -19,6 +19,7 @@ Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -29,7 +30,8 @@ from .. import results as results_io
 from ..settings import LAUNCH_PATHS, settings
 from . import peers as peers_mod
 from .runner import EPS, Outcome, make_row, output_path
-from .timing import Quantiles, eager_time_us, graph_time_us, host_time_us
+from .timing import (HostTask, Quantiles, eager_time_us, graph_time_us,
+                     interleaved_host_time_us)
 
 DTYPE = torch.bfloat16
 HOST_SHAPE = (128, 4096)
@@ -88,9 +90,9 @@ def _step(fn: Callable, M: int, N: int) -> Callable:
     return step
 
 
-def _budget(call: Callable, repeats: int) -> dict:
-    """Timer sizes for ``host_time_us``: 200 calls per repeat for the µs-scale paths, but about
-    50 ms per repeat for the ``jit`` path, whose calls take tens of milliseconds."""
+def _calls_per_sample(call: Callable) -> int:
+    """200 calls per sample for the µs-scale paths, but about 50 ms per sample for the ``jit``
+    path, whose calls take tens of milliseconds."""
     import time
     call()
     torch.cuda.synchronize()
@@ -98,9 +100,7 @@ def _budget(call: Callable, repeats: int) -> dict:
     call()
     torch.cuda.synchronize()
     per_call = time.perf_counter() - t0
-    if per_call < 1e-3:
-        return {"repeats": repeats}
-    return {"n": max(2, int(0.05 / per_call)), "repeats": 3, "warmup": 2}
+    return 200 if per_call < 1e-3 else max(2, int(0.05 / per_call))
 
 
 def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
@@ -119,17 +119,24 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
     impls = host_impls()
     with tqdm(total=len(impls) * 3 + len(CROSSOVER_M) + len(CACHE_CAPS) + 1,
               desc="bench host") as bar:
+        # every implementation x workload sampled once per round, rounds interleaved (see
+        # interleaved_host_time_us: the host's speed drifts between a sequential run's rows)
+        tasks = {}
         for name, (fn, overrides) in impls.items():
             for (op, suffix), call in _calls(fn, *HOST_SHAPE).items():
-                bar.set_postfix_str(f"{name}{suffix} {op}")
+                context = functools.partial(settings.override, **overrides)
                 try:
-                    with settings.override(**overrides):
-                        q = host_time_us(call, **_budget(call, repeats))
+                    with context():
+                        n = _calls_per_sample(call)
                 except Exception as e:  # noqa: BLE001 - a peer without autograd is a finding
                     outcome.failures.append(f"{name}{suffix} {op}: {type(e).__name__}: {e}")
                 else:
-                    row(op, name + suffix, "host", *HOST_SHAPE, "host", q)
+                    tasks[(op, name + suffix)] = HostTask(call, n, context)
                 bar.update()
+        bar.set_postfix_str(f"{repeats} interleaved rounds")
+        timed = interleaved_host_time_us(tasks, repeats=repeats)
+        for (op, impl), q in timed.items():
+            row(op, impl, "host", *HOST_SHAPE, "host", q)
         default = _lab("cute")
         for M in CROSSOVER_M:
             x = torch.randn(M, HOST_SHAPE[1], device="cuda", dtype=DTYPE)

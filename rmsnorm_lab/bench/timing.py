@@ -10,7 +10,8 @@ The three times answer different questions:
 * ``eager_time_us`` -- what a caller sees launching one call at a time (``triton.testing.do_bench``,
   which also flushes L2 before every call). When the host is slower than the kernel, the launch
   gap shows up here and not in the graph time.
-* ``host_time_us`` -- what one call costs the CPU: enqueue time, with the GPU never waited on.
+* ``host_time_us`` -- what one call costs the CPU: enqueue time, with the GPU never waited on;
+  ``interleaved_host_time_us`` for several functions compared on one drifting host.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Callable, Optional, NamedTuple, Sequence
+from typing import (Callable, ContextManager, Dict, Hashable, NamedTuple, Optional,
+                    Sequence)
 
 import numpy as np
 import torch
@@ -120,15 +122,49 @@ def host_time_us(fn: Callable[[], object], *, n: int = 200, repeats: int = 15,
     """
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - t0) * 1e6 / n)
+    samples = [_host_sample(fn, n) for _ in range(repeats)]
     torch.cuda.synchronize()
     return quantiles(samples)
+
+
+def _host_sample(fn: Callable[[], object], n: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / n
+
+
+class HostTask(NamedTuple):
+    """One function for ``interleaved_host_time_us``: ``n`` calls per sample, made inside
+    ``context()`` (entered and left outside the timed loop)."""
+    fn: Callable[[], object]
+    n: int
+    context: Callable[[], ContextManager]
+
+
+def interleaved_host_time_us(tasks: Dict[Hashable, HostTask], *, repeats: int = 15,
+                             warmup: int = 20,
+                             on_round: Optional[Callable[[int], None]] = None
+                             ) -> Dict[Hashable, Quantiles]:
+    """``host_time_us`` for several functions, their samples interleaved: round r takes one
+    sample of each. A shared host's speed drifts by tens of percent within a minute (the same
+    path measured 131 and 185 µs per call in one sequential run on an H200's host); interleaving
+    exposes every function to the same drift, so their ratios hold where the absolute numbers
+    move."""
+    for task in tasks.values():
+        with task.context():
+            for _ in range(warmup if task.n > 2 else 1):
+                task.fn()
+    samples: Dict[Hashable, list] = {key: [] for key in tasks}
+    for r in range(repeats):
+        for key, task in tasks.items():
+            with task.context():
+                samples[key].append(_host_sample(task.fn, task.n))
+        if on_round is not None:
+            on_round(r)
+    torch.cuda.synchronize()
+    return {key: quantiles(s) for key, s in samples.items()}
 
 
 def peak_mem_mib(fn: Callable[[], object]) -> Quantiles:
