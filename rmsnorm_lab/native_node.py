@@ -56,7 +56,7 @@ def _build():
     lib = tvm_ffi.libinfo.find_libtvm_ffi()
     lib_dir = os.path.dirname(lib)
     includes = [tvm_ffi.libinfo.find_include_path()]
-    cflags = ["-O2", "-std=c++17"]
+    cflags = ["-O2"]
     nvtx = _nvtx_include_dirs()
     if nvtx:
         includes += nvtx

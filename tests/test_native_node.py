@@ -92,15 +92,28 @@ class StandIns:
         return [args for n, args in self.log if n == name]
 
 
-def make_kernels(native, k: StandIns, split=False, aligned=True):
-    fns = {name: tvm_ffi.convert(getattr(k, name)) for name in ("forward", "backward", "dw",
+def functions(k: StandIns) -> dict:
+    return {name: tvm_ffi.convert(getattr(k, name)) for name in ("forward", "backward", "dw",
                                                                   "reduce")}
-    kernels = native.Kernels(
-        forward=ffi_handle(fns["forward"]), backward=ffi_handle(fns["backward"]),
+
+
+def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, count=2,
+                eps=EPS, offset=0.0, backward=None):
+    """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels."""
+    n = x.shape[-1]
+    m = x.numel() // n
+    return native.Launch(
+        forward=ffi_handle(fns["forward"]), backward=ffi_handle(backward or fns["backward"]),
         dw=ffi_handle(fns["dw"]) if split else 0, reduce=ffi_handle(fns["reduce"]),
-        no_weight=torch.empty(0), no_partials=torch.empty(1, 1), forward_name="row",
-        backward_name="split" if split else "fused", aligned=aligned)
-    return kernels, fns
+        no_weight=torch.empty(0, dtype=x.dtype), no_partials=torch.empty(1, 1),
+        forward_name="row", backward_name="split" if split else "fused", aligned=aligned,
+        rows=m, row_stride=n, forward_grid=grid, backward_int=m if split else count,
+        partial_rows=count if with_weight else 0, eps=eps, offset=offset, nvtx=False)
+
+
+def call(native, k, x, w, **kw):
+    fns = functions(k)
+    return native.apply(x, w, make_launch(native, fns, x, w is not None, **kw)), fns
 
 
 def reference_grads(x, w, dy, offset=0.0):
@@ -117,12 +130,10 @@ def reference_grads(x, w, dy, offset=0.0):
 @pytest.mark.parametrize("shape", [(7, 16), (2, 3, 16)])
 def test_forward_and_gradients_match_float64(native, split, shape):
     k = StandIns()
-    kernels, _ = make_kernels(native, k, split=split)
     x = torch.randn(shape, requires_grad=True)
     w = torch.randn(shape[-1], requires_grad=True)
     M = x.numel() // shape[-1]
-    y = native.apply(x, w, kernels, forward_grid=5, eps=EPS, offset=0.5,
-                     backward_int=3 if not split else M, partial_rows=3, nvtx=False)
+    y, _ = call(native, k, x, w, split=split, grid=5, count=3, offset=0.5)
     assert y.shape == x.shape and y.grad_fn is not None
     dy = torch.randn(shape)
     y.backward(dy)
@@ -144,9 +155,8 @@ def test_forward_and_gradients_match_float64(native, split, shape):
 
 def test_without_weight_no_partials_and_no_reduce(native):
     k = StandIns()
-    kernels, _ = make_kernels(native, k)
     x = torch.randn(6, 8, requires_grad=True)
-    y = native.apply(x, None, kernels, 6, EPS, 0.0, 2, 0, False)
+    y, _ = call(native, k, x, None)
     dy = torch.randn(6, 8)
     y.backward(dy)
     _, dx64, _ = reference_grads(x, None, dy)
@@ -156,10 +166,9 @@ def test_without_weight_no_partials_and_no_reduce(native):
 
 def test_weight_alone_requiring_grad(native):
     k = StandIns()
-    kernels, _ = make_kernels(native, k)
     x = torch.randn(5, 8)
     w = torch.randn(8, requires_grad=True)
-    y = native.apply(x, w, kernels, 5, EPS, 0.0, 2, 2, False)
+    y, _ = call(native, k, x, w)
     dy = torch.randn(5, 8)
     y.backward(dy)
     _, _, dw64 = reference_grads(x, w, dy)
@@ -169,9 +178,8 @@ def test_weight_alone_requiring_grad(native):
 
 def test_expanded_gradient_is_copied_to_rows(native):
     k = StandIns()
-    kernels, _ = make_kernels(native, k)
     x = torch.randn(4, 8, requires_grad=True)
-    native.apply(x, None, kernels, 4, EPS, 0.0, 2, 0, False).sum().backward()  # dy: stride 0
+    call(native, k, x, None)[0].sum().backward()  # dy: stride 0
     (bwd,) = k.calls("backward")
     assert bwd["dy"]["strides"] == (8, 1)
     _, dx64, _ = reference_grads(x, None, torch.ones(4, 8))
@@ -181,9 +189,8 @@ def test_expanded_gradient_is_copied_to_rows(native):
 @pytest.mark.parametrize("aligned", [True, False])
 def test_misaligned_gradient_copied_only_for_aligned_kernels(native, aligned):
     k = StandIns()
-    kernels, _ = make_kernels(native, k, aligned=aligned)
     x = torch.randn(4, 8, requires_grad=True)
-    y = native.apply(x, None, kernels, 4, EPS, 0.0, 2, 0, False)
+    y, _ = call(native, k, x, None, aligned=aligned)
     storage = torch.randn(4 * 8 + 1)
     dy = storage[1:].view(4, 8)  # 4 bytes past a 16-byte boundary
     assert dy.data_ptr() % 16 != 0
@@ -200,19 +207,17 @@ def test_misaligned_gradient_copied_only_for_aligned_kernels(native, aligned):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_dtypes_reach_the_kernel(native, dtype):
     k = StandIns()
-    kernels, _ = make_kernels(native, k)
     x = torch.randn(3, 8, dtype=dtype)
     w = torch.randn(8, dtype=dtype, requires_grad=True)
-    y = native.apply(x, w, kernels, 3, EPS, 0.0, 1, 1, False)
+    y, _ = call(native, k, x, w)
     assert y.dtype == dtype and k.calls("forward")[0]["x"]["dtype"] == str(dtype).split(".")[1]
     y64, _, _ = reference_grads(x.float(), w.float(), torch.ones(3, 8))
     torch.testing.assert_close(y.double(), y64, rtol=1e-2, atol=1e-2)
 
 
 def test_double_backward_refused(native):
-    kernels, _ = make_kernels(native, StandIns())
     x = torch.randn(3, 8, requires_grad=True)
-    y = native.apply(x, None, kernels, 3, EPS, 0.0, 1, 0, False)
+    y, _ = call(native, StandIns(), x, None)
     with pytest.raises(RuntimeError, match="no double backward"):
         torch.autograd.grad(y.sum(), x, create_graph=True)
 
@@ -221,28 +226,63 @@ def test_kernel_error_surfaces_with_its_kind(native):
     def failing(*args):
         raise ValueError("kernel refused")
     f = tvm_ffi.convert(failing)
-    kernels = native.Kernels(ffi_handle(f), ffi_handle(f), 0, ffi_handle(f), torch.empty(0),
-                             torch.empty(1, 1), "row", "fused", True)
+    x = torch.randn(2, 8, requires_grad=True)
+    launch = make_launch(native, {"forward": f, "backward": f, "dw": f, "reduce": f}, x, False)
     with pytest.raises(RuntimeError, match="ValueError: kernel refused"):
-        native.apply(torch.randn(2, 8, requires_grad=True), None, kernels, 2, EPS, 0.0, 1, 0,
-                     False)
+        native.apply(x, None, launch)
 
 
-def test_weight_without_partials_refused(native):
-    kernels, _ = make_kernels(native, StandIns())
-    with pytest.raises(RuntimeError, match="needs dW partial rows"):
-        native.apply(torch.randn(2, 8), torch.randn(8, requires_grad=True), kernels, 2, EPS,
-                     0.0, 1, 0, False)
+def test_launch_and_inputs_must_agree(native):
+    fns = functions(StandIns())
+    x = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="a weight needs dW partial rows"):
+        native.apply(x, torch.randn(8, requires_grad=True), make_launch(native, fns, x, False))
+    with pytest.raises(RuntimeError, match="planned for 2 rows of 8"):
+        native.apply(torch.randn(3, 8), None, make_launch(native, fns, x, False))
+    with pytest.raises(RuntimeError, match="need a reduction kernel"):
+        native.Launch(ffi_handle(fns["forward"]), ffi_handle(fns["backward"]), 0, 0,
+                      torch.empty(0), torch.empty(1, 1), "row", "fused", True, 2, 8, 2, 2, 2,
+                      EPS, 0.0, False)
 
 
-def test_kernels_hold_their_functions(native):
-    """Kernels takes its own reference on each function: dropping Python's does not free them."""
+def test_inference_records_nothing(native):
     k = StandIns()
-    kernels, fns = make_kernels(native, k)
-    del fns
-    gc.collect()
+    x, w = torch.randn(3, 8), torch.randn(8)
+    y, _ = call(native, k, x, w)
+    assert y.grad_fn is None and not y.requires_grad
+    with torch.no_grad():
+        y, _ = call(native, k, x.requires_grad_(), w)
+    assert y.grad_fn is None
+    assert len(k.calls("forward")) == 2
+
+
+def test_node_name_and_saved_tensors_released(native):
     x = torch.randn(3, 8, requires_grad=True)
-    native.apply(x, None, kernels, 3, EPS, 0.0, 1, 0, False).backward(torch.ones(3, 8))
+    y, _ = call(native, StandIns(), x, None)
+    assert y.grad_fn.name() == "RMSNormNativeBackward"
+    assert y.grad_fn.next_functions[0][0].name() == "torch::autograd::AccumulateGrad"
+    y.backward(torch.ones(3, 8))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward(torch.ones(3, 8))
+
+
+def test_saved_input_modified_in_place_is_caught(native):
+    x = torch.randn(3, 8, requires_grad=True)
+    x2 = x * 1  # a non-leaf that can be modified in place
+    y, _ = call(native, StandIns(), x2, None)
+    with torch.no_grad():
+        x2.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(torch.ones(3, 8))
+
+
+def test_launch_holds_its_functions(native):
+    """A Launch takes its own reference on each function: dropping Python's frees nothing."""
+    k = StandIns()
+    x = torch.randn(3, 8, requires_grad=True)
+    launch = make_launch(native, functions(k), x, False)
+    gc.collect()
+    native.apply(x, None, launch).backward(torch.ones(3, 8))
     assert k.calls("forward") and k.calls("backward")
 
 
@@ -285,15 +325,14 @@ def test_real_kernels_are_reached_through_the_c_abi(native, monkeypatch):
         with pytest.raises(RuntimeError, match=r"gX: Tensor\(\[n0, 4096\], bfloat16\).*"
                                                r"offset: float32.*expected device_type=cuda"):
             native_launch.rms_norm(native, x, w, EPS, 0.0, "llama")
-    kernels, fwd_grid, strips, partial_rows = [c for k, c in native_launch._CALLS.items()
-                                               if k[0] == x.shape][0]
-    assert fwd_grid == 64 and strips == partial_rows > 0
-    _, (_, fused, reduce) = [v for v in native_launch._KERNELS.values() if v[0] is kernels][0]
+    launch = [v for key, v in native_launch._LAUNCHES.items() if key[0] == x.shape][0]
+    assert launch.forward_grid == 64 and launch.backward_int == launch.partial_rows > 0
+    (_, fused, _, reduce), = native_launch._FUNCTIONS.values()
     k = StandIns()
-    forward = tvm_ffi.convert(k.forward)
-    mixed = native.Kernels(ffi_handle(forward), ffi_handle(fused), 0, ffi_handle(reduce),
-                           torch.empty(0, dtype=torch.bfloat16), torch.empty(1, 1), "row",
-                           "fused", True)
-    y = native.apply(x, w, mixed, fwd_grid, EPS, 0.0, strips, partial_rows, False)
-    with pytest.raises(RuntimeError, match=r"gDy: Tensor.*gDwP: Tensor.*expected device_type=cuda"):
+    fns = functions(k)
+    fns["reduce"] = reduce
+    mixed = make_launch(native, fns, x, True, grid=launch.forward_grid,
+                        count=launch.partial_rows, backward=fused)
+    y = native.apply(x, w, mixed)
+    with pytest.raises(RuntimeError, match=r"gDy: Tensor.*gDwP: Tensor.*device_type=cuda"):
         y.backward(torch.randn(64, 4096, dtype=torch.bfloat16))

@@ -12,9 +12,9 @@
 // called here through TVM-FFI's C ABI with DLTensor views of the torch tensors (no allocation per
 // argument) on torch's current stream, set as TVM-FFI's environment stream for the call.
 // Which kernels, grids and strip counts to use is decided in Python (rmsnorm_lab/cute/
-// native_launch.py) and handed over as a `Kernels` object (per configuration) and a few integers
-// (per call).
+// native_launch.py), once per call shape, and handed over as a `Launch`.
 
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/extension.h>
 
 #include <cstdint>
@@ -28,9 +28,6 @@
 #endif
 
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 // ------------------------------------------------------------------------------- NVTX ranges
 // The same ranges as rmsnorm_lab/nvtx_ranges.py: domain rmsnorm_lab, "<stage> <impl> <M>x<N>",
@@ -183,39 +180,59 @@ class FfiFunction {
 
 // ------------------------------------------------------------------------------- the node
 
-// One configuration's kernels (dtypes, N, casting mode, alignment, backward mode). The Python
-// side keeps every Kernels it creates alive for the life of the process, so a node on a tape
-// can hold a plain pointer to it.
-struct Kernels {
-  Kernels(int64_t forward, int64_t backward, int64_t dw, int64_t reduce, at::Tensor no_weight,
-          at::Tensor no_partials, std::string forward_name, std::string backward_name,
-          bool aligned)
+// Everything one call shape launches (a memoized decision of rmsnorm_lab/cute/native_launch.py):
+// the kernels (each with a reference of its own), stand-ins for absent tensors, the rows as the
+// kernels see them, grids and scalars. Shared by every node recorded for that shape.
+struct Launch {
+  Launch(int64_t forward, int64_t backward, int64_t dw, int64_t reduce, at::Tensor no_weight,
+         at::Tensor no_partials, std::string forward_name, std::string backward_name,
+         bool aligned, int64_t rows, int64_t row_stride, int64_t forward_grid,
+         int64_t backward_int, int64_t partial_rows, double eps, double offset, bool nvtx)
       : forward(forward), backward(backward), dw(dw), reduce(reduce),
         no_weight(std::move(no_weight)), no_partials(std::move(no_partials)),
         forward_name(std::move(forward_name)), backward_name(std::move(backward_name)),
-        aligned(aligned) {}
+        aligned(aligned), rows(rows), row_stride(row_stride), forward_grid(forward_grid),
+        backward_int(backward_int), partial_rows(partial_rows), eps(eps), offset(offset),
+        nvtx(nvtx) {
+    TORCH_CHECK(static_cast<bool>(this->forward) && static_cast<bool>(this->backward),
+                "rmsnorm_lab native node: a forward and a backward kernel are required");
+    TORCH_CHECK(partial_rows == 0 || static_cast<bool>(this->reduce),
+                "rmsnorm_lab native node: dW partial rows need a reduction kernel");
+  }
 
   FfiFunction forward;   // (x, w, y, rstd, grid, eps, offset)
-  FfiFunction backward;  // (dy, x, w, rstd, dx, partials, int, offset): fused or split dx
+  FfiFunction backward;  // (dy, x, w, rstd, dx, partials, int, offset): fused, or split's dx
   FfiFunction dw;        // split only: (dy, x, rstd, partials)
   FfiFunction reduce;    // (partials, dw)
   at::Tensor no_weight;    // zero-length stand-in for an absent weight
   at::Tensor no_partials;  // stand-in for partials a kernel does not write
   std::string forward_name, backward_name;  // NVTX: "row", "fused", ...
-  bool aligned;  // the backward kernels assume 16-byte aligned rows
-};
-
-// What one call adds to its configuration: M-dependent grids and the scalars.
-struct Call {
+  bool aligned;          // the backward kernels assume 16-byte aligned rows
+  int64_t rows;          // M: x seen as (M, N) rows
+  int64_t row_stride;    // x's row stride as rows (leading dims collapsed)
   int64_t forward_grid;
-  double eps;
-  double offset;
   int64_t backward_int;  // fused: the strip count (= grid); split: M
   int64_t partial_rows;  // rows of fp32 dW partials (0: no weight)
+  double eps, offset;
   bool nvtx;
 };
 
 constexpr int64_t kInt32Limit = int64_t{1} << 31;
+
+// A DLTensor of `t` seen as (rows, n) with the given row stride (no view tensor is made).
+struct Rows {
+  Rows(const at::Tensor& t, int64_t rows, int64_t n, int64_t row_stride)
+      : shape{rows, n}, strides{row_stride, 1} {
+    dl = dl_view(t);
+    dl.ndim = 2;
+    dl.shape = shape;
+    dl.strides = strides;
+  }
+  Rows(const Rows&) = delete;
+  int64_t shape[2];
+  int64_t strides[2];
+  DLTensor dl;
+};
 
 // The incoming gradient as rows the backward kernels can address: autograd hands over whatever
 // layout the next op's backward made (y.sum() gives an expanded stride-0 tensor), so such a
@@ -234,109 +251,144 @@ at::Tensor grad_rows(const at::Tensor& dy, int64_t n, bool aligned) {
   return copy ? dy2.clone(at::MemoryFormat::Contiguous) : dy2;
 }
 
-class RMSNormNode : public torch::autograd::Function<RMSNormNode> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            const std::optional<at::Tensor>& weight, const Kernels* k,
-                            const Call& call) {
-    const int64_t n = x.size(-1);
-    const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, n});
-    const int64_t m = x2.size(0);
-    at::Tensor y = at::empty_like(x2, at::MemoryFormat::Contiguous);
-    at::Tensor rstd = at::empty({m}, x2.options().dtype(at::kFloat));
-    const at::Tensor& w = weight.has_value() ? *weight : k->no_weight;
-    DLTensor dx = dl_view(x2), dw = dl_view(w), dy = dl_view(y), dr = dl_view(rstd);
-    TVMFFIAny args[] = {any_tensor(&dx), any_tensor(&dw), any_tensor(&dy), any_tensor(&dr),
-                        any_int(call.forward_grid), any_float(call.eps), any_float(call.offset)};
-    {
-      Range range(call.nvtx, "launch", k->forward_name, m, n);
-      invoke(k->forward.get(), args, 7, x2);
+// (dx, dw): the C++ twin of rmsnorm_lab/cute/backward_runner.backward.
+torch::autograd::variable_list run_backward(const Launch& k, const at::Tensor& x,
+                                            const at::Tensor& weight, const at::Tensor& rstd,
+                                            const at::Tensor& dy) {
+  const int64_t n = x.size(-1), m = k.rows;
+  const at::Tensor dy2 = grad_rows(dy, n, k.aligned);
+  at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor partials = k.partial_rows > 0
+                            ? at::empty({k.partial_rows, n}, x.options().dtype(at::kFloat))
+                            : k.no_partials;
+  const bool split = static_cast<bool>(k.dw);
+  Rows r_x(x, m, n, k.row_stride), r_dx(dx, m, n, n);
+  DLTensor d_dy = dl_view(dy2), d_w = dl_view(weight.defined() ? weight : k.no_weight),
+           d_rstd = dl_view(rstd), d_part = dl_view(partials), d_none = dl_view(k.no_partials);
+  {
+    Range range(k.nvtx, "launch", k.backward_name, m, n);
+    TVMFFIAny args[] = {any_tensor(&d_dy), any_tensor(&r_x.dl), any_tensor(&d_w),
+                        any_tensor(&d_rstd), any_tensor(&r_dx.dl),
+                        any_tensor(split ? &d_none : &d_part), any_int(k.backward_int),
+                        any_float(k.offset)};
+    invoke(k.backward.get(), args, 8, x);
+    if (split && k.partial_rows > 0) {
+      TVMFFIAny dw_args[] = {any_tensor(&d_dy), any_tensor(&r_x.dl), any_tensor(&d_rstd),
+                             any_tensor(&d_part)};
+      invoke(k.dw.get(), dw_args, 4, x);
     }
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), rstd});
-    ctx->saved_data["kernels"] = reinterpret_cast<int64_t>(k);
-    ctx->saved_data["backward_int"] = call.backward_int;
-    ctx->saved_data["partial_rows"] = call.partial_rows;
-    ctx->saved_data["offset"] = call.offset;
-    ctx->saved_data["nvtx"] = call.nvtx;
-    return x.dim() == 2 ? y : y.view(x.sizes());
   }
+  at::Tensor dw;
+  if (k.partial_rows > 0) {
+    dw = at::empty_like(weight);
+    DLTensor d_dw = dl_view(dw);
+    TVMFFIAny args[] = {any_tensor(&d_part), any_tensor(&d_dw)};
+    Range range(k.nvtx, "reduce", k.backward_name, k.partial_rows, n);
+    invoke(k.reduce.get(), args, 2, x);
+  }
+  return {dx, dw};
+}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+// The tape node, written like torch's generated ones (not torch::autograd::Function, whose
+// generic bookkeeping cost ~2 us per call more on the host measured here). `Base` is always
+// torch::autograd::Node: a template only so that both of torch's ownership models compile
+// (std::shared_ptr<Node> up to 2.11, c10::intrusive_ptr<Node> after; see record()).
+template <typename Base>
+struct RMSNormNativeBackward : public Base {
+  explicit RMSNormNativeBackward(std::shared_ptr<const Launch> launch)
+      : launch(std::move(launch)) {}
+
+  std::string name() const override { return "RMSNormNativeBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "rms_norm has no double backward: its backward cannot run under "
                 "backward(create_graph=True)");
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
-    const at::Tensor& weight = saved[1];
-    const at::Tensor& rstd = saved[2];
-    const auto* k = reinterpret_cast<const Kernels*>(ctx->saved_data["kernels"].toInt());
-    const int64_t backward_int = ctx->saved_data["backward_int"].toInt();
-    const int64_t partial_rows = ctx->saved_data["partial_rows"].toInt();
-    const double offset = ctx->saved_data["offset"].toDouble();
-    const bool nvtx = ctx->saved_data["nvtx"].toBool();
-
-    const int64_t n = x.size(-1);
-    const at::Tensor x2 = x.dim() == 2 ? x : x.view({-1, n});
-    const int64_t m = x2.size(0);
-    const at::Tensor dy2 = grad_rows(grads[0], n, k->aligned);
-    at::Tensor dx = at::empty_like(x2, at::MemoryFormat::Contiguous);
-    const bool has_weight = weight.defined();
-    at::Tensor partials = partial_rows > 0
-                              ? at::empty({partial_rows, n}, x2.options().dtype(at::kFloat))
-                              : k->no_partials;
-    const bool split = static_cast<bool>(k->dw);
-    DLTensor d_dy = dl_view(dy2), d_x = dl_view(x2), d_w = dl_view(has_weight ? weight : k->no_weight),
-             d_rstd = dl_view(rstd), d_dx = dl_view(dx), d_part = dl_view(partials),
-             d_none = dl_view(k->no_partials);
-    {
-      Range range(nvtx, "launch", k->backward_name, m, n);
-      TVMFFIAny args[] = {any_tensor(&d_dy), any_tensor(&d_x), any_tensor(&d_w),
-                          any_tensor(&d_rstd), any_tensor(&d_dx),
-                          any_tensor(split ? &d_none : &d_part), any_int(backward_int),
-                          any_float(offset)};
-      invoke(k->backward.get(), args, 8, x2);
-      if (split && partial_rows > 0) {
-        TVMFFIAny dw_args[] = {any_tensor(&d_dy), any_tensor(&d_x), any_tensor(&d_rstd),
-                               any_tensor(&d_part)};
-        invoke(k->dw.get(), dw_args, 4, x2);
-      }
-    }
-    at::Tensor dw;
-    if (partial_rows > 0) {
-      dw = at::empty_like(weight);
-      DLTensor d_dw = dl_view(dw);
-      TVMFFIAny args[] = {any_tensor(&d_part), any_tensor(&d_dw)};
-      Range range(nvtx, "reduce", k->backward_name, partial_rows, n);
-      invoke(k->reduce.get(), args, 2, x2);
-    }
-    return {x.dim() == 2 ? dx : dx.view(x.sizes()), dw, at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    return run_backward(*launch, x.unpack(), weight.unpack(), rstd.unpack(), grads[0]);
   }
+
+  void release_variables() override {
+    x.reset_data();
+    weight.reset_data();
+    rstd.reset_data();
+  }
+
+  std::shared_ptr<const Launch> launch;
+  torch::autograd::SavedVariable x, weight, rstd;
 };
 
+template <typename Ptr>
+void attach(const Ptr& node, at::Tensor& y, const at::Tensor& x,
+            const std::optional<at::Tensor>& weight, const at::Tensor& rstd) {
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight));
+  node->x = torch::autograd::SavedVariable(x, false);
+  if (weight.has_value()) node->weight = torch::autograd::SavedVariable(*weight, false);
+  node->rstd = torch::autograd::SavedVariable(rstd, false);
+  torch::autograd::set_history(y, node);
+}
+
+// Puts y on the tape. The branch not taken is never instantiated.
+template <typename Base = torch::autograd::Node>
+void record(at::Tensor& y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+            const at::Tensor& rstd, std::shared_ptr<const Launch> launch) {
+  using NodeT = RMSNormNativeBackward<Base>;
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, Base>) {
+    attach(c10::make_intrusive<NodeT>(std::move(launch)), y, x, weight, rstd);
+  } else {
+    attach(std::shared_ptr<NodeT>(new NodeT(std::move(launch)),
+                                  [](NodeT* node) { deleteNode(node); }),
+           y, x, weight, rstd);
+  }
+}
+
 at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                 const Kernels& kernels, int64_t forward_grid, double eps, double offset,
-                 int64_t backward_int, int64_t partial_rows, bool nvtx) {
-  TORCH_CHECK(!weight.has_value() || partial_rows > 0 || x.numel() == 0,
-              "rmsnorm_lab native node: a weight needs dW partial rows");
-  return RMSNormNode::apply(x, weight, &kernels,
-                            Call{forward_grid, eps, offset, backward_int, partial_rows, nvtx});
+                 const std::shared_ptr<const Launch>& launch) {
+  const Launch& k = *launch;
+  const int64_t n = x.size(-1), m = k.rows;
+  TORCH_CHECK(x.numel() == m * n, "rmsnorm_lab native node: x has ", x.numel(),
+              " elements, its launch was planned for ", m, " rows of ", n);
+  TORCH_CHECK(weight.has_value() == (k.partial_rows > 0),
+              "rmsnorm_lab native node: a weight needs dW partial rows, and only a weight");
+  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor rstd = at::empty({m}, x.options().dtype(at::kFloat));
+  Rows r_x(x, m, n, k.row_stride), r_y(y, m, n, n);
+  DLTensor d_w = dl_view(weight.has_value() ? *weight : k.no_weight), d_rstd = dl_view(rstd);
+  TVMFFIAny args[] = {any_tensor(&r_x.dl), any_tensor(&d_w), any_tensor(&r_y.dl),
+                      any_tensor(&d_rstd), any_int(k.forward_grid), any_float(k.eps),
+                      any_float(k.offset)};
+  {
+    Range range(k.nvtx, "launch", k.forward_name, m, n);
+    invoke(k.forward.get(), args, 7, x);
+  }
+  if (at::GradMode::is_enabled() &&
+      (x.requires_grad() || (weight.has_value() && weight->requires_grad()))) {
+    record(y, x, weight, rstd, launch);
+  }
+  return y;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
   m.doc() = "rms_norm's autograd node in C++ (see rmsnorm_lab/native_node.py)";
-  pybind11::class_<Kernels>(m, "Kernels")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, at::Tensor, at::Tensor, std::string,
-                          std::string, bool>(),
-           pybind11::arg("forward"), pybind11::arg("backward"), pybind11::arg("dw"),
-           pybind11::arg("reduce"), pybind11::arg("no_weight"), pybind11::arg("no_partials"),
-           pybind11::arg("forward_name"), pybind11::arg("backward_name"),
-           pybind11::arg("aligned"));
-  m.def("apply", &apply, "y = rms_norm(x, weight) with its autograd node in C++",
-        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("kernels"),
-        pybind11::arg("forward_grid"), pybind11::arg("eps"), pybind11::arg("offset"),
-        pybind11::arg("backward_int"), pybind11::arg("partial_rows"), pybind11::arg("nvtx"));
+  py::class_<Launch, std::shared_ptr<Launch>>(m, "Launch")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, at::Tensor, at::Tensor, std::string,
+                    std::string, bool, int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                    double, bool>(),
+           py::arg("forward"), py::arg("backward"), py::arg("dw"), py::arg("reduce"),
+           py::arg("no_weight"), py::arg("no_partials"), py::arg("forward_name"),
+           py::arg("backward_name"), py::arg("aligned"), py::arg("rows"),
+           py::arg("row_stride"), py::arg("forward_grid"), py::arg("backward_int"),
+           py::arg("partial_rows"), py::arg("eps"), py::arg("offset"), py::arg("nvtx"))
+      .def_readonly("forward_grid", &Launch::forward_grid)
+      .def_readonly("backward_int", &Launch::backward_int)
+      .def_readonly("partial_rows", &Launch::partial_rows);
+  m.def("apply", &apply,
+        "y = rms_norm(x, weight) as `launch` plans it; on the tape when x or weight requires "
+        "grad (and grad mode is on)",
+        py::arg("x"), py::arg("weight"), py::arg("launch"));
   m.def("has_nvtx", []() {
 #if defined(RMSNORM_LAB_NVTX)
     return true;

@@ -2,15 +2,15 @@
 
 Python decides what to launch, exactly as the Python node's path does: the forward entry
 (runner.entry_for) and the backward entry (backward_runner.entry_for) of this configuration,
-and, per call, the forward grid, the fused strip count (or split's M) and the rows of dW
-partials. The node (csrc/native_node.cpp) then launches the forward, keeps what the backward
-needs, and runs the whole backward in C++.
+the forward grid, the fused strip count (or split's M) and the rows of dW partials. The node
+(csrc/native_node.cpp) then launches the forward, keeps what the backward needs, and runs the
+whole backward in C++.
 
-Per call shape the whole decision is memoized (``_CALLS``): the SM count, the settings and the
-plans are read when a new shape, dtype, alignment or setting arrives, not on every call.
-Per configuration the compiled kernels are handed to C++ once, as a ``Kernels`` object. It is
-kept for the life of the process (``_KERNELS`` is never cleared, not even by the runners'
-``clear_caches``): a node on some tape may still point at it.
+That decision is memoized per call key (``_LAUNCHES``: shape, strides, dtypes, alignment, eps,
+offset, settings) as a native ``Launch``: the SM count, the settings and the plans are read when
+a new key arrives, not on every call. A node holds its own reference to its Launch, and a Launch
+to its kernels; the compiled Python functions behind them (the code itself) are pinned in
+``_FUNCTIONS`` for the life of the process, not dropped by the runners' ``clear_caches``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from . import backward_runner, runner
 from .backward_plan import dw_row_groups, fused_strips
 from .plan import INT32_LIMIT, check_int32_addressable
 
-_KERNELS: Dict[Tuple, object] = {}
-#: call key -> (kernels, forward grid, backward int, partial rows); see ``rms_norm``
-_CALLS: Dict[Tuple, Tuple] = {}
-CALLS_CAP = 1024
+#: (forward entry, backward entry) -> the compiled functions; never cleared (see above)
+_FUNCTIONS: Dict[Tuple, Tuple] = {}
+#: call key -> native Launch; see ``rms_norm``
+_LAUNCHES: Dict[Tuple, object] = {}
+LAUNCHES_CAP = 1024
 
 
 def ffi_handle(fn) -> int:
@@ -36,37 +37,30 @@ def ffi_handle(fn) -> int:
     return obj.__chandle__()
 
 
-def _kernels(native, fwd: "runner._Entry", bwd: "backward_runner._Entry",
-             w_dtype: Optional[torch.dtype]):
+def _functions(fwd: "runner._Entry", bwd: "backward_runner._Entry",
+               w_dtype: Optional[torch.dtype]) -> Tuple:
+    """(forward, backward, dw or None, reduce or None): this configuration's compilations,
+    compiled on first use and pinned in ``_FUNCTIONS`` for the life of the process."""
     key = (fwd, bwd)  # the entries themselves: kept alive here, so never confused with new ones
-    found = _KERNELS.get(key)
-    if found is not None:
-        return found[0]
-    if fwd.ffi_kernel is None:
-        fwd.ffi_kernel = runner.compile_forward(fwd.plan, fwd.arch)
-    functions = [fwd.ffi_kernel, bwd.kernel(0)]
-    dw = reduce = None
-    if w_dtype is not None:
-        if bwd.mode == "split":
-            dw = bwd.kernel(1)
-        if bwd.reduce is None:
-            bwd.reduce = backward_runner.compile_dw_reduce(fwd.plan.N, w_dtype, bwd.arch)
-        reduce = bwd.reduce
-        functions += [f for f in (dw, reduce) if f is not None]
-    handle = lambda f: ffi_handle(f) if f is not None else 0  # noqa: E731
-    kernels = native.Kernels(
-        forward=handle(fwd.ffi_kernel), backward=handle(bwd.kernel(0)), dw=handle(dw),
-        reduce=handle(reduce), no_weight=fwd.empty_w, no_partials=bwd.no_part,
-        forward_name=fwd.plan.variant, backward_name=bwd.mode,
-        aligned=bwd.plans[0].vec > 1)
-    _KERNELS[key] = (kernels, functions)  # the Python functions too: they own the code
-    return kernels
+    found = _FUNCTIONS.get(key)
+    if found is None:
+        if fwd.ffi_kernel is None:
+            fwd.ffi_kernel = runner.compile_forward(fwd.plan, fwd.arch)
+        dw = reduce = None
+        if w_dtype is not None:
+            if bwd.mode == "split":
+                dw = bwd.kernel(1)
+            if bwd.reduce is None:
+                bwd.reduce = backward_runner.compile_dw_reduce(fwd.plan.N, w_dtype, bwd.arch)
+            reduce = bwd.reduce
+        found = _FUNCTIONS[key] = (fwd.ffi_kernel, bwd.kernel(0), dw, reduce)
+    return found
 
 
-def _plan_call(native, x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
-               sms: int) -> Tuple:
-    """What a call of this shape launches: ``(kernels, forward grid, backward int, partial
-    rows)``. Raises, like the Python node's path, on a layout the kernels cannot address."""
+def _plan_launch(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+                 offset: float, casting_mode: str, sms: int):
+    """The native ``Launch`` of a call shape. Raises, like the Python node's path, on a layout
+    the kernels cannot address."""
     from ..launch import as_rows
     x2 = as_rows(x)
     M, N = x2.shape
@@ -78,35 +72,38 @@ def _plan_call(native, x: torch.Tensor, weight: Optional[torch.Tensor], casting_
     # dy is not known yet: x stands in for its alignment, and the node copies a gradient that
     # arrives misaligned (csrc/native_node.cpp, grad_rows)
     bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, settings.backward)
-    kernels = _kernels(native, fwd, bwd, weight.dtype if weight is not None else None)
+    forward, backward, dw, reduce = _functions(fwd, bwd, None if weight is None else weight.dtype)
     if bwd.mode == "fused":
         backward_int = fused_strips(M, sms, bwd.plans[0], settings.fused_strips or None)
         partial_rows = backward_int if weight is not None else 0
     else:
         backward_int = M
         partial_rows = dw_row_groups(M, bwd.plans[1], sms) if weight is not None else 0
-    return kernels, fwd.plan.grid(M, sms), backward_int, partial_rows
+    handle = lambda f: ffi_handle(f) if f is not None else 0  # noqa: E731
+    return native.Launch(
+        handle(forward), handle(backward), handle(dw), handle(reduce), fwd.empty_w, bwd.no_part,
+        fwd.plan.variant, bwd.mode, bwd.plans[0].vec > 1, M, x2.stride(0),
+        fwd.plan.grid(M, sms), backward_int, partial_rows, eps, offset, settings.nvtx)
 
 
 def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
              offset: float, casting_mode: str) -> torch.Tensor:
     """y of ``x`` (any leading shape, validated by ``api.rms_norm``) on the native node.
 
-    Everything a launch decides besides eps and offset follows from the key below, so it is
-    decided once per key (``_plan_call``) and looked up after: two entry lookups, the strip
-    count and the grid cost ~8 us of Python per call on a CPU measured here, the key ~2."""
+    Everything a launch decides follows from the key below, so it is decided once per key
+    (``_plan_launch``) and looked up after: the two entry lookups, the strip count and the grid
+    cost ~8 us of Python per call on a CPU measured here, the key ~2."""
     w_ptr = 0 if weight is None else weight.data_ptr()
     key = (x.shape, x.stride(), x.dtype, None if weight is None else weight.dtype,
            None if weight is None else weight.stride(), ((x.data_ptr() | w_ptr) & 15) == 0,
-           casting_mode, x.get_device(), settings.forward_variant, settings.backward,
-           settings.fused_strips)
-    call = _CALLS.get(key)
-    if call is None:
+           casting_mode, eps, offset, x.get_device(), settings.forward_variant,
+           settings.backward, settings.fused_strips, settings.nvtx)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
         from ..launch import sm_count
-        call = _plan_call(native, x, weight, casting_mode, sm_count(x.get_device()))
-        if len(_CALLS) >= CALLS_CAP:  # bounded under ever-changing shapes
-            _CALLS.clear()
-        _CALLS[key] = call
-    kernels, grid, backward_int, partial_rows = call
-    return native.apply(x, weight, kernels, grid, eps, offset, backward_int, partial_rows,
-                        settings.nvtx)
+        launch = _plan_launch(native, x, weight, eps, offset, casting_mode,
+                              sm_count(x.get_device()))
+        if len(_LAUNCHES) >= LAUNCHES_CAP:  # bounded under ever-changing shapes; a node keeps
+            _LAUNCHES.clear()               # its own reference to its launch
+        _LAUNCHES[key] = launch
+    return native.apply(x, weight, launch)
