@@ -4,7 +4,8 @@
 
 Impl names in host.csv carry the launch path after ``@`` and a toggle after it:
 ``cute.auto@tvm_ffi``, ``cute.auto@cached``, ``cute.auto@tvm_ffi+nvtx``,
-``cute.auto@tvm_ffi-sm_count_cache``, ``cute.auto@tvm_ffi+settings_per_call``; peers keep their
+``cute.auto@tvm_ffi-sm_count_cache``, ``cute.auto@tvm_ffi+settings_per_call``,
+``cute.auto@tvm_ffi+python_node``; peers keep their
 names (``liger.triton``, ``torch.native``...). Op ``fwd`` rows whose impl ends in ``+autograd``
 built the autograd graph; op ``full`` is forward + backward. Here these become a *workload*:
 ``fwd``, ``fwd+autograd`` or ``full``.
@@ -40,6 +41,7 @@ TOGGLES = {
     "+nvtx": "NVTX ranges on (settings.nvtx)",
     "-sm_count_cache": "SM count asked of the driver per call (no SM-count cache)",
     "+settings_per_call": "RMSNORM_LAB_* environment re-read per call",
+    "+python_node": "Python autograd node instead of the native one (settings.autograd_node)",
 }
 #: the issue's budget for NVTX (µs per call)
 NVTX_BUDGET_US = 0.5
@@ -175,6 +177,56 @@ def savings_table(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
                          "noise µs": noise, "resolved": abs(cost) > noise})
     return pd.DataFrame(rows, columns=["toggle", "what", "workload", "baseline µs", "toggled µs",
                                        "cost µs", "noise µs", "resolved"])
+
+
+# ============================================================================ host parts
+
+#: the layers of ``rmsnorm_lab.bench.host_parts``, outermost first, with what each adds
+PART_LAYERS = {
+    "lab fwd+autograd": "rms_norm(x, w): validation, dispatch",
+    "native_launch.rms_norm": "call key + native call",
+    "ext.apply": "native node: allocate, launch, tape",
+    "ext.apply no grad inputs": "native node, no tape",
+    "tvm_ffi kernel call": "compiled kernel from Python",
+    "torch fwd+autograd": "torch F.rms_norm, requires grad",
+    "torch fwd": "torch F.rms_norm, inference",
+    "torch.add": "one small torch op",
+    "empty_like": "one allocation",
+}
+
+
+def load_host_parts(path) -> pd.DataFrame:
+    """The JSON lines of ``python -m rmsnorm_lab.bench.host_parts`` as a frame indexed by task."""
+    import json
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip().startswith("{")]
+    return pd.DataFrame([r for r in rows if "task" in r]).set_index("task")
+
+
+def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
+    """Forward-with-autograd layers against torch (left) and forward + backward (right)."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+        _, ax = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True,
+                             gridspec_kw={"width_ratios": [3, 1]})
+    left, right = ax
+    for a, tasks in ((left, [t for t in PART_LAYERS if t in parts.index]),
+                     (right, [t for t in ("torch full", "lab full") if t in parts.index])):
+        d = parts.loc[tasks]
+        colors = ["tab:orange" if t.startswith("torch") else "tab:blue" for t in tasks]
+        a.barh(range(len(d)), d["p50"], color=colors,
+               xerr=[d["p50"] - d["p20"], d["p80"] - d["p50"]], capsize=2)
+        for y, v in enumerate(d["p50"]):
+            a.annotate(f"{v:.1f}", (v, y), xytext=(3, 0), textcoords="offset points",
+                       va="center", fontsize=8)
+        labels = [f"{t}\n({PART_LAYERS[t]})" if t in PART_LAYERS else t for t in tasks]
+        a.set_yticks(range(len(d)), labels, fontsize=8)
+        a.invert_yaxis()
+        a.set_xlabel("host µs per call (median; whiskers p20-p80)")
+        a.grid(True, axis="x", alpha=0.3)
+    left.set_title(title or "forward with autograd, layer by layer")
+    right.set_title("forward + backward")
+    return ax
 
 
 # ============================================================================ crossover

@@ -430,6 +430,7 @@ def test_interleaved_host_timer_takes_one_sample_of_each_per_round(monkeypatch):
     """Rounds interleave the functions (so a drifting host hits all alike), each sample is n
     calls made inside the function's context, and each function gets its own quantiles."""
     import contextlib
+    import gc
     import time
 
     from rmsnorm_lab.bench import timing
@@ -445,6 +446,8 @@ def test_interleaved_host_timer_takes_one_sample_of_each_per_round(monkeypatch):
     def make(name, seconds):
         def call():
             assert inside == [name]
+            if order[2:]:  # timed calls run with the garbage collector off
+                assert not gc.isenabled()
             order.append(name)
             time.sleep(seconds)
         return call

@@ -268,3 +268,21 @@ def test_timeline_draws_ranges_above_kernels():
     ph.plot_timeline(nt.Trace(trace.nvtx, trace.gpu, None, {}), ax=ax)
     assert [t.get_text() for t in ax.get_yticklabels()][-1] == "GPU"
     plt.close(fig)
+
+
+def test_host_parts_load_and_plot(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    f = tmp_path / "parts.jsonl"
+    f.write_text('{"provenance": {"gpu": "h200"}}\n'
+                 '{"task": "torch fwd+autograd", "p20": 1.0, "p50": 2.0, "p80": 3.0}\n'
+                 '{"task": "ext.apply", "p20": 1.5, "p50": 1.6, "p80": 1.9}\n'
+                 '{"task": "lab full", "p20": 9.0, "p50": 10.0, "p80": 12.0}\n')
+    parts = ph.load_host_parts(f)
+    assert list(parts.index) == ["torch fwd+autograd", "ext.apply", "lab full"]
+    left, right = ph.plot_host_parts(parts)
+    assert len(left.patches) == 2 and len(right.patches) == 1
+    assert [t.get_text().split("\n")[0] for t in left.get_yticklabels()] == [
+        "ext.apply", "torch fwd+autograd"]  # PART_LAYERS order, not the file's
+    plt.close("all")
