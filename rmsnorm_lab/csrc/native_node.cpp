@@ -102,26 +102,28 @@ DLTensor dl_view(const at::Tensor& t) {
   return d;
 }
 
-TVMFFIAny any_tensor(DLTensor* t) {
+TVMFFIAny any_of(int32_t type_index) {
   TVMFFIAny a;
-  a.type_index = kTVMFFIDLTensorPtr;
+  a.type_index = type_index;
   a.zero_padding = 0;
+  a.v_int64 = 0;
+  return a;
+}
+
+TVMFFIAny any_tensor(DLTensor* t) {
+  TVMFFIAny a = any_of(kTVMFFIDLTensorPtr);
   a.v_ptr = t;
   return a;
 }
 
 TVMFFIAny any_int(int64_t v) {
-  TVMFFIAny a;
-  a.type_index = kTVMFFIInt;
-  a.zero_padding = 0;
+  TVMFFIAny a = any_of(kTVMFFIInt);
   a.v_int64 = v;
   return a;
 }
 
 TVMFFIAny any_float(double v) {
-  TVMFFIAny a;
-  a.type_index = kTVMFFIFloat;
-  a.zero_padding = 0;
+  TVMFFIAny a = any_of(kTVMFFIFloat);
   a.v_float64 = v;
   return a;
 }
@@ -149,10 +151,7 @@ void invoke(void* fn, TVMFFIAny* args, int32_t n, const at::Tensor& on) {
     const c10::Stream stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(on.device());
     TVMFFIEnvSetStream(kDLCUDA, device, stream.native_handle(), &previous);
   }
-  TVMFFIAny result;
-  result.type_index = kTVMFFINone;
-  result.zero_padding = 0;
-  result.v_int64 = 0;
+  TVMFFIAny result = any_of(kTVMFFINone);
   const int rc = TVMFFIFunctionCall(fn, args, n, &result);
   if (cuda) TVMFFIEnvSetStream(kDLCUDA, device, previous, nullptr);
   if (rc != 0) raise_ffi_error();
