@@ -170,9 +170,16 @@ def test_the_pr_finding_is_computed_not_asserted(df, rep, cal):
     # the kernels alone are at parity on every GPU: any difference comes from the host
     assert ((liger["device ratio"] - 1).abs() < 0.05).all()
     assert liger.loc[("b200", 8192), "call ratio (modelled)"] < 0.95
-    assert abs(liger.loc[("h100_sxm", 8192), "call ratio (modelled)"] - 1) < 0.05
+    # The H100 half hinges on the measured host costs: parity exactly when both launches hide
+    # behind the H100's L2 flush (do_bench), which the recorded runs decide, not this test.
+    hosts = model.host_costs(df).set_index("impl")["host_us"]
+    flush = model.flush_us("h100_sxm", model.copy_efficiency(df))
+    hidden = hosts["liger.triton"] < flush and hosts["liger.cutedsl"] < flush
+    parity = abs(liger.loc[("h100_sxm", 8192), "call ratio (modelled)"] - 1) < 0.05
+    assert parity == hidden
     v = model.finding(pr)
-    assert v["b200"].startswith("reproduced") and v["h100_sxm"].startswith("reproduced")
+    assert v["b200"].startswith("reproduced")
+    assert v["h100_sxm"].startswith("reproduced") == parity
     # with the pre-TVM-FFI host cost PR #1388 reported, the modelled B200 ratio moves toward
     # the reported one (how close depends on the measured Triton host cost of the day)
     era = model.with_host(model.host_costs(df), "liger.cutedsl", pr_era_host(rep))
@@ -180,6 +187,22 @@ def test_the_pr_finding_is_computed_not_asserted(df, rep, cal):
     r = pr2.loc[("liger.cutedsl / liger.triton", "b200", 8192)]
     base = liger.loc[("b200", 8192), "call ratio (modelled)"]
     assert abs(r["call ratio (modelled)"] - r["reported ratio"]) < abs(base - r["reported ratio"])
+
+
+def test_host_costs_are_the_median_of_the_recorded_runs():
+    def row(impl, p50, t, M=128, op="fwd", path="host"):
+        return {"gpu": "h200", "path": path, "metric": "host", "op": op, "impl": impl, "M": M,
+                "N": 4096, "p20": p50 - 1, "p50": p50, "p80": p50 + 1, "timestamp": t}
+    runs = pd.DataFrame([row("liger.triton", 72.5, "2026-01-01"),
+                         row("liger.triton", 116.8, "2026-01-03"),
+                         row("liger.triton", 96.7, "2026-01-02"),
+                         row("liger.triton", 10.0, "2026-01-04", M=4096),  # larger: not used
+                         row("liger.triton+autograd", 5.0, "2026-01-04"),  # an ablation: left out
+                         row("torch.native", 9.0, "2026-01-01", op="full")])  # another op
+    h = model.host_costs(runs).set_index("impl")
+    assert list(h.index) == ["liger.triton"]
+    assert (h.loc["liger.triton", ["host_us", "p20", "p80", "runs"]].tolist()
+            == [96.7, 72.5, 116.8, 3])
 
 
 def test_finding_says_not_reproduced_when_the_host_costs_are_equal(df, rep, cal):
