@@ -66,7 +66,8 @@ class Settings:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _FIELD_NAMES:
-            raise AttributeError(f"settings has no toggle {name!r}; toggles: {sorted(_FIELD_NAMES)}")
+            raise AttributeError(
+                f"settings has no toggle {name!r}; toggles: {sorted(_FIELD_NAMES)}")
         value = _coerce(name, value)
         object.__setattr__(self, name, value)
 

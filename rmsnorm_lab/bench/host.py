@@ -3,7 +3,8 @@ time overtakes it, and what the tensor-handle cache costs in memory.
 
 Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
 
-* ``path=host``: µs per call at HOST_SHAPE for ``cute.auto@<launch path>``, ``triton.row`` and
+* ``path=host``: µs per call at HOST_SHAPE (samples interleaved across implementations, the
+  garbage collector off inside each) for ``cute.auto@<launch path>``, ``triton.row`` and
   every installed peer; op ``fwd`` (inference), op ``fwd`` with impl suffix ``+autograd`` (inputs
   require grad, so the autograd graph is built), op ``full`` (forward + backward).
   ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on, ``-sm_count_cache`` with
@@ -13,8 +14,8 @@ Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
 * ``path=graph``: device µs of ``cute.auto@tvm_ffi`` (L2-warm) for the CROSSOVER_M sweep, to find
   the M at which device time overtakes each path's host time.
 * op ``full`` at CACHE_SHAPE with impl ``cute.auto@cached:<cap>`` (``:unbounded`` for no cap),
-  the default ``cute.auto@tvm_ffi`` and ``triton.row``: peak memory (MiB above the step's inputs) and eager time of a training-like
-  step over LAYERS fresh activations.
+  the default ``cute.auto@tvm_ffi`` and ``triton.row``: peak memory (MiB above the step's
+  inputs) and eager time of a training-like step over LAYERS fresh activations.
 """
 
 from __future__ import annotations
