@@ -216,9 +216,9 @@ def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
         colors = ["tab:orange" if t.startswith("torch") else "tab:blue" for t in tasks]
         a.barh(range(len(d)), d["p50"], color=colors,
                xerr=[d["p50"] - d["p20"], d["p80"] - d["p50"]], capsize=2)
-        for y, v in enumerate(d["p50"]):
-            a.annotate(f"{v:.1f}", (v, y), xytext=(3, 0), textcoords="offset points",
-                       va="center", fontsize=8)
+        for y, (v, right_end) in enumerate(zip(d["p50"], d["p80"])):  # label past the whisker
+            a.annotate(f"{v:.1f}", (max(v, right_end), y), xytext=(3, 0),
+                       textcoords="offset points", va="center", fontsize=8)
         labels = [f"{t}\n({PART_LAYERS[t]})" if t in PART_LAYERS else t for t in tasks]
         a.set_yticks(range(len(d)), labels, fontsize=8)
         a.invert_yaxis()
