@@ -197,15 +197,23 @@ def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: f
     if torch.compiler.is_compiling():
         return rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode, backend,
                             bool(in_place))[0]
+    native = native_node_for(x, backend, in_place)
+    if native is not None:
+        extension, native_launch = native
+        if settings.settings_per_call:
+            launch.per_call_settings_cost()
+        return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
+    return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, backend, in_place)
+
+
+def native_node_for(x: Tensor, backend: str, in_place: bool):
+    """(extension, cute.native_launch) when this training call goes on the native node, else
+    None. The native node decides its backward (``settings.backward``, ``fused_strips``) at the
+    forward; the Python node reads them when its backward runs."""
     if (backend == "cute" and settings.autograd_node == "native" and not in_place
             and settings.launch_path == "tvm_ffi" and x.numel()):
-        native = _native_path()
-        if native is not None:
-            extension, native_launch = native
-            if settings.settings_per_call:
-                launch.per_call_settings_cost()
-            return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
-    return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, backend, in_place)
+        return _native_path()
+    return None
 
 
 _native = None  # (extension, cute.native_launch) once loaded; False where it cannot be built

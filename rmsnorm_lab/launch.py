@@ -141,10 +141,10 @@ def lab_impls(op: str) -> Dict[str, Callable]:
 
     ``fwd``: the CuTe forward variants and the Triton forward. ``bwd`` and ``full``: the same
     differentiable ``rms_norm`` (the benchmark takes the gradient), one entry per backward:
-    ``cute.fused``, ``cute.split`` and ``cute.auto`` (``settings.backward`` pinned for the
-    backward of that call: the toggle is read when the backward runs, so an override around
-    the forward alone would not reach it) and ``triton.split`` (the Triton backward: a dx+dW
-    partials kernel and a torch sum)."""
+    ``cute.fused``, ``cute.split`` and ``cute.auto`` (``settings.backward`` pinned for that
+    call on the tape node the library would use: ``_pinned_backward``) and ``triton.split`` (the
+    Triton backward: a dx+dW partials kernel and a torch sum). Eager times of ``bwd``/``full``
+    recorded before the native node (commit fb6b2ed and earlier) were taken on the Python node."""
     from .api import rms_norm
 
     if op == "fwd":
@@ -165,12 +165,13 @@ def lab_impls(op: str) -> Dict[str, Callable]:
 
 
 def _pinned_backward(mode: str, backend: str = "cute") -> Callable:
-    """``fn(x, w) -> y``: ``rms_norm(x, w, backend="cute")`` whose backward runs with
-    ``settings.backward == mode``. The tape node is ``api``'s own ``RMSNormFunction``
-    (subclassed only to wrap its backward in ``settings.override``), so the host path measured
-    is the library's."""
+    """``fn(x, w) -> y``: ``rms_norm(x, w, backend=backend)`` whose backward runs with
+    ``settings.backward == mode``, on the tape node the library itself would use. The native
+    node fixes its backward at the forward, so the forward runs under ``settings.override``; the
+    Python node reads the toggle when its backward runs, so there ``api``'s own
+    ``RMSNormFunction`` is subclassed only to wrap its backward in the override."""
     from .api import rms_norm, validate
-    from .autograd import RMSNormFunction
+    from .autograd import RMSNormFunction, native_node_for
 
     class Pinned(RMSNormFunction):
         @staticmethod
@@ -184,6 +185,9 @@ def _pinned_backward(mode: str, backend: str = "cute") -> Callable:
         if not (torch.is_grad_enabled()
                 and (x.requires_grad or (w is not None and w.requires_grad))):
             return rms_norm(x, w, eps, backend=backend)  # no tape: a plain forward
+        if native_node_for(x, backend, in_place=False) is not None:
+            with settings.override(backward=mode):
+                return rms_norm(x, w, eps, backend=backend)
         validate(x, w, "llama", backend)  # what rms_norm checks before taping
         return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
     return run

@@ -202,6 +202,26 @@ def test_pinned_backward_mode_reaches_the_backward(monkeypatch, mode):
                                                                    inputs[1].detach(), EPS))
 
 
+@pytest.mark.parametrize("mode", ["fused", "split"])
+def test_pinned_backward_on_the_native_node_pins_at_the_forward(monkeypatch, mode):
+    """Where the library would tape the call on the native node (which fixes its backward when
+    the forward runs), the pinned function runs the forward under the override instead of
+    swapping in a Python node."""
+    import rmsnorm_lab.api as api
+    seen = []
+    monkeypatch.setattr(lab_autograd, "native_node_for", lambda x, backend, in_place: object())
+
+    def fake_rms_norm(x, w, eps=1e-6, *, backend=None, **kw):
+        seen.append((settings.backward, backend))
+        return reference.rms_norm(x, w, eps)
+    monkeypatch.setattr(api, "rms_norm", fake_rms_norm)
+    before = settings.backward
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    y = launch._pinned_backward(mode)(x, w)
+    assert seen == [(mode, "cute")] and settings.backward == before
+    assert y.grad_fn is not None and "RMSNormFunction" not in y.grad_fn.name()
+
+
 def test_impl_stream_is_a_no_op_for_ops_without_prepare():
     with runner._impl_stream(runner.FWD) as s:
         assert s is None
