@@ -4,7 +4,7 @@
 ``backend="torch"``). Three wrappers put them on the autograd tape:
 
 * **Eager, CuTe on the tvm_ffi path** (``settings.autograd_node == "native"``, the default): the
-  native node (csrc/native_node.cpp, cute/native_launch.py), a C++ autograd Function. Its
+  native node (csrc/native_node.cpp, cute/native_launch.py), a hand-written C++ autograd node. Its
   backward runs without Python, as torch's own RMSNorm does: on an H200's host an *empty* Python
   Function alone cost 81 µs for forward + backward through the engine (results/NOTES.md §14).
 * **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function``, where
