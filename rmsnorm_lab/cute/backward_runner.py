@@ -143,6 +143,13 @@ class _Entry:
             k = self.kernels[i] = compile_backward(self.plans[i], self.arch)
         return k
 
+    def dw_reduce(self, w_dtype: torch.dtype):
+        """The partial-row reduction into ``w_dtype`` (the key's weight dtype), compiled on
+        first use."""
+        if self.reduce is None:
+            self.reduce = compile_dw_reduce(self.plans[0].N, w_dtype, self.arch)
+        return self.reduce
+
 
 def entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
     """The launch entry for these inputs (dx, freshly allocated and contiguous, is aligned
@@ -209,7 +216,7 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
         return dx, None
     reduce = entry.reduce
     if reduce is None:
-        reduce = entry.reduce = compile_dw_reduce(N, weight.dtype, entry.arch)
+        reduce = entry.dw_reduce(weight.dtype)
     dw = torch.empty_like(weight)
     with nvtx_ranges.range("reduce", entry.mode, dw_partial.shape):
         reduce(dw_partial, dw)

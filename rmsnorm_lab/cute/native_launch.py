@@ -44,16 +44,11 @@ def _functions(fwd: "runner._Entry", bwd: "backward_runner._Entry",
     key = (fwd, bwd)  # the entries themselves: kept alive here, so never confused with new ones
     found = _FUNCTIONS.get(key)
     if found is None:
-        if fwd.ffi_kernel is None:
-            fwd.ffi_kernel = runner.compile_forward(fwd.plan, fwd.arch)
         dw = reduce = None
         if w_dtype is not None:
-            if bwd.mode == "split":
-                dw = bwd.kernel(1)
-            if bwd.reduce is None:
-                bwd.reduce = backward_runner.compile_dw_reduce(fwd.plan.N, w_dtype, bwd.arch)
-            reduce = bwd.reduce
-        found = _FUNCTIONS[key] = (fwd.ffi_kernel, bwd.kernel(0), dw, reduce)
+            dw = bwd.kernel(1) if bwd.mode == "split" else None
+            reduce = bwd.dw_reduce(w_dtype)
+        found = _FUNCTIONS[key] = (fwd.ffi(), bwd.kernel(0), dw, reduce)
     return found
 
 

@@ -142,6 +142,13 @@ class _Entry:
         self.empty_w = torch.empty((0,), dtype=plan.x_dtype, device=device)
         self.empty_rstd = torch.empty((0,), dtype=torch.float32, device=device)
 
+    def ffi(self):
+        """The TVM-FFI compilation of this plan, compiled on first use (hot paths read
+        ``ffi_kernel`` and call this only when it is still None)."""
+        if self.ffi_kernel is None:
+            self.ffi_kernel = compile_forward(self.plan, self.arch)
+        return self.ffi_kernel
+
 
 def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
               need_rstd: bool, variant: str) -> _Entry:
@@ -177,7 +184,7 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     if settings.launch_path == "tvm_ffi":
         kernel = entry.ffi_kernel
         if kernel is None:
-            kernel = entry.ffi_kernel = compile_forward(plan, entry.arch)
+            kernel = entry.ffi()
         with nvtx_ranges.range("launch", plan.variant, x2.shape):
             kernel(x2, w, y, r, grid, eps, offset)
     else:
