@@ -54,14 +54,19 @@ def as_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
                          f"{name}.contiguous()") from None
 
 
+def check_weight(weight: Optional[torch.Tensor], n: int) -> None:
+    """Refuse a weight the kernels cannot read as a contiguous (n,) vector."""
+    if weight is not None and weight.stride(0) != 1 and n > 1:
+        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
+
+
 def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
             casting_mode: str, backend: str, need_rstd: bool
             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Returns ``(y, rstd)`` with y shaped like x, rstd (fp32, ``x.shape[:-1]``) or None."""
     x2 = as_rows(x)
     M, N = x2.shape
-    if weight is not None and weight.stride(0) != 1 and N > 1:
-        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
+    check_weight(weight, N)
     if backend == "triton":
         from .triton.forward import triton_rms_norm_forward
         with nvtx_ranges.range("launch", "triton", x2.shape):
@@ -109,8 +114,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     dy2 = grad_rows(dy, x2.shape[1])
     M, N = x2.shape
     rstd1 = rstd if rstd.dim() == 1 else rstd.reshape(M)
-    if weight is not None and weight.stride(0) != 1 and N > 1:
-        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
+    check_weight(weight, N)
     if backend == "cute":
         global _cute_backward
         if _cute_backward is None:

@@ -56,11 +56,10 @@ def _plan_launch(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: f
                  offset: float, casting_mode: str, sms: int):
     """The native ``Launch`` of a call shape. Raises, like the Python node's path, on a layout
     the kernels cannot address."""
-    from ..launch import as_rows
+    from ..launch import as_rows, check_weight
     x2 = as_rows(x)
     M, N = x2.shape
-    if weight is not None and weight.stride(0) != 1 and N > 1:
-        raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
+    check_weight(weight, N)
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
     fwd = runner.entry_for(x2, weight, casting_mode, True, settings.forward_variant)
