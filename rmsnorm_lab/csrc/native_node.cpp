@@ -141,20 +141,33 @@ TVMFFIAny any_float(double v) {
   TORCH_CHECK(false, msg);
 }
 
-// Calls a TVM-FFI function on torch's current stream of `on`'s device (CUDA tensors: the stream
-// becomes TVM-FFI's environment stream for the call, as the Python binding does).
-void invoke(void* fn, TVMFFIAny* args, int32_t n, const at::Tensor& on) {
-  const bool cuda = on.is_cuda();
-  const int32_t device = cuda ? on.get_device() : 0;
-  TVMFFIStreamHandle previous = nullptr;
-  if (cuda) {
+// For its lifetime, torch's current stream of `on`'s device is TVM-FFI's environment stream
+// (where the kernels launch, as the Python binding arranges per call); the previous one is put
+// back on exit. One per forward or backward: their two or three kernel calls share the lookup.
+class EnvStream {
+ public:
+  explicit EnvStream(const at::Tensor& on) : cuda_(on.is_cuda()) {
+    if (!cuda_) return;
+    device_ = on.get_device();
     const c10::Stream stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(on.device());
-    TVMFFIEnvSetStream(kDLCUDA, device, stream.native_handle(), &previous);
+    TVMFFIEnvSetStream(kDLCUDA, device_, stream.native_handle(), &previous_);
   }
+  ~EnvStream() {
+    if (cuda_) TVMFFIEnvSetStream(kDLCUDA, device_, previous_, nullptr);
+  }
+  EnvStream(const EnvStream&) = delete;
+  EnvStream& operator=(const EnvStream&) = delete;
+
+ private:
+  bool cuda_;
+  int32_t device_ = 0;
+  TVMFFIStreamHandle previous_ = nullptr;
+};
+
+// Calls a TVM-FFI function (on the environment stream an EnvStream in scope has set).
+void invoke(void* fn, TVMFFIAny* args, int32_t n) {
   TVMFFIAny result = any_of(kTVMFFINone);
-  const int rc = TVMFFIFunctionCall(fn, args, n, &result);
-  if (cuda) TVMFFIEnvSetStream(kDLCUDA, device, previous, nullptr);
-  if (rc != 0) raise_ffi_error();
+  if (TVMFFIFunctionCall(fn, args, n, &result) != 0) raise_ffi_error();
   if (result.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(result.v_obj);
 }
 
@@ -264,17 +277,18 @@ torch::autograd::variable_list run_backward(const Launch& k, const at::Tensor& x
   Rows r_x(x, m, n, k.row_stride), r_dx(dx, m, n, n);
   DLTensor d_dy = dl_view(dy2), d_w = dl_view(weight.defined() ? weight : k.no_weight),
            d_rstd = dl_view(rstd), d_part = dl_view(partials), d_none = dl_view(k.no_partials);
+  const EnvStream env(x);
   {
     Range range(k.nvtx, "launch", k.backward_name, m, n);
     TVMFFIAny args[] = {any_tensor(&d_dy), any_tensor(&r_x.dl), any_tensor(&d_w),
                         any_tensor(&d_rstd), any_tensor(&r_dx.dl),
                         any_tensor(split ? &d_none : &d_part), any_int(k.backward_int),
                         any_float(k.offset)};
-    invoke(k.backward.get(), args, 8, x);
+    invoke(k.backward.get(), args, 8);
     if (split && k.partial_rows > 0) {
       TVMFFIAny dw_args[] = {any_tensor(&d_dy), any_tensor(&r_x.dl), any_tensor(&d_rstd),
                              any_tensor(&d_part)};
-      invoke(k.dw.get(), dw_args, 4, x);
+      invoke(k.dw.get(), dw_args, 4);
     }
   }
   at::Tensor dw;
@@ -283,7 +297,7 @@ torch::autograd::variable_list run_backward(const Launch& k, const at::Tensor& x
     DLTensor d_dw = dl_view(dw);
     TVMFFIAny args[] = {any_tensor(&d_part), any_tensor(&d_dw)};
     Range range(k.nvtx, "reduce", k.backward_name, k.partial_rows, n);
-    invoke(k.reduce.get(), args, 2, x);
+    invoke(k.reduce.get(), args, 2);
   }
   return {dx, dw};
 }
@@ -359,8 +373,9 @@ at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                       any_tensor(&d_rstd), any_int(k.forward_grid), any_float(k.eps),
                       any_float(k.offset)};
   {
+    const EnvStream env(x);
     Range range(k.nvtx, "launch", k.forward_name, m, n);
-    invoke(k.forward.get(), args, 7, x);
+    invoke(k.forward.get(), args, 7);
   }
   if (at::GradMode::is_enabled() &&
       (x.requires_grad() || (weight.has_value() && weight->requires_grad()))) {
