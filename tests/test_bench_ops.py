@@ -480,3 +480,27 @@ def test_interleaved_host_timer_takes_one_sample_of_each_per_round(monkeypatch):
     timed = order[2:]  # one warm-up call each
     assert timed == (["fast"] * 3 + ["slow"] * 2) * 4
     assert q["slow"].p50 >= 2000 > q["fast"].p50 and q["fast"].p20 <= q["fast"].p80
+
+
+def test_host_tasks_key_each_workload_and_name_failures(monkeypatch):
+    """The benchmark's (and notebook 03's) tasks: three workloads per implementation, its
+    settings held while it runs, and an implementation without autograd reported, not raised."""
+    from rmsnorm_lab.bench import host
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(host, "HOST_SHAPE", (4, 8))
+    monkeypatch.setattr(host, "DTYPE", torch.float32)
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: torch.rand(*a, **k))
+
+    def inference_only(x, w):
+        return (x * w).detach()
+    impls = {"ref": (lambda x, w: reference.rms_norm(x, w, EPS), {"nvtx": True}),
+             "no.grad": (inference_only, {})}
+    seen = []
+    tasks, failures = host.host_tasks(impls, calls=7, on_task=lambda: seen.append(1))
+    assert set(tasks) == {("fwd", "ref"), ("fwd", "ref+autograd"), ("full", "ref"),
+                          ("fwd", "no.grad"), ("fwd", "no.grad+autograd")}
+    assert len(failures) == 1 and failures[0].startswith("no.grad full:") and len(seen) == 6
+    assert all(t.n == 7 for t in tasks.values())
+    with tasks[("fwd", "ref")].context():
+        assert settings.nvtx
+    assert not settings.nvtx

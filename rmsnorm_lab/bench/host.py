@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -91,8 +91,8 @@ def _step(fn: Callable, M: int, N: int) -> Callable:
     return step
 
 
-def _calls_per_sample(call: Callable) -> int:
-    """200 calls per sample for the µs-scale paths, but about 50 ms per sample for the ``jit``
+def _calls_per_sample(call: Callable, calls: int) -> int:
+    """``calls`` per sample for the µs-scale paths, but about 50 ms per sample for the ``jit``
     path, whose calls take tens of milliseconds."""
     import time
     call()
@@ -101,7 +101,30 @@ def _calls_per_sample(call: Callable) -> int:
     call()
     torch.cuda.synchronize()
     per_call = time.perf_counter() - t0
-    return 200 if per_call < 1e-3 else max(2, int(0.05 / per_call))
+    return calls if per_call < 1e-3 else max(2, int(0.05 / per_call))
+
+
+def host_tasks(impls: Dict[str, tuple], calls: int = 200,
+               on_task: Optional[Callable[[], None]] = None
+               ) -> Tuple[Dict[Tuple[str, str], HostTask], List[str]]:
+    """Every implementation x workload of ``impls`` (``host_impls()``) at HOST_SHAPE as a task for
+    ``interleaved_host_time_us``, keyed ``(op, impl)``, each called twice here (compilation,
+    and the size of its samples); and the failures, named (a peer without autograd is a
+    finding, not an error). ``on_task`` is called after each (a progress bar)."""
+    tasks, failures = {}, []
+    for name, (fn, overrides) in impls.items():
+        for (op, suffix), call in _calls(fn, *HOST_SHAPE).items():
+            context = functools.partial(settings.override, **overrides)
+            try:
+                with context():
+                    n = _calls_per_sample(call, calls)
+            except Exception as e:  # noqa: BLE001 - see the docstring
+                failures.append(f"{name}{suffix} {op}: {type(e).__name__}: {e}")
+            else:
+                tasks[(op, name + suffix)] = HostTask(call, n, context)
+            if on_task is not None:
+                on_task()
+    return tasks, failures
 
 
 def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
@@ -122,18 +145,8 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
               desc="bench host") as bar:
         # every implementation x workload sampled once per round, rounds interleaved (see
         # interleaved_host_time_us: the host's speed drifts between a sequential run's rows)
-        tasks = {}
-        for name, (fn, overrides) in impls.items():
-            for (op, suffix), call in _calls(fn, *HOST_SHAPE).items():
-                context = functools.partial(settings.override, **overrides)
-                try:
-                    with context():
-                        n = _calls_per_sample(call)
-                except Exception as e:  # noqa: BLE001 - a peer without autograd is a finding
-                    outcome.failures.append(f"{name}{suffix} {op}: {type(e).__name__}: {e}")
-                else:
-                    tasks[(op, name + suffix)] = HostTask(call, n, context)
-                bar.update()
+        tasks, failures = host_tasks(impls, on_task=bar.update)
+        outcome.failures += failures
         bar.set_postfix_str(f"{repeats} interleaved rounds")
         timed = interleaved_host_time_us(tasks, repeats=repeats)
         for (op, impl), q in timed.items():
