@@ -73,13 +73,17 @@ def test_bwd_reference_is_dx_dw():
     assert runner.rel_error((dx, dw), (gx.to(dx.dtype), gw.to(dw.dtype))) < 1e-2
 
 
-def test_bwd_prepare_runs_the_forward_once_and_run_repeats():
-    calls = []
-
+def counting_ref_impl(calls: list):
+    """``ref_impl`` that appends to ``calls`` each time it runs."""
     def counted(x, w):
         calls.append(1)
         return ref_impl(x, w)
+    return counted
 
+
+def test_bwd_prepare_runs_the_forward_once_and_run_repeats():
+    calls = []
+    counted = counting_ref_impl(calls)
     inputs = bwd_inputs()
     bound = runner.BWD.bind(counted, inputs)
     assert len(calls) == 1 and bound[1] is inputs[0] and bound[3] is inputs[2]
@@ -92,11 +96,7 @@ def test_bwd_prepare_runs_the_forward_once_and_run_repeats():
 
 def test_full_runs_forward_and_backward_each_call():
     calls = []
-
-    def counted(x, w):
-        calls.append(1)
-        return ref_impl(x, w)
-
+    counted = counting_ref_impl(calls)
     inputs = bwd_inputs()
     runner.FULL_OP.run(counted, runner.FULL_OP.bind(counted, inputs))
     runner.FULL_OP.run(counted, runner.FULL_OP.bind(counted, inputs))
