@@ -168,28 +168,14 @@ def _full_run(impl: Impl, inputs: tuple) -> tuple:
     return torch.autograd.grad(_differentiable(impl, x, w), (x, w), dy)
 
 
-BWD = Op(
-    name="bwd",
-    make_inputs=_bwd_inputs,
-    run=_bwd_run,
-    reference=_bwd_reference,
-    bytes_moved=_bwd_bytes,
-    peers=peers_mod.BACKWARD_PEERS,
-    sweep=BWD_SWEEP,
-    quick_sweep=QUICK_BWD_SWEEP,
-    prepare=_bwd_prepare,
-)
+# bwd and full take the same inputs, check against the same gradients, over the same sweep
+_GRADIENT_OP = dict(make_inputs=_bwd_inputs, reference=_bwd_reference,
+                    peers=peers_mod.BACKWARD_PEERS, sweep=BWD_SWEEP, quick_sweep=QUICK_BWD_SWEEP)
 
-FULL_OP = Op(
-    name="full",
-    make_inputs=_bwd_inputs,
-    run=_full_run,
-    reference=_bwd_reference,
-    bytes_moved=_full_bytes,
-    peers=peers_mod.BACKWARD_PEERS,
-    sweep=BWD_SWEEP,
-    quick_sweep=QUICK_BWD_SWEEP,
-)
+BWD = Op(name="bwd", run=_bwd_run, bytes_moved=_bwd_bytes, prepare=_bwd_prepare,
+         **_GRADIENT_OP)
+
+FULL_OP = Op(name="full", run=_full_run, bytes_moved=_full_bytes, **_GRADIENT_OP)
 
 OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP}
 
