@@ -89,11 +89,12 @@ def load():
 
 
 def load_or_warn():
-    """``load()``, or None after one warning naming the reason (the Python node takes over)."""
+    """``load()``, or None: with one warning naming the reason when the build fails (the
+    Python node takes over); a failure already recorded is not announced again."""
+    first_try = _FAILURE is None
     try:
         return load()
     except NativeNodeUnavailable as exc:
-        if not getattr(load_or_warn, "_warned", False):
-            load_or_warn._warned = True
+        if first_try:
             warnings.warn(f"{exc}; using the Python autograd node", RuntimeWarning, stacklevel=3)
         return None

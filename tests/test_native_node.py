@@ -289,7 +289,6 @@ def test_launch_holds_its_functions(native):
 def test_build_failure_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(native_node, "_MODULE", None)
     monkeypatch.setattr(native_node, "_FAILURE", None)
-    monkeypatch.setattr(native_node.load_or_warn, "_warned", False, raising=False)
 
     def no_compiler():
         raise OSError("c++: not found")
