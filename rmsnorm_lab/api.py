@@ -62,6 +62,12 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     Without autograd it has no effect. There is no double backward (``create_graph=True``
     raises).
     """
+    fast = _autograd.fast_call  # a training call of a shape seen before: all in C++
+    if (fast is not None and backend in (None, "cute") and not in_place
+            and not torch.compiler.is_compiling()):
+        y = fast(x, weight, eps, offset, casting_mode)
+        if y is not None:
+            return y
     backend = backend or settings.backend
     validate(x, weight, casting_mode, backend)
     if torch.is_grad_enabled() and (x.requires_grad

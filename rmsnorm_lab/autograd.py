@@ -218,6 +218,23 @@ def native_node_for(x: Tensor, backend: str, in_place: bool):
 
 _native = None  # (extension, cute.native_launch) once loaded; False where it cannot be built
 
+#: The whole host path of a training call whose shape the native node has seen:
+#: ``fast_call(x, weight, eps, offset, casting_mode)`` is the extension's ``CallMemo.call``
+#: (y on the tape, or None when the memo does not know the call and ``api.rms_norm`` goes on).
+#: Set once the native node is loaded and while the toggles route ``backend=None`` calls to it
+#: (``_update_fast_call``, run on every settings change); None otherwise.
+fast_call = None
+
+
+def _update_fast_call() -> None:
+    global fast_call
+    routed = (settings.backend == "cute" and settings.autograd_node == "native"
+              and settings.launch_path == "tvm_ffi" and not settings.settings_per_call)
+    fast_call = None
+    if routed and _native:
+        extension, native_launch = _native
+        fast_call = native_launch.memo(extension).call
+
 
 def _native_path():
     """The native node's extension and launch module (built on first use), or None after one
@@ -230,5 +247,8 @@ def _native_path():
             _native = False
         else:
             from .cute import native_launch
+            from .settings import on_change
             _native = (extension, native_launch)
+            on_change(_update_fast_call)
+            _update_fast_call()
     return _native or None

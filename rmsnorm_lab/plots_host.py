@@ -183,8 +183,9 @@ def savings_table(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
 
 #: the layers of ``rmsnorm_lab.bench.host_parts``, outermost first, with what each adds
 PART_LAYERS = {
-    "lab fwd+autograd": "rms_norm(x, w): validation, dispatch",
-    "native_launch.rms_norm": "call key + native call",
+    "lab fwd+autograd": "rms_norm(x, w): the gate, then C++",
+    "native_launch.rms_norm": "gate closed: memo probed from Python",
+    "fast_call": "C++: call memo + native node",
     "ext.apply": "native node: allocate, launch, tape",
     "ext.apply no grad inputs": "native node, no tape",
     "tvm_ffi kernel call": "compiled kernel from Python",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Callable, Dict, Iterator, List, Mapping
 
 BACKENDS = ("cute", "triton", "torch")
 FORWARD_VARIANTS = ("auto", "row", "persistent", "warp", "fallback")
@@ -70,6 +70,7 @@ class Settings:
                 f"settings has no toggle {name!r}; toggles: {sorted(_FIELD_NAMES)}")
         value = _coerce(name, value)
         object.__setattr__(self, name, value)
+        _notify()
 
     @contextlib.contextmanager
     def override(self, **changes: Any) -> Iterator["Settings"]:
@@ -82,9 +83,24 @@ class Settings:
         finally:
             for k, v in saved.items():
                 object.__setattr__(self, k, v)
+            _notify()
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+_LISTENERS: List[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after every change of a toggle, set or restored by ``override``: for
+    state derived from the settings once rather than read per call (the native call memo)."""
+    _LISTENERS.append(listener)
+
+
+def _notify() -> None:
+    for listener in _LISTENERS:
+        listener()
 
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))

@@ -125,3 +125,24 @@ def test_forward_variant_setting_reaches_the_node(variant):
     for backward in ("fused", "split"):
         with settings.override(forward_variant=variant, backward=backward):
             check_parity(x, w, dy)
+
+
+def test_repeated_calls_are_served_by_the_call_memo(monkeypatch):
+    """The second training call of a shape runs from the C++ call memo: neither the argument
+    checks nor the planner run, and y, dx, dW are bitwise those of the first call."""
+    from rmsnorm_lab import api
+    from rmsnorm_lab.cute import native_launch
+    x, w, dy = fresh((257, 4096), torch.bfloat16), fresh((4096,), torch.bfloat16), \
+        fresh((257, 4096), torch.bfloat16)
+    first = run("native", x, w, dy)
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("the Python path ran for a memoized call")
+    monkeypatch.setattr(api, "validate", not_again)
+    monkeypatch.setattr(native_launch, "_plan_launch", not_again)
+    second = run("native", x, w, dy)
+    assert second[3] == "RMSNormNativeBackward"
+    for a, b in zip(first[:3], second[:3]):
+        same(a, b)
+    with settings.override(forward_variant="warp"), pytest.raises(AssertionError, match="Python"):
+        run("native", x, w, dy)  # a setting a plan reads: not the memoized launch

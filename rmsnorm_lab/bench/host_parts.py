@@ -6,10 +6,12 @@ call.
     python -m rmsnorm_lab.bench.host_parts > host-parts.jsonl
 
 Tasks, outermost first: ``lab fwd+autograd`` (``rms_norm`` on inputs that require grad) ->
-``native_launch.rms_norm`` (validation skipped: the call key and the native call) ->
-``ext.apply`` (the native node alone: allocation, launch, tape) -> ``tvm_ffi kernel call`` (the
-compiled forward called from Python on preallocated outputs). ``empty_like`` and ``torch.add``
-give the scale of one allocation and of one small torch op on the same host.
+``fast_call`` (the extension's call memo: the key read off the arguments in C++, the Launch
+found, the native call) -> ``ext.apply`` (the native node alone: allocation, launch, tape) ->
+``tvm_ffi kernel call`` (the compiled forward called from Python on preallocated outputs).
+``native_launch.rms_norm`` is the path a call takes when the gate is closed (the memo probed
+from Python). ``empty_like`` and ``torch.add`` give the scale of one allocation and of one small
+torch op on the same host.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import torch
 
 from ..api import rms_norm
-from ..autograd import _native_path
+from .. import autograd
 from ..cute import runner
 from ..launch import forward as launch_forward
 from ..settings import settings
@@ -40,11 +42,13 @@ def tasks() -> dict:
         return rms_norm(a, b, EPS, backend="cute")
     lab(xg, wg)
     lab(x, w)
-    native = _native_path()
-    if native is None:
-        raise RuntimeError("the native node is not available here (see rmsnorm_lab.native_node)")
+    native = autograd._native_path()
+    if native is None or autograd.fast_call is None:
+        raise RuntimeError("the native node is not available here (see rmsnorm_lab.native_node)"
+                           " or the settings route training calls elsewhere")
     extension, native_launch = native
-    launch = next(iter(native_launch._LAUNCHES.values()))
+    fast_call = autograd.fast_call
+    launch = native_launch.memo(extension).find(xg, wg, EPS, 0.0, "llama")
     entry = runner.entry_for(x, w, "llama", False, "auto")
     kernel = entry.ffi_kernel
     y, rstd = torch.empty_like(x), entry.empty_rstd
@@ -53,6 +57,7 @@ def tasks() -> dict:
         "torch fwd+autograd": lambda: torch_rms(xg, (N,), wg, EPS),
         "lab fwd": lambda: lab(x, w),
         "lab fwd+autograd": lambda: lab(xg, wg),
+        "fast_call": lambda: fast_call(xg, wg, EPS, 0.0, "llama"),
         "native_launch.rms_norm": lambda: native_launch.rms_norm(extension, xg, wg, EPS, 0.0,
                                                                  "llama"),
         "ext.apply": lambda: extension.apply(xg, wg, launch),

@@ -12,13 +12,18 @@
 // called here through TVM-FFI's C ABI with DLTensor views of the torch tensors (no allocation per
 // argument) on torch's current stream, set as TVM-FFI's environment stream for the call.
 // Which kernels, grids and strip counts to use is decided in Python (rmsnorm_lab/cute/
-// native_launch.py), once per call shape, and handed over as a `Launch`.
+// native_launch.py), once per call shape, and handed over as a `Launch`; a `CallMemo` finds
+// the Launch of a repeated call shape without entering Python.
 
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
@@ -384,6 +389,151 @@ at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   return y;
 }
 
+// ------------------------------------------------------------------------------- call memo
+// Everything a Launch was decided from, read off the call's arguments: shapes, strides, dtypes
+// and devices of x and the weight, the 16-byte alignment of their pointers, the casting mode,
+// eps and offset, and a code of the settings the plan read (forward variant, backward mode,
+// strips, NVTX), which Python updates on every settings change.
+// A call whose x has more than kMaxDims dimensions is not memoized (it goes through Python).
+constexpr int kMaxDims = 8;
+
+struct CallKey {
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+  int32_t dims = 0;
+  int32_t x_dtype = 0;
+  int32_t x_device = 0;   // device type * 256 + index
+  int32_t w_dtype = -1;   // -1: no weight
+  int32_t w_device = 0;
+  int64_t w_size = 0, w_stride = 0, w_dims = 0;
+  bool aligned = false;
+  double eps = 0.0, offset = 0.0;
+  int64_t settings = 0;
+  std::string casting_mode;
+
+  bool operator==(const CallKey& o) const {
+    return settings == o.settings && dims == o.dims && x_dtype == o.x_dtype && x_device == o.x_device &&
+           w_dtype == o.w_dtype && w_device == o.w_device && w_size == o.w_size &&
+           w_stride == o.w_stride && w_dims == o.w_dims && aligned == o.aligned &&
+           eps == o.eps && offset == o.offset && casting_mode == o.casting_mode &&
+           std::equal(sizes, sizes + dims, o.sizes) &&
+           std::equal(strides, strides + dims, o.strides);
+  }
+};
+
+struct CallKeyHash {
+  size_t operator()(const CallKey& k) const {
+    size_t h = std::hash<std::string>()(k.casting_mode);
+    auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    for (int32_t i = 0; i < k.dims; ++i) mix(k.sizes[i]), mix(k.strides[i]);
+    mix(k.x_dtype), mix(k.x_device), mix(k.w_dtype), mix(k.w_size), mix(k.aligned);
+    mix(static_cast<uint64_t>(k.settings));
+    return h;
+  }
+};
+
+int32_t device_code(const at::Tensor& t) {
+  return static_cast<int32_t>(t.device().type()) * 256 + t.device().index() + 1;
+}
+
+// The key of (x, weight, eps, offset, casting_mode), or false when the call is not one the memo
+// serves (not tensors, eps or offset not a Python number, mode not a str, too many dims).
+bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::handle offset,
+              py::handle mode, CallKey* key) {
+  if (!THPVariable_Check(x_obj.ptr())) return false;
+  const at::Tensor& x = THPVariable_Unpack(x_obj.ptr());
+  const int64_t dims = x.dim();
+  if (dims < 1 || dims > kMaxDims) return false;
+  if (!PyUnicode_Check(mode.ptr())) return false;
+  for (py::handle number : {eps, offset}) {
+    if (!PyFloat_Check(number.ptr()) && !PyLong_Check(number.ptr())) return false;
+  }
+  key->dims = static_cast<int32_t>(dims);
+  std::copy_n(x.sizes().data(), dims, key->sizes);
+  std::copy_n(x.strides().data(), dims, key->strides);
+  key->x_dtype = static_cast<int32_t>(x.scalar_type());
+  key->x_device = device_code(x);
+  auto ptrs = reinterpret_cast<uintptr_t>(x.data_ptr());
+  if (!w_obj.is_none()) {
+    if (!THPVariable_Check(w_obj.ptr())) return false;
+    const at::Tensor& w = THPVariable_Unpack(w_obj.ptr());
+    key->w_dtype = static_cast<int32_t>(w.scalar_type());
+    key->w_device = device_code(w);
+    key->w_dims = w.dim();
+    if (w.dim() == 1) key->w_size = w.size(0), key->w_stride = w.stride(0);
+    ptrs |= reinterpret_cast<uintptr_t>(w.data_ptr());
+  }
+  key->aligned = (ptrs & 15) == 0;
+  key->eps = PyFloat_AsDouble(eps.ptr());
+  key->offset = PyFloat_AsDouble(offset.ptr());
+  if (PyErr_Occurred()) {  // an int too large for a double
+    PyErr_Clear();
+    return false;
+  }
+  Py_ssize_t length = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(mode.ptr(), &length);
+  if (text == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  key->casting_mode.assign(text, static_cast<size_t>(length));
+  return true;
+}
+
+// Launches by call key, filled by Python (rmsnorm_lab/cute/native_launch.py) as it plans each
+// new call shape. `call` is the training call's whole host path once a shape is known: on the
+// H200's host the Python around ext.apply (argument checks, the key tuple, a dict probe) was
+// ~5.6 of its 20.4 us (NOTES.md 19). A key is only ever inserted after Python validated and
+// planned that exact call, so a hit needs no further checks.
+class CallMemo {
+ public:
+  explicit CallMemo(int64_t capacity) : capacity_(capacity) {}
+
+  std::shared_ptr<const Launch> find(py::handle x, py::handle w, py::handle eps,
+                                     py::handle offset, py::handle mode) const {
+    CallKey key;
+    key.settings = settings_;
+    if (!call_key(x, w, eps, offset, mode, &key)) return nullptr;
+    const auto it = launches_.find(key);
+    return it == launches_.end() ? nullptr : it->second;
+  }
+
+  // True when inserted (false: a call the memo does not serve).
+  bool insert(py::handle x, py::handle w, py::handle eps, py::handle offset, py::handle mode,
+              std::shared_ptr<const Launch> launch) {
+    CallKey key;
+    key.settings = settings_;
+    if (!call_key(x, w, eps, offset, mode, &key)) return false;
+    if (static_cast<int64_t>(launches_.size()) >= capacity_) launches_.clear();  // bounded
+    launches_[std::move(key)] = std::move(launch);  // nodes hold their own reference
+    return true;
+  }
+
+  // y of a training call (grad mode on, x or the weight requiring grad) whose shape was planned
+  // before; None otherwise, and Python takes the call.
+  py::object call(py::handle x, py::handle w, py::handle eps, py::handle offset,
+                  py::handle mode) const {
+    if (!at::GradMode::is_enabled()) return py::none();
+    const auto launch = find(x, w, eps, offset, mode);
+    if (!launch) return py::none();
+    const at::Tensor& xt = THPVariable_Unpack(x.ptr());
+    std::optional<at::Tensor> weight;
+    if (!w.is_none()) weight = THPVariable_Unpack(w.ptr());
+    if (!xt.requires_grad() && !(weight.has_value() && weight->requires_grad())) {
+      return py::none();
+    }
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(apply(xt, weight, launch)));
+  }
+
+  void clear() { launches_.clear(); }
+  int64_t size() const { return static_cast<int64_t>(launches_.size()); }
+  int64_t settings_ = 0;  // the code of the settings now in force
+
+ private:
+  int64_t capacity_;
+  std::unordered_map<CallKey, std::shared_ptr<const Launch>, CallKeyHash> launches_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -405,6 +555,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "y = rms_norm(x, weight) as `launch` plans it; on the tape when x or weight requires "
         "grad (and grad mode is on)",
         py::arg("x"), py::arg("weight"), py::arg("launch"));
+  py::class_<CallMemo>(m, "CallMemo")
+      .def(py::init<int64_t>(), py::arg("capacity"))
+      .def("find", &CallMemo::find, "the Launch planned for this call, or None", py::arg("x"),
+           py::arg("weight"), py::arg("eps"), py::arg("offset"), py::arg("casting_mode"))
+      .def("insert", &CallMemo::insert, py::arg("x"), py::arg("weight"), py::arg("eps"),
+           py::arg("offset"), py::arg("casting_mode"), py::arg("launch"))
+      .def("call", &CallMemo::call,
+           "y of a training call of a planned shape (on the tape), or None: Python takes it",
+           py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("offset"),
+           py::arg("casting_mode"))
+      .def_readwrite("settings", &CallMemo::settings_,
+                     "code of the settings in force (part of every key)")
+      .def("clear", &CallMemo::clear)
+      .def("__len__", &CallMemo::size);
   m.def("has_nvtx", []() {
 #if defined(RMSNORM_LAB_NVTX)
     return true;

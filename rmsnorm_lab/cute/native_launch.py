@@ -6,10 +6,12 @@ the forward grid, the fused strip count (or split's M) and the rows of dW partia
 (csrc/native_node.cpp) then launches the forward, keeps what the backward needs, and runs the
 whole backward in C++.
 
-That decision is memoized per call key (``_LAUNCHES``: shape, strides, dtypes, alignment, eps,
-offset, settings) as a native ``Launch``: the SM count, the settings and the plans are read when
-a new key arrives, not on every call. A node holds its own reference to its Launch, and a Launch
-to its kernels; the compiled Python functions behind them (the code itself) are pinned in
+That decision is memoized per call in the extension's ``CallMemo`` (C++): shape, strides,
+dtypes, devices, alignment, casting mode, eps, offset and a code of the settings a plan reads
+(``settings_code``). The SM count, the settings and the plans are read when a new call arrives,
+not on every call, and a call of a known shape can run without entering this module at all
+(``autograd.fast_call``). A node holds its own reference to its Launch, and a Launch to its
+kernels; the compiled Python functions behind them (the code itself) are pinned in
 ``_FUNCTIONS`` for the life of the process, not dropped by the runners' ``clear_caches``.
 """
 
@@ -19,16 +21,16 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..settings import settings
+from ..settings import on_change, settings
 from . import backward_runner, runner
 from .backward_plan import dw_row_groups, fused_strips
 from .plan import INT32_LIMIT, check_int32_addressable
 
 #: (forward entry, backward entry) -> the compiled functions; never cleared (see above)
 _FUNCTIONS: Dict[Tuple, Tuple] = {}
-#: call key -> native Launch; see ``rms_norm``
-_LAUNCHES: Dict[Tuple, object] = {}
-LAUNCHES_CAP = 1024
+#: the extension's CallMemo (call -> Launch), made with the first native call; see ``rms_norm``
+_memo = None
+LAUNCHES_CAP = 1024  # bounded under ever-changing shapes: a full memo starts over
 
 
 def ffi_handle(fn) -> int:
@@ -80,24 +82,37 @@ def _plan_launch(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: f
         fwd.plan.grid(M, sms), backward_int, partial_rows, eps, offset, settings.nvtx)
 
 
+def settings_code() -> int:
+    """The settings every plan of this module reads, as one integer of the memo's keys."""
+    return hash((settings.forward_variant, settings.backward, settings.fused_strips,
+                 settings.nvtx))
+
+
+def memo(native):
+    """The extension's call memo (made on first use; its settings code follows every change)."""
+    global _memo
+    if _memo is None:
+        _memo = native.CallMemo(LAUNCHES_CAP)
+        _memo.settings = settings_code()
+
+        def follow_settings():
+            _memo.settings = settings_code()
+        on_change(follow_settings)
+    return _memo
+
+
 def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
              offset: float, casting_mode: str) -> torch.Tensor:
     """y of ``x`` (any leading shape, validated by ``api.rms_norm``) on the native node.
 
-    Everything a launch decides follows from the key below, so it is decided once per key
-    (``_plan_launch``) and looked up after: the two entry lookups, the strip count and the grid
-    cost ~8 us of Python per call on a CPU measured here, the key ~2."""
-    w_ptr = 0 if weight is None else weight.data_ptr()
-    key = (x.shape, x.stride(), x.dtype, None if weight is None else weight.dtype,
-           None if weight is None else weight.stride(), ((x.data_ptr() | w_ptr) & 15) == 0,
-           casting_mode, eps, offset, x.get_device(), settings.forward_variant,
-           settings.backward, settings.fused_strips, settings.nvtx)
-    launch = _LAUNCHES.get(key)
+    Everything a launch decides follows from the call's key (see the module's docstring), so it
+    is decided once per key (``_plan_launch``: the two entry lookups, the strip count and the
+    grid cost ~8 us of Python per call on a CPU measured here) and found in the memo after."""
+    calls = memo(native)
+    launch = calls.find(x, weight, eps, offset, casting_mode)
     if launch is None:
         from ..launch import sm_count
         launch = _plan_launch(native, x, weight, eps, offset, casting_mode,
                               sm_count(x.get_device()))
-        if len(_LAUNCHES) >= LAUNCHES_CAP:  # bounded under ever-changing shapes; a node keeps
-            _LAUNCHES.clear()               # its own reference to its launch
-        _LAUNCHES[key] = launch
+        calls.insert(x, weight, eps, offset, casting_mode, launch)
     return native.apply(x, weight, launch)

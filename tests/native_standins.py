@@ -1,0 +1,94 @@
+"""Stand-in kernels for the native node's CPU tests: Python functions behind TVM-FFI's C ABI
+with the CuTe kernels' signatures, computing with the reference formulas."""
+
+import ctypes
+
+import torch
+import tvm_ffi
+
+from rmsnorm_lab.cute.native_launch import ffi_handle
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EPS = 1e-6
+
+
+def as_torch(t) -> torch.Tensor:
+    """A torch view of a CPU tensor a kernel received (a non-owning TVM-FFI tensor)."""
+    dtype = DTYPES[str(t.dtype)]
+    shape, strides = tuple(t.shape), tuple(t.strides)
+    if 0 in shape:
+        return torch.empty(shape, dtype=dtype)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    size = torch.empty((), dtype=dtype).element_size()
+    buf = (ctypes.c_char * (span * size)).from_address(t.data_ptr())
+    return torch.frombuffer(buf, dtype=dtype, count=span).as_strided(shape, strides)
+
+
+def described(t) -> dict:
+    """What a kernel saw of a tensor argument (the argument itself dies with the call)."""
+    return dict(shape=tuple(t.shape), strides=tuple(t.strides), ptr=t.data_ptr(),
+                dtype=str(t.dtype))
+
+
+class StandIns:
+    """Stand-in kernels with the CuTe kernels' signatures; every call is logged."""
+
+    def __init__(self):
+        self.log = []
+
+    def forward(self, x, w, y, rstd, grid, eps, offset):
+        self.log.append(("forward", dict(x=described(x), grid=grid, eps=eps, offset=offset)))
+        X, Y, R = as_torch(x).double(), as_torch(y), as_torch(rstd)
+        r = torch.rsqrt(X.pow(2).mean(-1) + eps)
+        out = X * r[:, None]
+        if w.shape[0]:
+            out = out * (as_torch(w).double() + offset)
+        R.copy_(r)
+        Y.copy_(out)
+
+    def backward(self, dy, x, w, rstd, dx, part, count, offset):
+        """Fused: dx and the strip partials of dW (``count`` strips); split: dx only."""
+        self.log.append(("backward", dict(dy=described(dy), count=count, part_rows=part.shape[0])))
+        DY, X, R = as_torch(dy).double(), as_torch(x).double(), as_torch(rstd).double()
+        wt = (as_torch(w).double() + offset) if w.shape[0] else torch.ones(X.shape[1]).double()
+        xhat = X * R[:, None]
+        g = DY * wt
+        as_torch(dx).copy_(R[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True)))
+        if w.shape[0] and part.shape[0] == count:  # fused with a weight: one partial per strip
+            self._partials(DY * xhat, as_torch(part), count)
+
+    def dw(self, dy, x, rstd, part):
+        self.log.append(("dw", dict(part_rows=part.shape[0])))
+        xhat = as_torch(x).double() * as_torch(rstd).double()[:, None]
+        self._partials(as_torch(dy).double() * xhat, as_torch(part), part.shape[0])
+
+    def reduce(self, part, dw):
+        self.log.append(("reduce", dict(part_rows=part.shape[0])))
+        as_torch(dw).copy_(as_torch(part).sum(0))
+
+    @staticmethod
+    def _partials(contrib, part, rows):
+        for i, strip in enumerate(torch.tensor_split(contrib, rows)):
+            part[i].copy_(strip.sum(0))
+
+    def calls(self, name):
+        return [args for n, args in self.log if n == name]
+
+
+def functions(k: StandIns) -> dict:
+    return {name: tvm_ffi.convert(getattr(k, name)) for name in ("forward", "backward", "dw",
+                                                                  "reduce")}
+
+
+def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, count=2,
+                eps=EPS, offset=0.0, backward=None):
+    """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels."""
+    n = x.shape[-1]
+    m = x.numel() // n
+    return native.Launch(
+        forward=ffi_handle(fns["forward"]), backward=ffi_handle(backward or fns["backward"]),
+        dw=ffi_handle(fns["dw"]) if split else 0, reduce=ffi_handle(fns["reduce"]),
+        no_weight=torch.empty(0, dtype=x.dtype), no_partials=torch.empty(1, 1),
+        forward_name="row", backward_name="split" if split else "fused", aligned=aligned,
+        rows=m, row_stride=n, forward_grid=grid, backward_int=m if split else count,
+        partial_rows=count if with_weight else 0, eps=eps, offset=offset, nvtx=False)

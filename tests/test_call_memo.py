@@ -1,0 +1,141 @@
+"""The native call memo (``CallMemo`` in csrc/native_node.cpp) and the fast gate in front of it
+(``autograd.fast_call``, tried first by ``api.rms_norm``), on the CPU with stand-in kernels.
+
+The memo hands a repeated training call its planned Launch without entering Python, so the
+tests check what must *not* hit (any change of what a plan depends on), that a hit is the same
+call the Python path makes, and that every toggle routing calls elsewhere closes the gate.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("tvm_ffi")
+
+from native_standins import EPS, StandIns, functions, make_launch  # noqa: E402
+from rmsnorm_lab import api, autograd, native_node, settings  # noqa: E402
+from rmsnorm_lab.cute import native_launch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def native():
+    return native_node.load()
+
+
+@pytest.fixture
+def memo(native):
+    m = native.CallMemo(16)
+    m.settings = 7
+    return m
+
+
+def planned(native, memo, x, w, eps=EPS, offset=0.0, mode="llama", k=None):
+    """Insert a stand-in Launch for this call; returns the stand-ins' log holder."""
+    k = k or StandIns()
+    launch = make_launch(native, functions(k), x, w is not None, eps=eps, offset=offset)
+    assert memo.insert(x, w, eps, offset, mode, launch)
+    return k, launch
+
+
+def test_a_hit_is_the_planned_launch_and_records_the_node(native, memo):
+    x = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    assert memo.call(x, w, EPS, 0.0, "llama") is None  # unknown: Python takes it
+    k, launch = planned(native, memo, x, w)
+    assert memo.find(x, w, EPS, 0.0, "llama") is launch
+    y = memo.call(x, w, EPS, 0.0, "llama")
+    assert y.grad_fn.name() == "RMSNormNativeBackward" and len(k.calls("forward")) == 1
+    y.backward(torch.ones(6, 8))
+    assert len(k.calls("backward")) == 1 and x.grad is not None and w.grad is not None
+    expected = native.apply(x, w, launch)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+def test_every_input_of_a_plan_is_in_the_key(native, memo):
+    x = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    planned(native, memo, x, w)
+    storage = torch.randn(6 * 8 + 1)
+    others = {
+        "shape": (torch.randn(3, 16, requires_grad=True), w),
+        "leading shape": (torch.randn(2, 3, 8, requires_grad=True), w),
+        "strides": (torch.randn(6, 16)[:, :8].requires_grad_(), w),
+        "dtype": (x.detach().double().requires_grad_(), w),
+        "weight dtype": (x, w.detach().half().requires_grad_()),
+        "no weight": (x, None),
+        "weight shape": (x, torch.randn(1, 8, requires_grad=True)),
+        "alignment": (storage[1:].view(6, 8).requires_grad_(), w),
+    }
+    for what, (xo, wo) in others.items():
+        assert memo.find(xo, wo, EPS, 0.0, "llama") is None, what
+    assert memo.find(x, w, 1e-5, 0.0, "llama") is None
+    assert memo.find(x, w, EPS, 0.5, "llama") is None
+    assert memo.find(x, w, EPS, 0.0, "gemma") is None
+    memo.settings = 8
+    assert memo.find(x, w, EPS, 0.0, "llama") is None
+    memo.settings = 7
+    assert memo.find(x, w, EPS, 0.0, "llama") is not None
+    assert memo.find(x.detach().clone(), w.detach().clone(), EPS, 0, "llama") is not None
+
+
+def test_calls_it_does_not_serve_go_back_to_python(native, memo):
+    x = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    planned(native, memo, x, w)
+    assert memo.call(x.detach(), w.detach(), EPS, 0.0, "llama") is None  # nothing needs grad
+    with torch.no_grad():
+        assert memo.call(x, w, EPS, 0.0, "llama") is None
+    with torch.inference_mode():
+        assert memo.call(x, w, EPS, 0.0, "llama") is None
+    for bad in ([x, w, "1e-6", 0.0, "llama"], [x, w, EPS, None, "llama"],
+                [x, w, EPS, 0.0, 3], [x.tolist(), w, EPS, 0.0, "llama"],
+                [x, "w", EPS, 0.0, "llama"], [x, w, EPS, 10 ** 400, "llama"]):
+        assert memo.call(*bad) is None  # never an exception: Python validates and says why
+    assert not memo.insert(torch.randn([1] * 9), None, EPS, 0.0, "llama", None)  # > 8 dims
+
+
+def test_bounded(native, memo):
+    for n in range(1, 18):
+        planned(native, memo, torch.randn(2, n), None)
+    assert len(memo) == 1  # the 17th insert found 16 and started over
+
+
+def test_the_gate_follows_the_toggles(native):
+    assert autograd._native_path() is not None
+    assert autograd.fast_call is not None
+    for toggle in (dict(backend="triton"), dict(autograd_node="python"),
+                   dict(launch_path="cached"), dict(settings_per_call=True)):
+        with settings.override(**toggle):
+            assert autograd.fast_call is None, toggle
+        assert autograd.fast_call is not None
+
+
+def test_settings_a_plan_reads_change_the_memo_code(native):
+    m = native_launch.memo(native)
+    before = m.settings
+    for toggle in (dict(forward_variant="row"), dict(backward="split"), dict(fused_strips=3),
+                   dict(nvtx=True)):
+        with settings.override(**toggle):
+            assert m.settings != before, toggle
+        assert m.settings == before
+
+
+def test_api_takes_the_gate_first_and_only_where_it_may(native, memo, monkeypatch):
+    """``rms_norm`` on CPU tensors would be refused for backend 'cute'; with a CPU Launch in the
+    memo behind the gate, a training call is served by it, and the calls the gate must not
+    take (another backend, in_place, nothing requiring grad) are not."""
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    k, _ = planned(native, memo, x, w)
+    monkeypatch.setattr(autograd, "fast_call", memo.call)
+    for backend in (None, "cute"):
+        y = api.rms_norm(x, w, EPS, backend=backend)
+        assert y.grad_fn.name() == "RMSNormNativeBackward"
+    assert len(k.calls("forward")) == 2
+    y = api.rms_norm(x, w, EPS, backend="torch")
+    assert y.grad_fn.name() != "RMSNormNativeBackward"
+    for kw in (dict(in_place=True), dict(casting_mode="gemma"), dict(offset=1.0)):
+        with pytest.raises(ValueError, match="needs CUDA tensors"):  # not in the memo
+            api.rms_norm(x, w, EPS, **kw)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        api.rms_norm(x.detach(), w.detach(), EPS)
+    assert len(k.calls("forward")) == 2
