@@ -62,7 +62,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     Without autograd it has no effect. There is no double backward (``create_graph=True``
     raises).
     """
-    fast = _autograd.fast_call  # a training call of a shape seen before: all in C++
+    fast = _autograd.fast_call  # a call planned before: all in C++
     if (fast is not None and backend in (None, "cute") and not in_place
             and not torch.compiler.is_compiling()):
         y = fast(x, weight, eps, offset, casting_mode)
@@ -81,4 +81,10 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     if torch.compiler.is_compiling():  # the kernels' Python is opaque to Dynamo: one op node
         return _autograd.rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode,
                                       backend)[0]
+    native = _autograd.native_node_for(x, backend, in_place=False)
+    if native is not None:  # planned once per call key; the next such call takes the gate
+        extension, native_launch = native
+        if settings.settings_per_call:
+            launch.per_call_settings_cost()
+        return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
     return launch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=False)[0]

@@ -207,9 +207,10 @@ def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: f
 
 
 def native_node_for(x: Tensor, backend: str, in_place: bool):
-    """(extension, cute.native_launch) when this training call goes on the native node, else
-    None. The native node decides its backward (``settings.backward``, ``fused_strips``) at the
-    forward; the Python node reads them when its backward runs."""
+    """(extension, cute.native_launch) when this call goes through the native extension (a
+    training call then goes on its tape node), else None. The native node decides its backward
+    (``settings.backward``, ``fused_strips``) at the forward; the Python node reads them when its
+    backward runs."""
     if (backend == "cute" and settings.autograd_node == "native" and not in_place
             and settings.launch_path == "tvm_ffi" and x.numel()):
         return _native_path()
@@ -218,11 +219,11 @@ def native_node_for(x: Tensor, backend: str, in_place: bool):
 
 _native = None  # (extension, cute.native_launch) once loaded; False where it cannot be built
 
-#: The whole host path of a training call whose shape the native node has seen:
+#: The whole host path of a call the native extension has planned before:
 #: ``fast_call(x, weight, eps, offset, casting_mode)`` is the extension's ``CallMemo.call``
-#: (y on the tape, or None when the memo does not know the call and ``api.rms_norm`` goes on).
-#: Set once the native node is loaded and while the toggles route ``backend=None`` calls to it
-#: (``_update_fast_call``, run on every settings change); None otherwise.
+#: (y, on the tape for a training call; None when the memo does not know the call and
+#: ``api.rms_norm`` goes on). Set once the extension is loaded and while the toggles route
+#: ``backend=None`` calls to it (``_update_fast_call``, run on every settings change).
 fast_call = None
 
 

@@ -29,6 +29,7 @@ _CHOICES: Dict[str, tuple] = {
     "launch_path": LAUNCH_PATHS,
     "autograd_node": AUTOGRAD_NODES,
 }
+_THE_SETTINGS = None  # the lab's ``settings`` (below): its changes are announced to listeners
 # integer toggles with a lower bound (tensor_cache_cap has none: negative means unbounded)
 _MINIMUM: Dict[str, int] = {"fused_strips": 0}
 
@@ -70,7 +71,8 @@ class Settings:
                 f"settings has no toggle {name!r}; toggles: {sorted(_FIELD_NAMES)}")
         value = _coerce(name, value)
         object.__setattr__(self, name, value)
-        _notify()
+        if self is _THE_SETTINGS:  # not a scratch object (from_environ, per_call_settings_cost)
+            _notify()
 
     @contextlib.contextmanager
     def override(self, **changes: Any) -> Iterator["Settings"]:
@@ -83,7 +85,8 @@ class Settings:
         finally:
             for k, v in saved.items():
                 object.__setattr__(self, k, v)
-            _notify()
+            if self is _THE_SETTINGS:
+                _notify()
 
     def as_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,4 +152,4 @@ def from_environ(environ: Mapping[str, str]) -> Settings:
     return s
 
 
-settings = from_environ(os.environ)
+settings = _THE_SETTINGS = from_environ(os.environ)

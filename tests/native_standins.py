@@ -37,13 +37,15 @@ class StandIns:
         self.log = []
 
     def forward(self, x, w, y, rstd, grid, eps, offset):
-        self.log.append(("forward", dict(x=described(x), grid=grid, eps=eps, offset=offset)))
+        self.log.append(("forward", dict(x=described(x), grid=grid, eps=eps, offset=offset,
+                                         rstd_rows=rstd.shape[0])))
         X, Y, R = as_torch(x).double(), as_torch(y), as_torch(rstd)
         r = torch.rsqrt(X.pow(2).mean(-1) + eps)
         out = X * r[:, None]
         if w.shape[0]:
             out = out * (as_torch(w).double() + offset)
-        R.copy_(r)
+        if rstd.shape[0]:  # an inference launch passes a zero-length stand-in
+            R.copy_(r)
         Y.copy_(out)
 
     def backward(self, dy, x, w, rstd, dx, part, count, offset):
@@ -81,14 +83,19 @@ def functions(k: StandIns) -> dict:
 
 
 def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, count=2,
-                eps=EPS, offset=0.0, backward=None):
-    """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels."""
+                eps=EPS, offset=0.0, backward=None, training=True):
+    """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels; an
+    inference launch (no backward, no partials) with ``training=False``."""
     n = x.shape[-1]
     m = x.numel() // n
     return native.Launch(
-        forward=ffi_handle(fns["forward"]), backward=ffi_handle(backward or fns["backward"]),
-        dw=ffi_handle(fns["dw"]) if split else 0, reduce=ffi_handle(fns["reduce"]),
+        forward=ffi_handle(fns["forward"]),
+        backward=ffi_handle(backward or fns["backward"]) if training else 0,
+        dw=ffi_handle(fns["dw"]) if split and training else 0,
+        reduce=ffi_handle(fns["reduce"]) if training else 0,
         no_weight=torch.empty(0, dtype=x.dtype), no_partials=torch.empty(1, 1),
-        forward_name="row", backward_name="split" if split else "fused", aligned=aligned,
+        no_rstd=torch.empty(0), forward_name="row",
+        backward_name="split" if split else "fused", aligned=aligned, weighted=with_weight,
         rows=m, row_stride=n, forward_grid=grid, backward_int=m if split else count,
-        partial_rows=count if with_weight else 0, eps=eps, offset=offset, nvtx=False)
+        partial_rows=count if with_weight and training else 0, eps=eps, offset=offset,
+        nvtx=False)

@@ -1,9 +1,10 @@
 """The native call memo (``CallMemo`` in csrc/native_node.cpp) and the fast gate in front of it
 (``autograd.fast_call``, tried first by ``api.rms_norm``), on the CPU with stand-in kernels.
 
-The memo hands a repeated training call its planned Launch without entering Python, so the
-tests check what must *not* hit (any change of what a plan depends on), that a hit is the same
-call the Python path makes, and that every toggle routing calls elsewhere closes the gate.
+The memo hands a repeated call its planned Launch (training or inference) without entering
+Python, so the tests check what must *not* hit (any change of what a plan depends on), that a
+hit is the same call the Python path makes, and that every toggle routing calls elsewhere
+closes the gate.
 """
 
 import pytest
@@ -74,7 +75,11 @@ def test_every_input_of_a_plan_is_in_the_key(native, memo):
     assert memo.find(x, w, EPS, 0.0, "llama") is None
     memo.settings = 7
     assert memo.find(x, w, EPS, 0.0, "llama") is not None
-    assert memo.find(x.detach().clone(), w.detach().clone(), EPS, 0, "llama") is not None
+    assert memo.find(x.detach().clone().requires_grad_(), w.detach().clone(), EPS, 0,
+                     "llama") is not None  # other tensors of the same key, eps as an int
+    assert memo.find(x.detach(), w.detach(), EPS, 0.0, "llama") is None  # not a training call
+    with torch.no_grad():
+        assert memo.find(x, w, EPS, 0.0, "llama") is None
 
 
 def test_calls_it_does_not_serve_go_back_to_python(native, memo):
@@ -91,6 +96,19 @@ def test_calls_it_does_not_serve_go_back_to_python(native, memo):
                 [x, "w", EPS, 0.0, "llama"], [x, w, EPS, 10 ** 400, "llama"]):
         assert memo.call(*bad) is None  # never an exception: Python validates and says why
     assert not memo.insert(torch.randn([1] * 9), None, EPS, 0.0, "llama", None)  # > 8 dims
+
+
+def test_inference_calls_have_launches_of_their_own(native, memo):
+    x, w = torch.randn(6, 8), torch.randn(8)
+    k = StandIns()
+    launch = make_launch(native, functions(k), x, True, training=False)
+    assert memo.insert(x, w, EPS, 0.0, "llama", launch)
+    y = memo.call(x, w, EPS, 0.0, "llama")
+    assert y.grad_fn is None and k.calls("forward")[0]["rstd_rows"] == 0
+    with torch.no_grad():  # grad mode off: an inference call even with inputs requiring grad
+        assert memo.call(x.requires_grad_(), w, EPS, 0.0, "llama") is not None
+    assert memo.call(x, w, EPS, 0.0, "llama") is None  # a training call: not this launch
+    assert len(k.calls("forward")) == 2
 
 
 def test_bounded(native, memo):

@@ -146,3 +146,25 @@ def test_repeated_calls_are_served_by_the_call_memo(monkeypatch):
         same(a, b)
     with settings.override(forward_variant="warp"), pytest.raises(AssertionError, match="Python"):
         run("native", x, w, dy)  # a setting a plan reads: not the memoized launch
+
+
+@pytest.mark.parametrize("variant", ["auto", "row", "persistent", "warp", "fallback"])
+def test_inference_through_the_memo_equals_the_python_launch(variant, monkeypatch):
+    """An inference call goes through the extension too (its own launch: the forward without
+    rstd, no backward compiled); repeated, it is served by the memo. Bitwise equal to the
+    Python launch path's y, with the allocator poisoned first."""
+    from rmsnorm_lab import api, launch
+    from rmsnorm_lab.cute import native_launch
+    x, w = fresh((3, 33, 4096), torch.bfloat16), fresh((4096,), torch.bfloat16)
+    with settings.override(forward_variant=variant):
+        expected = launch.forward(x, w, EPS, 0.0, "llama", "cute", False)[0]
+        poison_allocator()
+        first = rms_norm(x, w, EPS)
+        monkeypatch.setattr(api, "validate", lambda *a: pytest.fail("the Python path ran"))
+        monkeypatch.setattr(native_launch, "_plan_launch", lambda *a: pytest.fail("replanned"))
+        poison_allocator()
+        second = rms_norm(x, w, EPS)
+    torch.cuda.synchronize()
+    assert first.grad_fn is None and second.shape == x.shape
+    same(first, expected)
+    same(second, expected)

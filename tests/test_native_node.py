@@ -150,14 +150,39 @@ def test_kernel_error_surfaces_with_its_kind(native):
 def test_launch_and_inputs_must_agree(native):
     fns = functions(StandIns())
     x = torch.randn(2, 8)
-    with pytest.raises(RuntimeError, match="a weight needs dW partial rows"):
+    with pytest.raises(RuntimeError, match="planned without a weight"):
         native.apply(x, torch.randn(8, requires_grad=True), make_launch(native, fns, x, False))
+    with pytest.raises(RuntimeError, match="planned with a weight"):
+        native.apply(x, None, make_launch(native, fns, x, True))
     with pytest.raises(RuntimeError, match="planned for 2 rows of 8"):
         native.apply(torch.randn(3, 8), None, make_launch(native, fns, x, False))
+    with pytest.raises(RuntimeError, match="cannot record a training call"):
+        native.apply(x.requires_grad_(), None, make_launch(native, fns, x, False, training=False))
+    common = dict(no_weight=torch.empty(0), no_partials=torch.empty(1, 1), no_rstd=torch.empty(0),
+                  forward_name="row", backward_name="fused", aligned=True, rows=2, row_stride=8,
+                  forward_grid=2, backward_int=2, eps=EPS, offset=0.0, nvtx=False)
+    f, b = ffi_handle(fns["forward"]), ffi_handle(fns["backward"])
     with pytest.raises(RuntimeError, match="need a reduction kernel"):
-        native.Launch(ffi_handle(fns["forward"]), ffi_handle(fns["backward"]), 0, 0,
-                      torch.empty(0), torch.empty(1, 1), "row", "fused", True, 2, 8, 2, 2, 2,
-                      EPS, 0.0, False)
+        native.Launch(f, b, 0, 0, weighted=True, partial_rows=2, **common)
+    with pytest.raises(RuntimeError, match="a weight needs dW partial rows"):
+        native.Launch(f, b, 0, 0, weighted=True, partial_rows=0, **common)
+    with pytest.raises(RuntimeError, match="only a weight of a training launch"):
+        native.Launch(f, 0, 0, ffi_handle(fns["reduce"]), weighted=True, partial_rows=2, **common)
+    with pytest.raises(RuntimeError, match="a forward kernel is required"):
+        native.Launch(0, b, 0, 0, weighted=False, partial_rows=0, **common)
+
+
+def test_inference_launch_skips_rstd_and_the_tape(native):
+    k = StandIns()
+    x, w = torch.randn(3, 8), torch.randn(8)
+    launch = make_launch(native, functions(k), x, True, training=False)
+    assert not launch.training
+    y = native.apply(x, w, launch)
+    assert y.grad_fn is None
+    y64, _, _ = reference_grads(x, w, torch.ones(3, 8))
+    torch.testing.assert_close(y.double(), y64, rtol=1e-5, atol=1e-5)
+    (fwd,) = k.calls("forward")
+    assert fwd["rstd_rows"] == 0 and not k.calls("backward")
 
 
 def test_inference_records_nothing(native):

@@ -10,7 +10,7 @@ Tasks, outermost first: ``lab fwd+autograd`` (``rms_norm`` on inputs that requir
 found, the native call) -> ``ext.apply`` (the native node alone: allocation, launch, tape) ->
 ``tvm_ffi kernel call`` (the compiled forward called from Python on preallocated outputs).
 ``native_launch.rms_norm`` is the path a call takes when the gate is closed (the memo probed
-from Python). ``empty_like`` and ``torch.add`` give the scale of one allocation and of one small
+from Python); ``fast_call inference`` the memo serving an inference call (``lab fwd``). ``empty_like`` and ``torch.add`` give the scale of one allocation and of one small
 torch op on the same host.
 """
 
@@ -58,6 +58,7 @@ def tasks() -> dict:
         "lab fwd": lambda: lab(x, w),
         "lab fwd+autograd": lambda: lab(xg, wg),
         "fast_call": lambda: fast_call(xg, wg, EPS, 0.0, "llama"),
+        "fast_call inference": lambda: fast_call(x, w, EPS, 0.0, "llama"),
         "native_launch.rms_norm": lambda: native_launch.rms_norm(extension, xg, wg, EPS, 0.0,
                                                                  "llama"),
         "ext.apply": lambda: extension.apply(xg, wg, launch),

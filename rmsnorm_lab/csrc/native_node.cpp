@@ -200,22 +200,31 @@ class FfiFunction {
 // Everything one call shape launches (a memoized decision of rmsnorm_lab/cute/native_launch.py):
 // the kernels (each with a reference of its own), stand-ins for absent tensors, the rows as the
 // kernels see them, grids and scalars. Shared by every node recorded for that shape.
+// A training launch has a backward and its forward stores rstd; an inference launch (backward
+// 0) runs the forward that does not, and never goes on the tape.
 struct Launch {
   Launch(int64_t forward, int64_t backward, int64_t dw, int64_t reduce, at::Tensor no_weight,
-         at::Tensor no_partials, std::string forward_name, std::string backward_name,
-         bool aligned, int64_t rows, int64_t row_stride, int64_t forward_grid,
-         int64_t backward_int, int64_t partial_rows, double eps, double offset, bool nvtx)
+         at::Tensor no_partials, at::Tensor no_rstd, std::string forward_name,
+         std::string backward_name, bool aligned, bool weighted, int64_t rows,
+         int64_t row_stride, int64_t forward_grid, int64_t backward_int, int64_t partial_rows,
+         double eps, double offset, bool nvtx)
       : forward(forward), backward(backward), dw(dw), reduce(reduce),
         no_weight(std::move(no_weight)), no_partials(std::move(no_partials)),
-        forward_name(std::move(forward_name)), backward_name(std::move(backward_name)),
-        aligned(aligned), rows(rows), row_stride(row_stride), forward_grid(forward_grid),
+        no_rstd(std::move(no_rstd)), forward_name(std::move(forward_name)),
+        backward_name(std::move(backward_name)), aligned(aligned), weighted(weighted),
+        rows(rows), row_stride(row_stride), forward_grid(forward_grid),
         backward_int(backward_int), partial_rows(partial_rows), eps(eps), offset(offset),
         nvtx(nvtx) {
-    TORCH_CHECK(static_cast<bool>(this->forward) && static_cast<bool>(this->backward),
-                "rmsnorm_lab native node: a forward and a backward kernel are required");
+    TORCH_CHECK(static_cast<bool>(this->forward),
+                "rmsnorm_lab native node: a forward kernel is required");
+    TORCH_CHECK(training() ? (partial_rows > 0) == weighted : partial_rows == 0,
+                "rmsnorm_lab native node: a weight needs dW partial rows, and only a weight "
+                "of a training launch");
     TORCH_CHECK(partial_rows == 0 || static_cast<bool>(this->reduce),
                 "rmsnorm_lab native node: dW partial rows need a reduction kernel");
   }
+
+  bool training() const { return static_cast<bool>(backward); }
 
   FfiFunction forward;   // (x, w, y, rstd, grid, eps, offset)
   FfiFunction backward;  // (dy, x, w, rstd, dx, partials, int, offset): fused, or split's dx
@@ -223,8 +232,10 @@ struct Launch {
   FfiFunction reduce;    // (partials, dw)
   at::Tensor no_weight;    // zero-length stand-in for an absent weight
   at::Tensor no_partials;  // stand-in for partials a kernel does not write
+  at::Tensor no_rstd;      // zero-length stand-in for the rstd an inference forward skips
   std::string forward_name, backward_name;  // NVTX: "row", "fused", ...
   bool aligned;          // the backward kernels assume 16-byte aligned rows
+  bool weighted;         // planned with a weight
   int64_t rows;          // M: x seen as (M, N) rows
   int64_t row_stride;    // x's row stride as rows (leading dims collapsed)
   int64_t forward_grid;
@@ -368,10 +379,14 @@ at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   const int64_t n = x.size(-1), m = k.rows;
   TORCH_CHECK(x.numel() == m * n, "rmsnorm_lab native node: x has ", x.numel(),
               " elements, its launch was planned for ", m, " rows of ", n);
-  TORCH_CHECK(weight.has_value() == (k.partial_rows > 0),
-              "rmsnorm_lab native node: a weight needs dW partial rows, and only a weight");
+  TORCH_CHECK(weight.has_value() == k.weighted, "rmsnorm_lab native node: the launch was planned ",
+              k.weighted ? "with" : "without", " a weight");
+  const bool on_tape = at::GradMode::is_enabled() &&
+                       (x.requires_grad() || (weight.has_value() && weight->requires_grad()));
+  TORCH_CHECK(!on_tape || k.training(), "rmsnorm_lab native node: an inference launch cannot "
+              "record a training call");
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  at::Tensor rstd = at::empty({m}, x.options().dtype(at::kFloat));
+  at::Tensor rstd = k.training() ? at::empty({m}, x.options().dtype(at::kFloat)) : k.no_rstd;
   Rows r_x(x, m, n, k.row_stride), r_y(y, m, n, n);
   DLTensor d_w = dl_view(weight.has_value() ? *weight : k.no_weight), d_rstd = dl_view(rstd);
   TVMFFIAny args[] = {any_tensor(&r_x.dl), any_tensor(&d_w), any_tensor(&r_y.dl),
@@ -382,10 +397,7 @@ at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
     Range range(k.nvtx, "launch", k.forward_name, m, n);
     invoke(k.forward.get(), args, 7);
   }
-  if (at::GradMode::is_enabled() &&
-      (x.requires_grad() || (weight.has_value() && weight->requires_grad()))) {
-    record(y, x, weight, rstd, launch);
-  }
+  if (on_tape) record(y, x, weight, rstd, launch);
   return y;
 }
 
@@ -407,6 +419,7 @@ struct CallKey {
   int32_t w_device = 0;
   int64_t w_size = 0, w_stride = 0, w_dims = 0;
   bool aligned = false;
+  bool training = false;  // grad mode on and x or the weight requiring grad
   double eps = 0.0, offset = 0.0;
   int64_t settings = 0;
   std::string casting_mode;
@@ -414,7 +427,7 @@ struct CallKey {
   bool operator==(const CallKey& o) const {
     return settings == o.settings && dims == o.dims && x_dtype == o.x_dtype && x_device == o.x_device &&
            w_dtype == o.w_dtype && w_device == o.w_device && w_size == o.w_size &&
-           w_stride == o.w_stride && w_dims == o.w_dims && aligned == o.aligned &&
+           w_stride == o.w_stride && w_dims == o.w_dims && aligned == o.aligned && training == o.training &&
            eps == o.eps && offset == o.offset && casting_mode == o.casting_mode &&
            std::equal(sizes, sizes + dims, o.sizes) &&
            std::equal(strides, strides + dims, o.strides);
@@ -427,7 +440,7 @@ struct CallKeyHash {
     auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
     for (int32_t i = 0; i < k.dims; ++i) mix(k.sizes[i]), mix(k.strides[i]);
     mix(k.x_dtype), mix(k.x_device), mix(k.w_dtype), mix(k.w_size), mix(k.aligned);
-    mix(static_cast<uint64_t>(k.settings));
+    mix(k.training), mix(static_cast<uint64_t>(k.settings));
     return h;
   }
 };
@@ -454,6 +467,7 @@ bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::handle off
   key->x_dtype = static_cast<int32_t>(x.scalar_type());
   key->x_device = device_code(x);
   auto ptrs = reinterpret_cast<uintptr_t>(x.data_ptr());
+  bool requires_grad = x.requires_grad();
   if (!w_obj.is_none()) {
     if (!THPVariable_Check(w_obj.ptr())) return false;
     const at::Tensor& w = THPVariable_Unpack(w_obj.ptr());
@@ -462,8 +476,10 @@ bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::handle off
     key->w_dims = w.dim();
     if (w.dim() == 1) key->w_size = w.size(0), key->w_stride = w.stride(0);
     ptrs |= reinterpret_cast<uintptr_t>(w.data_ptr());
+    requires_grad = requires_grad || w.requires_grad();
   }
   key->aligned = (ptrs & 15) == 0;
+  key->training = requires_grad && at::GradMode::is_enabled();
   key->eps = PyFloat_AsDouble(eps.ptr());
   key->offset = PyFloat_AsDouble(offset.ptr());
   if (PyErr_Occurred()) {  // an int too large for a double
@@ -481,10 +497,10 @@ bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::handle off
 }
 
 // Launches by call key, filled by Python (rmsnorm_lab/cute/native_launch.py) as it plans each
-// new call shape. `call` is the training call's whole host path once a shape is known: on the
-// H200's host the Python around ext.apply (argument checks, the key tuple, a dict probe) was
-// ~5.6 of its 20.4 us (NOTES.md 19). A key is only ever inserted after Python validated and
-// planned that exact call, so a hit needs no further checks.
+// new call. `call` is a call's whole host path once its key is known: on the H200's host the
+// Python around ext.apply (argument checks, the key tuple, a dict probe) was ~5.6 of a training
+// call's 20.4 us (NOTES.md 19). A key is only ever inserted after Python validated and planned
+// that exact call, so a hit needs no further checks.
 class CallMemo {
  public:
   explicit CallMemo(int64_t capacity) : capacity_(capacity) {}
@@ -509,20 +525,16 @@ class CallMemo {
     return true;
   }
 
-  // y of a training call (grad mode on, x or the weight requiring grad) whose shape was planned
-  // before; None otherwise, and Python takes the call.
+  // y of a call planned before (on the tape when it is a training call); None otherwise, and
+  // Python takes the call.
   py::object call(py::handle x, py::handle w, py::handle eps, py::handle offset,
                   py::handle mode) const {
-    if (!at::GradMode::is_enabled()) return py::none();
     const auto launch = find(x, w, eps, offset, mode);
     if (!launch) return py::none();
-    const at::Tensor& xt = THPVariable_Unpack(x.ptr());
     std::optional<at::Tensor> weight;
     if (!w.is_none()) weight = THPVariable_Unpack(w.ptr());
-    if (!xt.requires_grad() && !(weight.has_value() && weight->requires_grad())) {
-      return py::none();
-    }
-    return py::reinterpret_steal<py::object>(THPVariable_Wrap(apply(xt, weight, launch)));
+    return py::reinterpret_steal<py::object>(
+        THPVariable_Wrap(apply(THPVariable_Unpack(x.ptr()), weight, launch)));
   }
 
   void clear() { launches_.clear(); }
@@ -540,20 +552,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "rms_norm's autograd node in C++ (see rmsnorm_lab/native_node.py)";
   py::class_<Launch, std::shared_ptr<Launch>>(m, "Launch")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, at::Tensor, at::Tensor, std::string,
-                    std::string, bool, int64_t, int64_t, int64_t, int64_t, int64_t, double,
-                    double, bool>(),
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, at::Tensor, at::Tensor, at::Tensor,
+                    std::string, std::string, bool, bool, int64_t, int64_t, int64_t, int64_t,
+                    int64_t, double, double, bool>(),
            py::arg("forward"), py::arg("backward"), py::arg("dw"), py::arg("reduce"),
-           py::arg("no_weight"), py::arg("no_partials"), py::arg("forward_name"),
-           py::arg("backward_name"), py::arg("aligned"), py::arg("rows"),
-           py::arg("row_stride"), py::arg("forward_grid"), py::arg("backward_int"),
-           py::arg("partial_rows"), py::arg("eps"), py::arg("offset"), py::arg("nvtx"))
+           py::arg("no_weight"), py::arg("no_partials"), py::arg("no_rstd"),
+           py::arg("forward_name"), py::arg("backward_name"), py::arg("aligned"),
+           py::arg("weighted"), py::arg("rows"), py::arg("row_stride"),
+           py::arg("forward_grid"), py::arg("backward_int"), py::arg("partial_rows"),
+           py::arg("eps"), py::arg("offset"), py::arg("nvtx"))
+      .def_property_readonly("training", &Launch::training)
       .def_readonly("forward_grid", &Launch::forward_grid)
       .def_readonly("backward_int", &Launch::backward_int)
       .def_readonly("partial_rows", &Launch::partial_rows);
   m.def("apply", &apply,
         "y = rms_norm(x, weight) as `launch` plans it; on the tape when x or weight requires "
-        "grad (and grad mode is on)",
+        "grad (and grad mode is on; a training launch only)",
         py::arg("x"), py::arg("weight"), py::arg("launch"));
   py::class_<CallMemo>(m, "CallMemo")
       .def(py::init<int64_t>(), py::arg("capacity"))

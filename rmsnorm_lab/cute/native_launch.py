@@ -1,10 +1,10 @@
-"""The CuTe kernels on the native tape node (``settings.autograd_node == "native"``).
+"""The CuTe kernels through the native extension (``settings.autograd_node == "native"``).
 
-Python decides what to launch, exactly as the Python node's path does: the forward entry
-(runner.entry_for) and the backward entry (backward_runner.entry_for) of this configuration,
-the forward grid, the fused strip count (or split's M) and the rows of dW partials. The node
-(csrc/native_node.cpp) then launches the forward, keeps what the backward needs, and runs the
-whole backward in C++.
+Python decides what to launch, exactly as the Python paths do: the forward entry
+(runner.entry_for) and, for a training call, the backward entry (backward_runner.entry_for) of
+this configuration, the forward grid, the fused strip count (or split's M) and the rows of dW
+partials. The extension (csrc/native_node.cpp) then launches the forward; for a training call it
+keeps what the backward needs on its tape node and runs the whole backward in C++.
 
 That decision is memoized per call in the extension's ``CallMemo`` (C++): shape, strides,
 dtypes, devices, alignment, casting mode, eps, offset and a code of the settings a plan reads
@@ -39,47 +39,57 @@ def ffi_handle(fn) -> int:
     return obj.__chandle__()
 
 
-def _functions(fwd: "runner._Entry", bwd: "backward_runner._Entry",
+def _functions(fwd: "runner._Entry", bwd: Optional["backward_runner._Entry"],
                w_dtype: Optional[torch.dtype]) -> Tuple:
-    """(forward, backward, dw or None, reduce or None): this configuration's compilations,
-    compiled on first use and pinned in ``_FUNCTIONS`` for the life of the process."""
+    """(forward, backward, dw, reduce), each None where not needed: this configuration's
+    compilations (an inference launch has no ``bwd``), compiled on first use and pinned in
+    ``_FUNCTIONS`` for the life of the process."""
     key = (fwd, bwd)  # the entries themselves: kept alive here, so never confused with new ones
     found = _FUNCTIONS.get(key)
     if found is None:
-        dw = reduce = None
-        if w_dtype is not None:
-            dw = bwd.kernel(1) if bwd.mode == "split" else None
-            reduce = bwd.dw_reduce(w_dtype)
-        found = _FUNCTIONS[key] = (fwd.ffi(), bwd.kernel(0), dw, reduce)
+        backward = dw = reduce = None
+        if bwd is not None:
+            backward = bwd.kernel(0)
+            if w_dtype is not None:
+                dw = bwd.kernel(1) if bwd.mode == "split" else None
+                reduce = bwd.dw_reduce(w_dtype)
+        found = _FUNCTIONS[key] = (fwd.ffi(), backward, dw, reduce)
     return found
 
 
 def _plan_launch(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                 offset: float, casting_mode: str, sms: int):
-    """The native ``Launch`` of a call shape. Raises, like the Python node's path, on a layout
-    the kernels cannot address."""
+                 offset: float, casting_mode: str, sms: int, training: bool):
+    """The native ``Launch`` of a call: a training launch (the forward that stores rstd, and the
+    backward), or an inference one (the forward that does not; no backward is compiled).
+    Raises, like the Python paths, on a layout the kernels cannot address."""
     from ..launch import as_rows, check_weight
     x2 = as_rows(x)
     M, N = x2.shape
     check_weight(weight, N)
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
-    fwd = runner.entry_for(x2, weight, casting_mode, True, settings.forward_variant)
-    # dy is not known yet: x stands in for its alignment, and the node copies a gradient that
-    # arrives misaligned (csrc/native_node.cpp, grad_rows)
-    bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, settings.backward)
+    fwd = runner.entry_for(x2, weight, casting_mode, training, settings.forward_variant)
+    bwd = None
+    backward_name, aligned, backward_int, partial_rows = "", True, 0, 0
+    if training:
+        # dy is not known yet: x stands in for its alignment, and the node copies a gradient
+        # that arrives misaligned (csrc/native_node.cpp, grad_rows)
+        bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, settings.backward)
+        backward_name, aligned = bwd.mode, bwd.plans[0].vec > 1
+        if bwd.mode == "fused":
+            backward_int = fused_strips(M, sms, bwd.plans[0], settings.fused_strips or None)
+            partial_rows = backward_int if weight is not None else 0
+        else:
+            backward_int = M
+            partial_rows = dw_row_groups(M, bwd.plans[1], sms) if weight is not None else 0
     forward, backward, dw, reduce = _functions(fwd, bwd, None if weight is None else weight.dtype)
-    if bwd.mode == "fused":
-        backward_int = fused_strips(M, sms, bwd.plans[0], settings.fused_strips or None)
-        partial_rows = backward_int if weight is not None else 0
-    else:
-        backward_int = M
-        partial_rows = dw_row_groups(M, bwd.plans[1], sms) if weight is not None else 0
     handle = lambda f: ffi_handle(f) if f is not None else 0  # noqa: E731
+    no_partials = bwd.no_part if bwd is not None else fwd.empty_rstd
     return native.Launch(
-        handle(forward), handle(backward), handle(dw), handle(reduce), fwd.empty_w, bwd.no_part,
-        fwd.plan.variant, bwd.mode, bwd.plans[0].vec > 1, M, x2.stride(0),
-        fwd.plan.grid(M, sms), backward_int, partial_rows, eps, offset, settings.nvtx)
+        handle(forward), handle(backward), handle(dw), handle(reduce), fwd.empty_w, no_partials,
+        fwd.empty_rstd, fwd.plan.variant, backward_name, aligned, weight is not None, M,
+        x2.stride(0), fwd.plan.grid(M, sms), backward_int, partial_rows, eps, offset,
+        settings.nvtx)
 
 
 def settings_code() -> int:
@@ -103,7 +113,8 @@ def memo(native):
 
 def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
              offset: float, casting_mode: str) -> torch.Tensor:
-    """y of ``x`` (any leading shape, validated by ``api.rms_norm``) on the native node.
+    """y of ``x`` (any leading shape, validated by ``api.rms_norm``) through the native
+    extension: on the tape when grad mode is on and x or the weight requires grad.
 
     Everything a launch decides follows from the call's key (see the module's docstring), so it
     is decided once per key (``_plan_launch``: the two entry lookups, the strip count and the
@@ -112,7 +123,9 @@ def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
     launch = calls.find(x, weight, eps, offset, casting_mode)
     if launch is None:
         from ..launch import sm_count
+        training = torch.is_grad_enabled() and (
+            x.requires_grad or (weight is not None and weight.requires_grad))
         launch = _plan_launch(native, x, weight, eps, offset, casting_mode,
-                              sm_count(x.get_device()))
+                              sm_count(x.get_device()), training)
         calls.insert(x, weight, eps, offset, casting_mode, launch)
     return native.apply(x, weight, launch)
