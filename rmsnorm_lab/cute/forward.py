@@ -73,11 +73,8 @@ class RMSNormForward(RowTiles):
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = p.rows_per_cta * self.warps_per_row * 4
-        bounds = {}
-        if cutlass.const_expr(p.min_ctas_per_sm > 0):
-            bounds = dict(min_blocks_per_mp=p.min_ctas_per_sm, preferred_smem_carveout=0)
         self.kernel(mX, mW, mY, mRstd, eps, offset).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream, **bounds)
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,

@@ -73,7 +73,6 @@ class ForwardPlan(RowTilePlan):
     chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
     ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
     prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
-    min_ctas_per_sm: int = 0  # >0: registers capped so this many CTAs fit on an SM (ptxas)
 
     @property
     def persistent(self) -> bool:
