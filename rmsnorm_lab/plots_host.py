@@ -41,7 +41,8 @@ TOGGLES = {
     "+nvtx": "NVTX ranges on (settings.nvtx)",
     "-sm_count_cache": "SM count asked of the driver per call (no SM-count cache)",
     "+settings_per_call": "RMSNORM_LAB_* environment re-read per call",
-    "+python_node": "Python autograd node instead of the native one (settings.autograd_node)",
+    "+python_node": "Python launch path and autograd node instead of the C++ extension "
+                    "(settings.autograd_node)",
 }
 #: the issue's budget for NVTX (µs per call)
 NVTX_BUDGET_US = 0.5

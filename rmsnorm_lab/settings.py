@@ -50,10 +50,11 @@ class Settings:
     #: how torch tensors reach a compiled CuTe kernel (rmsnorm_lab/cute/runner.py lists them);
     #: ``tvm_ffi`` is the fastest on the host
     launch_path: str = "tvm_ffi"
-    #: the autograd node of a CuTe training call on the ``tvm_ffi`` path: ``native`` (C++,
-    #: csrc/native_node.cpp, built on first use; if it cannot be built, one warning and the
-    #: Python node) or ``python`` (a ``torch.autograd.Function``; always the node of the other
-    #: launch paths, of Triton, of ``in_place=True`` and under torch.compile)
+    #: how CuTe calls on the ``tvm_ffi`` path are made: ``native`` (the C++ extension,
+    #: csrc/native_node.cpp, built on first use: its call memo, its launch and, for training
+    #: calls, its autograd node; if it cannot be built, one warning and the Python path) or
+    #: ``python`` (the Python launch path and a ``torch.autograd.Function`` node, as the other
+    #: launch paths, Triton, ``in_place=True`` and torch.compile always use)
     autograd_node: str = "native"
     #: marshaled tensor handles kept by the ``cached`` path (FIFO); 0 turns the cache off,
     #: a negative cap removes the bound (only to demonstrate why the bound exists)

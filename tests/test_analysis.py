@@ -170,13 +170,18 @@ def test_the_pr_finding_is_computed_not_asserted(df, rep, cal):
     # the kernels alone are at parity on every GPU: any difference comes from the host
     assert ((liger["device ratio"] - 1).abs() < 0.05).all()
     assert liger.loc[("b200", 8192), "call ratio (modelled)"] < 0.95
-    # The H100 half hinges on the measured host costs: parity exactly when both launches hide
-    # behind the H100's L2 flush (do_bench), which the recorded runs decide, not this test.
+    # The H100 half hinges on the measured host costs: under do_bench only the host time beyond
+    # the H100's L2 flush shows, so parity holds while both launches hide behind the flush or
+    # stick out of it by a few percent of the kernel's time; the recorded runs decide, not this
+    # test.
     hosts = model.host_costs(df).set_index("impl")["host_us"]
     flush = model.flush_us("h100_sxm", model.copy_efficiency(df))
-    hidden = hosts["liger.triton"] < flush and hosts["liger.cutedsl"] < flush
-    parity = abs(liger.loc[("h100_sxm", 8192), "call ratio (modelled)"] - 1) < 0.05
-    assert parity == hidden
+    h100 = liger.loc[("h100_sxm", 8192)]
+    shows = {impl: max(0.0, hosts[impl] - flush) for impl in ("liger.cutedsl", "liger.triton")}
+    expected = ((h100["device cute_us"] + shows["liger.cutedsl"])
+                / (h100["device triton_us"] + shows["liger.triton"]))
+    assert h100["call ratio (modelled)"] == pytest.approx(expected)
+    parity = abs(expected - 1) < 0.05
     v = model.finding(pr)
     assert v["b200"].startswith("reproduced")
     assert v["h100_sxm"].startswith("reproduced") == parity
