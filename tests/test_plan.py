@@ -72,11 +72,36 @@ def test_persistent_grid_is_bounded_by_sms_and_rows():
 
 
 def test_auto_falls_back_for_unaligned_or_odd_widths():
-    assert auto_variant(1023, True, BF16) == "fallback"
-    assert auto_variant(4096, False, BF16) == "fallback"
-    assert auto_variant(4096, True, BF16) == "row"
-    assert auto_variant(1024, True, BF16) == "warp"
-    assert auto_variant(1024, True, F32) == "row"  # 4 KB rows
+    assert auto_variant(1023, True, BF16, 16384) == "fallback"
+    assert auto_variant(4096, False, BF16, 16384) == "fallback"
+    assert auto_variant(4096, False, BF16, 1024) == "fallback"
+    assert auto_variant(4096, True, BF16, 16384) == "row"
+    assert auto_variant(1024, True, BF16, 16384) == "warp"
+    assert auto_variant(1024, True, F32, 16384) == "row"  # 4 KB rows
+
+
+def test_auto_goes_persistent_for_few_rows():
+    from rmsnorm_lab.cute.plan import AUTO_PERSISTENT_MAX_ROWS as most
+    for n in (1024, 4096, 8192):
+        assert auto_variant(n, True, BF16, 1) == "persistent"
+        assert auto_variant(n, True, BF16, most) == "persistent"
+    assert auto_variant(4096, True, BF16, most + 1) == "row"
+    assert auto_variant(1024, True, BF16, most + 1) == "warp"
+
+
+def test_auto_entry_follows_the_row_count():
+    """The entry cache sees M only through auto's rule: a few-rows call and a many-rows call of
+    the same width get different plans, two many-rows calls share one."""
+    from rmsnorm_lab.cute import runner
+    from rmsnorm_lab.cute.plan import AUTO_PERSISTENT_MAX_ROWS as most
+    w = torch.randn(4096, dtype=BF16)
+    few = runner.entry_for(torch.randn(most, 4096, dtype=BF16), w, "llama", False, "auto")
+    many = runner.entry_for(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, "auto")
+    assert few.plan.variant == "persistent" and many.plan.variant == "row"
+    assert runner.entry_for(torch.randn(9000, 4096, dtype=BF16), w, "llama", False,
+                            "auto") is many
+    row = runner.entry_for(torch.randn(8, 4096, dtype=BF16), w, "llama", False, "row")
+    assert row.plan.variant == "row"
 
 
 def test_unknown_variant_is_a_value_error():

@@ -205,14 +205,23 @@ def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int 
 # 3746 GB/s vs 3603 for CTA-per-row (results/h200/fwd.csv); at N=2048 CTA-per-row won (3877 vs
 # 3759), and from N=4096 up CTA-per-row was fastest or within 0.5%.
 AUTO_WARP_MAX_ROW_BYTES = 2048
+# At most this many rows go to the persistent variant under `auto`: with few rows a CTA per row
+# fills only a few waves, and the persistent grid's next-row prefetch keeps loads in flight
+# instead. H200, bf16, graph replay (results/h200/logs/fwd-small-m-probe-c3ab5be.jsonl): at
+# N=1024-8192 and M=128-2048 persistent was fastest or within 2.4% (1024x4096: 5.41 vs 5.91 us for
+# CTA-per-row), at M=3072 CTA-per-row won from N=4096 up (3072x4096: 14.03 vs 14.29), and at
+# M=4096-8192 CTA-per-row or warp-per-row won at every N except 4096x2048 (persistent by 1.7%).
+AUTO_PERSISTENT_MAX_ROWS = 2048
 
 
-def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype) -> str:
-    """The variant ``auto`` launches, from the H200 forward sweeps (results/NOTES.md). Persistent
-    is never chosen: with its next-row prefetch it gained 3-24% over none, but still trailed
-    CTA-per-row by 4-19% at every shape of the sweep except 1024x4096 (where M, which this rule
-    does not see, is too small for a CTA per row to fill the GPU)."""
+def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int) -> str:
+    """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
+    (results/NOTES.md 21): persistent for at most AUTO_PERSISTENT_MAX_ROWS rows, else
+    warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES, else CTA-per-row. Persistent
+    trailed CTA-per-row by 4-19% at every larger shape of the sweep."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
+    if M <= AUTO_PERSISTENT_MAX_ROWS:
+        return "persistent"
     return "warp" if N * elem <= AUTO_WARP_MAX_ROW_BYTES else "row"

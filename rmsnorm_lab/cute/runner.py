@@ -29,8 +29,8 @@ from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from .. import nvtx_ranges
 from ..settings import settings
 from .forward import TORCH_TO_CUTE, RMSNormForward
-from .plan import (INT32_LIMIT, ForwardPlan, auto_variant, check_int32_addressable,
-                   plan_forward)
+from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_variant,
+                   check_int32_addressable, plan_forward)
 
 
 _COMPILED: Dict[Tuple, object] = {}
@@ -154,14 +154,16 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
               need_rstd: bool, variant: str) -> _Entry:
     """The launch entry for x2 and weight. y is not looked at: the caching allocator hands out
     contiguous outputs 512-byte aligned, so only the inputs decide the alignment."""
-    N = x2.shape[1]
+    M, N = x2.shape
     ptrs = x2.data_ptr() | (weight.data_ptr() if weight is not None else 0)
     aligned = (ptrs & 15) == 0 and (x2.stride(0) * x2.element_size()) & 15 == 0
     w_dtype = weight.dtype if weight is not None else None
-    key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device())
+    few_rows = variant == "auto" and M <= AUTO_PERSISTENT_MAX_ROWS  # auto's only use of M
+    key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
+           few_rows)
     entry = _ENTRIES.get(key)
     if entry is None:
-        chosen = auto_variant(N, aligned, x2.dtype) if variant == "auto" else variant
+        chosen = auto_variant(N, aligned, x2.dtype, M) if variant == "auto" else variant
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned)
         entry = _ENTRIES[key] = _Entry(plan, x2.device)
     return entry
