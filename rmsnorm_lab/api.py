@@ -1,7 +1,8 @@
 """The functional entry point: ``rms_norm(x, weight, eps, *, offset, casting_mode, backend)``.
 
 Validation lives here, once, so every backend sees well-formed arguments and a user sees an
-error that names the argument at fault.
+error that names the argument at fault. A call the native extension has planned before skips it:
+its key can only have been inserted after this validation passed for the same key.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     recorded for autograd (``rstd`` is saved, fp32); otherwise nothing beyond ``y`` is kept.
     Under ``torch.compile`` it goes through the ``rmsnorm_lab::rms_norm_fwd``/``_bwd`` custom ops
     (see ``rmsnorm_lab.autograd``), so ``fullgraph=True`` traces it.
+
+    On the default path (CuTe, ``tvm_ffi``, native extension) the first call of each key (shape,
+    strides, dtypes, alignment, casting mode, eps, offset, settings) is validated and planned in
+    Python; later calls with the same key run from the extension's call memo without Python
+    (``autograd.fast_call``).
 
     ``in_place=True`` makes the backward write dx into the incoming gradient's storage and return
     that tensor as x's gradient, saving one activation-sized buffer. Only safe when nothing else
