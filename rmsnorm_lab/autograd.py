@@ -7,6 +7,7 @@
   native node (csrc/native_node.cpp, cute/native_launch.py), a hand-written C++ autograd node. Its
   backward runs without Python, as torch's own RMSNorm does: on an H200's host an *empty* Python
   Function alone cost 81 µs for forward + backward through the engine (results/NOTES.md §14).
+  A repeated call reaches it without Python through the extension's call memo (``fast_call``).
 * **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function``, where
   the custom op below costs ~50 µs per training call through its dispatcher and autograd
   wrapper. ``settings.autograd_node = "python"`` puts CuTe calls here too (to measure the node).
