@@ -87,10 +87,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     if torch.compiler.is_compiling():  # the kernels' Python is opaque to Dynamo: one op node
         return _autograd.rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode,
                                       backend)[0]
-    native = _autograd.native_node_for(x, backend, in_place=False)
-    if native is not None:  # planned once per call key; the next such call takes the gate
-        extension, native_launch = native
-        if settings.settings_per_call:
-            launch.per_call_settings_cost()
-        return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
+    y = _autograd.native_rms_norm(x, weight, eps, offset, casting_mode, backend, in_place=False)
+    if y is not None:
+        return y
     return launch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=False)[0]

@@ -198,13 +198,24 @@ def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: f
     if torch.compiler.is_compiling():
         return rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode, backend,
                             bool(in_place))[0]
-    native = native_node_for(x, backend, in_place)
-    if native is not None:
-        extension, native_launch = native
-        if settings.settings_per_call:
-            launch.per_call_settings_cost()
-        return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
+    y = native_rms_norm(x, weight, eps, offset, casting_mode, backend, in_place)
+    if y is not None:
+        return y
     return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, backend, in_place)
+
+
+def native_rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
+                    casting_mode: str, backend: str, in_place: bool) -> Optional[Tensor]:
+    """y through the native extension (on its tape node for a training call) when the call goes
+    there (``native_node_for``), else None. Planned once per call key; the next call with that
+    key is served by ``fast_call`` before ``api.rms_norm`` gets this far."""
+    native = native_node_for(x, backend, in_place)
+    if native is None:
+        return None
+    extension, native_launch = native
+    if settings.settings_per_call:
+        launch.per_call_settings_cost()
+    return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
 
 
 def native_node_for(x: Tensor, backend: str, in_place: bool):
@@ -212,10 +223,15 @@ def native_node_for(x: Tensor, backend: str, in_place: bool):
     training call then goes on its tape node), else None. The native node decides its backward
     (``settings.backward``, ``fused_strips``) at the forward; the Python node reads them when its
     backward runs."""
-    if (backend == "cute" and settings.autograd_node == "native" and not in_place
-            and settings.launch_path == "tvm_ffi" and x.numel()):
+    if _routed_to_native(backend) and not in_place and x.numel():
         return _native_path()
     return None
+
+
+def _routed_to_native(backend: str) -> bool:
+    """Whether the toggles send calls of ``backend`` to the native extension."""
+    return (backend == "cute" and settings.autograd_node == "native"
+            and settings.launch_path == "tvm_ffi")
 
 
 _native = None  # (extension, cute.native_launch) once loaded; False where it cannot be built
@@ -230,10 +246,8 @@ fast_call = None
 
 def _update_fast_call() -> None:
     global fast_call
-    routed = (settings.backend == "cute" and settings.autograd_node == "native"
-              and settings.launch_path == "tvm_ffi" and not settings.settings_per_call)
     fast_call = None
-    if routed and _native:
+    if _routed_to_native(settings.backend) and not settings.settings_per_call and _native:
         extension, native_launch = _native
         fast_call = native_launch.memo(extension).call
 
