@@ -425,10 +425,11 @@ struct CallKey {
   std::string casting_mode;
 
   bool operator==(const CallKey& o) const {
-    return settings == o.settings && dims == o.dims && x_dtype == o.x_dtype && x_device == o.x_device &&
-           w_dtype == o.w_dtype && w_device == o.w_device && w_size == o.w_size &&
-           w_stride == o.w_stride && w_dims == o.w_dims && aligned == o.aligned && training == o.training &&
-           eps == o.eps && offset == o.offset && casting_mode == o.casting_mode &&
+    return settings == o.settings && dims == o.dims && x_dtype == o.x_dtype &&
+           x_device == o.x_device && w_dtype == o.w_dtype && w_device == o.w_device &&
+           w_size == o.w_size && w_stride == o.w_stride && w_dims == o.w_dims &&
+           aligned == o.aligned && training == o.training && eps == o.eps &&
+           offset == o.offset && casting_mode == o.casting_mode &&
            std::equal(sizes, sizes + dims, o.sizes) &&
            std::equal(strides, strides + dims, o.strides);
   }
@@ -508,8 +509,7 @@ class CallMemo {
   std::shared_ptr<const Launch> find(py::handle x, py::handle w, py::handle eps,
                                      py::handle offset, py::handle mode) const {
     CallKey key;
-    key.settings = settings_;
-    if (!call_key(x, w, eps, offset, mode, &key)) return nullptr;
+    if (!key_of(x, w, eps, offset, mode, &key)) return nullptr;
     const auto it = launches_.find(key);
     return it == launches_.end() ? nullptr : it->second;
   }
@@ -518,8 +518,7 @@ class CallMemo {
   bool insert(py::handle x, py::handle w, py::handle eps, py::handle offset, py::handle mode,
               std::shared_ptr<const Launch> launch) {
     CallKey key;
-    key.settings = settings_;
-    if (!call_key(x, w, eps, offset, mode, &key)) return false;
+    if (!key_of(x, w, eps, offset, mode, &key)) return false;
     if (static_cast<int64_t>(launches_.size()) >= capacity_) launches_.clear();  // bounded
     launches_[std::move(key)] = std::move(launch);  // nodes hold their own reference
     return true;
@@ -542,6 +541,12 @@ class CallMemo {
   int64_t settings_ = 0;  // the code of the settings now in force
 
  private:
+  bool key_of(py::handle x, py::handle w, py::handle eps, py::handle offset, py::handle mode,
+              CallKey* key) const {
+    key->settings = settings_;
+    return call_key(x, w, eps, offset, mode, key);
+  }
+
   int64_t capacity_;
   std::unordered_map<CallKey, std::shared_ptr<const Launch>, CallKeyHash> launches_;
 };
