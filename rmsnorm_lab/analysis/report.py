@@ -29,8 +29,6 @@ def pr_era_host(reported: pd.DataFrame) -> float:
     return float(r["value"].iloc[0]) if len(r) else math.nan
 
 
-
-
 def _save(fig, path: Path) -> str:
     fig.savefig(path, dpi=110)
     return path.name

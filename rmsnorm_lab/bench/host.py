@@ -9,8 +9,8 @@ Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
   require grad, so the autograd graph is built), op ``full`` (forward + backward).
   ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on, ``-sm_count_cache`` with
   the SM count asked of the driver per call, ``+settings_per_call`` re-reading the environment,
-  ``+python_node`` with the Python autograd node instead of the native one (the other launch
-  paths always take the Python node).
+  ``+python_node`` with the Python launch path and autograd node instead of the C++ extension
+  (the other launch paths always take those).
 * ``path=graph``: device µs of ``cute.auto@tvm_ffi`` (L2-warm) for the CROSSOVER_M sweep, to find
   the M at which device time overtakes each path's host time.
 * op ``full`` at CACHE_SHAPE with impl ``cute.auto@cached:<cap>`` (``:unbounded`` for no cap),
@@ -55,7 +55,7 @@ def host_impls() -> Dict[str, tuple]:
     impls["cute.auto@tvm_ffi+nvtx"] = (_lab("cute"), {"nvtx": True})
     impls["cute.auto@tvm_ffi-sm_count_cache"] = (_lab("cute"), {"sm_count_cache": False})
     impls["cute.auto@tvm_ffi+settings_per_call"] = (_lab("cute"), {"settings_per_call": True})
-    # the default path's training calls with the Python autograd node instead of the native one
+    # the default path on the Python launch path and autograd node instead of the C++ extension
     impls["cute.auto@tvm_ffi+python_node"] = (_lab("cute"), {"autograd_node": "python"})
     impls["triton.row"] = (_lab("triton"), {})
     impls.update({name: (fn, {}) for name, fn in peers_mod.forward_peers(EPS).items()})
@@ -117,9 +117,10 @@ def host_tasks(impls: Dict[str, tuple], calls: int = 200,
                on_task: Optional[Callable[[], None]] = None
                ) -> Tuple[Dict[Tuple[str, str], HostTask], List[str]]:
     """Every implementation x workload of ``impls`` (``host_impls()``) at HOST_SHAPE as a task for
-    ``interleaved_host_time_us``, keyed ``(op, impl)``, each called twice here (compilation,
-    and the size of its samples); and the failures, named (a peer without autograd is a
-    finding, not an error). ``on_task`` is called after each (a progress bar)."""
+    ``interleaved_host_time_us``, keyed ``(op, impl)``, each called six times here
+    (compilation, warm-up, and the size of its samples: ``_calls_per_sample``); and the
+    failures, named (a peer without autograd is a finding, not an error). ``on_task`` is called
+    after each (a progress bar)."""
     tasks, failures = {}, []
     for name, (fn, overrides) in impls.items():
         for (op, suffix), call in _calls(fn, *HOST_SHAPE).items():

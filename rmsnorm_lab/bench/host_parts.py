@@ -10,8 +10,9 @@ Tasks, outermost first: ``lab fwd+autograd`` (``rms_norm`` on inputs that requir
 found, the native call) -> ``ext.apply`` (the native node alone: allocation, launch, tape) ->
 ``tvm_ffi kernel call`` (the compiled forward called from Python on preallocated outputs).
 ``native_launch.rms_norm`` is the path a call takes when the gate is closed (the memo probed
-from Python); ``fast_call inference`` the memo serving an inference call (``lab fwd``). ``empty_like`` and ``torch.add`` give the scale of one allocation and of one small
-torch op on the same host.
+from Python); ``fast_call inference`` the memo serving an inference call (``lab fwd``).
+``empty_like`` and ``torch.add`` give the scale of one allocation and of one small torch op on
+the same host.
 """
 
 from __future__ import annotations
