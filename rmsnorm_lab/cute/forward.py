@@ -7,8 +7,9 @@
                  shared memory and no CTA barrier.
 * ``fallback``   one element per copy with column predication: any width, any alignment.
 
-Rows wider than the register budget (``plan.chunks > 1``) stream through registers in column
-chunks: one pass for the sum of squares, a second pass (re-reading x) to normalize.
+Rows wider than the register budget (``plan.chunks > 1``), and rows of 16 KB (see plan.py), stream
+through registers in column chunks: one pass for the sum of squares, a second pass to normalize
+that starts from the last chunk, still in registers, and re-reads the others (from L2).
 
 Naming follows the CUTLASS examples: ``mX`` whole tensor, ``gX`` this CTA's tile, ``tXgX`` this
 thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those elements.
@@ -73,8 +74,14 @@ class RMSNormForward(RowTiles):
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = p.rows_per_cta * self.warps_per_row * 4
+        # A launch bound makes ptxas fit min_ctas_per_sm CTAs on an SM (the two-pass tile: 32
+        # registers); carveout 0 leaves the SM's memory to L1, where the weight's re-reads hit
+        # (the kernel needs a few bytes of shared memory).
+        bounds = {}
+        if cutlass.const_expr(p.min_ctas_per_sm > 0):
+            bounds = dict(min_blocks_per_mp=p.min_ctas_per_sm, preferred_smem_carveout=0)
         self.kernel(mX, mW, mY, mRstd, eps, offset).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream, **bounds)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
@@ -118,6 +125,11 @@ class RMSNormForward(RowTiles):
             tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
 
         num_tiles = cute.ceil_div(M, p.rows_per_cta)
+        # Pipelined chunks: a second register copy takes chunk c+1's loads while chunk c is
+        # used, so each chunk does not pay a full memory latency of its own.
+        tXrX2 = None
+        if cutlass.const_expr(p.pipeline_chunks and p.chunks > 1):
+            tXrX2 = cute.make_fragment_like(tXrX)
         # Prefetch (persistent): the CTA's next row is loaded into a second register copy while
         # this one is reduced and stored, so every CTA keeps a row's loads in flight.
         tXrXn = None
@@ -134,11 +146,23 @@ class RMSNormForward(RowTiles):
 
             # Pass 1: sum of squares (chunks == 1 keeps x in tXrX for pass 2).
             ss = Float32(0.0)
-            for c in cutlass.range_constexpr(p.chunks):
-                if cutlass.const_expr(not p.prefetch):
-                    self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
-                xf = tXrX.load().to(Float32)
-                ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+            if cutlass.const_expr(p.pipeline_chunks and p.chunks > 1):
+                bufs = [tXrX, tXrX2]
+                self.load_chunk(tiled_x, thr_x, mX, tiler, tile, 0, tXcX, bufs[0], row_ok)
+                for c in cutlass.range_constexpr(p.chunks):
+                    if cutlass.const_expr(c + 1 < p.chunks):
+                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c + 1, tXcX,
+                                        bufs[(c + 1) % 2], row_ok)
+                    xf = bufs[c % 2].load().to(Float32)
+                    ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0),
+                                               reduction_profile=0)
+            else:
+                for c in cutlass.range_constexpr(p.chunks):
+                    if cutlass.const_expr(not p.prefetch):
+                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                    xf = tXrX.load().to(Float32)
+                    ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0),
+                                               reduction_profile=0)
             ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row)
             rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
 
@@ -147,19 +171,38 @@ class RMSNormForward(RowTiles):
                     mRstd[row] = rstd
 
             # Pass 2: normalize, scale, store.
-            for c in cutlass.range_constexpr(p.chunks):
-                chunk_w = tWrW
-                if cutlass.const_expr(p.chunks > 1):
-                    self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
-                if cutlass.const_expr(self.w_type is not None and tWrW is None):
-                    chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
-                y = self.normalize(tXrX.load().to(Float32), rstd, chunk_w, offset)
-                tXrY = cute.make_fragment_like(tXrX)
-                tXrY.store(y.to(self.x_type))
-                gY = cute.local_tile(mY, tiler, (tile, c))
-                tXgY = thr_x.partition_D(gY)
-                if row_ok:
-                    cute.copy(tiled_x, tXrY, tXgY, pred=self.column_predicate(tXcX, c))
+            if cutlass.const_expr(p.pipeline_chunks and p.chunks > 1):
+                # Backwards: the last chunk of pass 1 is still in registers.
+                for i in cutlass.range_constexpr(p.chunks):
+                    c = p.chunks - 1 - i
+                    if cutlass.const_expr(c > 0):
+                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c - 1, tXcX,
+                                        bufs[(c - 1) % 2], row_ok)
+                    chunk_w = None
+                    if cutlass.const_expr(self.w_type is not None):
+                        chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
+                    self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, bufs[c % 2],
+                                     rstd, chunk_w, offset, row_ok)
+            else:
+                for c in cutlass.range_constexpr(p.chunks):
+                    chunk_w = tWrW
+                    if cutlass.const_expr(p.chunks > 1):
+                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                    if cutlass.const_expr(self.w_type is not None and tWrW is None):
+                        chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
+                    self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, tXrX, rstd,
+                                     chunk_w, offset, row_ok)
+
+    @cute.jit
+    def store_chunk(self, tiled_x, thr_x, mY, tiler, tile, c: cutlass.Constexpr[int], tXcX, tXrX,
+                    rstd: Float32, tWrW, offset: Float32, row_ok):
+        """Column chunk c of y <- normalize(registers)."""
+        y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+        tXrY = cute.make_fragment_like(tXrX)
+        tXrY.store(y.to(self.x_type))
+        tXgY = thr_x.partition_D(cute.local_tile(mY, tiler, (tile, c)))
+        if row_ok:
+            cute.copy(tiled_x, tXrY, tXgY, pred=self.column_predicate(tXcX, c))
 
     @cute.jit
     def normalize(self, xf, rstd: Float32, tWrW, offset: Float32):

@@ -73,6 +73,8 @@ class ForwardPlan(RowTilePlan):
     chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
     ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
     prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
+    min_ctas_per_sm: int = 0  # > 0: launch bound, ptxas fits this many CTAs on an SM
+    pipeline_chunks: bool = False  # chunks > 1: chunk c+1's loads issued before chunk c is used
 
     @property
     def persistent(self) -> bool:
@@ -83,6 +85,29 @@ class ForwardPlan(RowTilePlan):
         if not self.persistent:
             return tiles
         return max(1, min(tiles, sm_count * self.ctas_per_sm))
+
+
+# Rows of exactly this many 16-byte copies (16 KB: N=8192 in bf16 or fp16) take a two-pass tile
+# on the row variant: 512 threads x 1 copy x 2 column chunks, each chunk's loads issued before the
+# previous chunk is used, and a launch bound of 4 CTAs per SM (ptxas then holds the kernel to 32
+# registers: 64 warps per SM). That is the shape of torch.compile's kernel at this width.
+# H200, 16384x8192 bf16, graph replay, one process (results/NOTES.md 22): 129.6-130.0 us against
+# 130.9-131.6 for the one-pass 256 x 4 tile (62 registers, 32 warps per SM); without the
+# pipelining 130.3-130.7; without the launch bound (44 registers, 2 CTAs) 162. Other widths keep
+# the one-pass tile: at N=4096 512 threads lost 16%, at N=16384 512 x 2 chunks lost 1%.
+TWO_PASS_ROW_COPIES = 1024
+TWO_PASS_THREADS = 512
+TWO_PASS_CTAS_PER_SM = 4
+
+
+
+def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str) -> bool:
+    """Does ptxas fit the two-pass tile in the 32 registers its launch bound allows, without
+    spilling? Yes for a weight no wider than x (or none) in the llama and gemma modes; an fp32
+    weight on bf16 x spilled 28 bytes, the none mode's extra roundings 24 (ptxas -v, sm_90a;
+    tests/test_cute_compile.py compiles every case)."""
+    narrow_weight = w_dtype is None or _ELEM_BYTES[w_dtype] <= _ELEM_BYTES[x_dtype]
+    return narrow_weight and casting_mode != "none"
 
 
 INT32_LIMIT = 2**31
@@ -174,6 +199,11 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         return ForwardPlan(threads_per_row=32, rows_per_cta=rows,
                            vecs_per_thread=vecs_per_thread, chunks=1, **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
+    min_ctas_per_sm = 0
+    if (variant == "row" and n_vecs == TWO_PASS_ROW_COPIES
+            and two_pass_fits(x_dtype, w_dtype, casting_mode)):
+        threads, vecs_per_thread = TWO_PASS_THREADS, 1
+        chunks, min_ctas_per_sm = n_vecs // TWO_PASS_THREADS, TWO_PASS_CTAS_PER_SM
     ctas_per_sm = 0
     prefetch = False
     if variant == "persistent":
@@ -185,7 +215,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             threads, vecs_per_thread * vec * ((2 if prefetch else 1) * elem + w_bytes),
             extra_regs=4)
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
-                       chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch, **common)
+                       chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
+                       min_ctas_per_sm=min_ctas_per_sm, pipeline_chunks=chunks > 1, **common)
 
 
 def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int = 0,
