@@ -216,7 +216,19 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             extra_regs=4)
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
-                       min_ctas_per_sm=min_ctas_per_sm, pipeline_chunks=chunks > 1, **common)
+                       min_ctas_per_sm=min_ctas_per_sm,
+                       pipeline_chunks=pipelines(chunks, vecs_per_thread), **common)
+
+
+def pipelines(chunks: int, vecs_per_thread: int) -> bool:
+    """Do the chunked passes load chunk c+1 while chunk c is used? Where ptxas keeps the second
+    register copy within the CTAs already resident. H200, bf16 row kernel, graph replay
+    (results/NOTES.md 22): 256 threads x 8 copies over 4 chunks at 2048x65536, 163.6 vs 176.5 us
+    (120 vs 110 registers); over 8 chunks at 1024x131072, 204.1 vs 210.3; the two-pass tile of one
+    copy per chunk at 16384x8192, 129.7 vs 130.5. Over 2 chunks of 8 copies (4096x32768) ptxas
+    kept both chunks live across the passes, 200 vs 124 registers and one CTA per SM instead of
+    two: 147.4 vs 137.5 us. Such rows keep the plain chunk loop."""
+    return chunks > 2 or (chunks == 2 and vecs_per_thread == 1)
 
 
 def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int = 0,
