@@ -11,9 +11,15 @@ BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
 
 # (variant, N, x dtype, w dtype, mode): every variant, every dtype, every mode, weightless,
-# mixed weight dtype, the widest warp row, and a chunked very wide row.
+# mixed weight dtype, the widest warp row, the two-pass tile of 16 KB rows (under its launch
+# bound), two plain chunks, and pipelined chunks of very wide rows.
 CASES = [
     ("row", 4096, BF16, BF16, "llama"),
+    ("row", 8192, BF16, BF16, "llama"),
+    ("row", 8192, F16, None, "gemma"),
+    ("row", 4096, F32, F32, "gemma"),
+    ("row", 32768, BF16, BF16, "llama"),
+    ("row", 65536, BF16, F32, "llama"),
     ("row", 16384, F16, F32, "gemma"),
     ("row", 262144, BF16, BF16, "none"),
     ("persistent", 4096, BF16, BF16, "llama"),
@@ -29,7 +35,8 @@ CASES = [
 @pytest.mark.parametrize("variant,N,x_dtype,w_dtype,mode", CASES,
                          ids=[f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[4]}" for c in CASES])
 def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w_dtype, mode):
-    plan = plan_forward(variant, N, x_dtype, w_dtype, mode, store_rstd=True, aligned=True)
+    plan = plan_forward(variant, N, x_dtype, w_dtype, mode, store_rstd=True, aligned=True,
+                        arch=arch)
     facts = compile_and_inspect(plan, arch)
     if variant == "fallback":
         assert facts.global_loads_16B == 0 and facts.global_loads_scalar > 0
@@ -45,4 +52,6 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
     if facts.spill_bytes is None:
         pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
     assert facts.spill_bytes == 0, f"{facts.spill_bytes} bytes spilled, {facts.registers} regs"
+    if plan.min_ctas_per_sm:  # the launch bound held: that many CTAs fit the register file
+        assert facts.registers * plan.threads * plan.min_ctas_per_sm <= 65536
     assert facts.stack_bytes == 0

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from rmsnorm_lab.cute.plan import (COPY_BYTES, NotEligible, auto_variant, elems_in_registers,
-                                   plan_forward)
+                                   pipelines, plan_forward)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 
 
-def plan(variant, N, dtype=BF16, w=BF16, aligned=True):
-    return plan_forward(variant, N, dtype, w, "llama", True, aligned)
+def plan(variant, N, dtype=BF16, w=BF16, aligned=True, arch="sm_90a"):
+    return plan_forward(variant, N, dtype, w, "llama", True, aligned, arch=arch)
 
 
 @pytest.mark.parametrize("variant", ["row", "persistent", "warp"])
@@ -52,6 +52,32 @@ def test_wide_rows_stream_in_chunks_and_narrow_rows_do_not():
     assert plan("row", 4096).chunks == 1
     assert plan("row", 16384).chunks == 1
     assert plan("row", 262144).chunks > 1
+
+
+@pytest.mark.parametrize("N,dtype,w", [(8192, BF16, BF16), (8192, F16, None), (4096, F32, F32),
+                                        (8192, BF16, F16)])
+def test_rows_of_16_kb_take_the_two_pass_tile(N, dtype, w):
+    p = plan("row", N, dtype, w)
+    assert (p.threads_per_row, p.vecs_per_thread, p.chunks) == (512, 1, 2)
+    assert p.min_ctas_per_sm == 4 and p.pipeline_chunks
+
+
+def test_the_two_pass_tile_only_where_it_fits_32_registers_on_hopper_row_kernels():
+    one_pass = dict(threads_per_row=256, vecs_per_thread=4, chunks=1, min_ctas_per_sm=0)
+    for p in (plan("row", 8192, BF16, F32),  # a wider weight spilled under the bound
+              plan_forward("row", 8192, BF16, BF16, "none", True, True, arch="sm_90a"),  # so did
+              plan("persistent", 8192),                                          # mode none
+              plan("row", 8192, arch="sm_100a"),  # spilled there; not measured on Blackwell
+              plan("row", 8192, arch=None)):
+        assert {k: getattr(p, k) for k in one_pass} == one_pass
+    assert plan("row", 4096).min_ctas_per_sm == 0 and plan("row", 16384).min_ctas_per_sm == 0
+
+
+def test_chunks_pipeline_except_two_chunks_of_a_full_register_budget():
+    assert not pipelines(1, 8)
+    assert not pipelines(2, 8)  # 4096x32768: 200 registers, one CTA per SM
+    assert pipelines(2, 1) and pipelines(4, 8) and pipelines(16, 8)
+    assert not plan("row", 32768).pipeline_chunks and plan("row", 65536).pipeline_chunks
 
 
 def test_warp_plan_is_one_warp_per_row_and_refuses_rows_too_wide_for_registers():

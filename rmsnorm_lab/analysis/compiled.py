@@ -70,11 +70,12 @@ def _dtype(name: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-def _plan(family: str, kind: str, N: int, dtype: str):
+def _plan(family: str, kind: str, N: int, dtype: str, arch: str):
     dt = _dtype(dtype)
     if family == "fwd":
         from ..cute.plan import plan_forward
-        return plan_forward(kind, N, dt, dt, "llama", store_rstd=True, aligned=kind != "fallback")
+        return plan_forward(kind, N, dt, dt, "llama", store_rstd=True, aligned=kind != "fallback",
+                            arch=arch)
     from ..cute.backward_plan import plan_backward
     return plan_backward(kind, N, dt, dt, "llama", aligned=True)
 
@@ -83,7 +84,7 @@ def inspect_kernel(label: str, family: str, kind: str, N: int, dtype: str, arch:
     """One row of the table: compile, then read the PTX and ptxas -v."""
     from ..cute.inspect_ptx import compile_and_inspect
     t = time.perf_counter()
-    plan = _plan(family, kind, N, dtype)
+    plan = _plan(family, kind, N, dtype, arch)
     facts = compile_and_inspect(plan, arch)
     row = {"kernel": label, "arch": arch, "N": N, "dtype": dtype,
            "threads": plan.threads, "vec_bytes": plan.vec * {"bf16": 2, "fp16": 2, "fp32": 4}[

@@ -164,7 +164,8 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
     entry = _ENTRIES.get(key)
     if entry is None:
         chosen = auto_variant(N, aligned, x2.dtype, M) if variant == "auto" else variant
-        plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned)
+        plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
+                            arch=target_arch(x2.device))
         entry = _ENTRIES[key] = _Entry(plan, x2.device)
     return entry
 
