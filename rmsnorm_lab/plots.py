@@ -271,3 +271,28 @@ def markdown_table(table: pd.DataFrame, digits: int = 2, right_align: bool = Fal
     body = ["| " + " | ".join(cell(v) for v in row) + " |"
             for row in flat.itertuples(index=False)]
     return "\n".join([head, rule, *body])
+
+
+def plot_probe(probe: pd.DataFrame, captions: dict, M: int, N: int, ax=None,
+               title: str = ""):
+    """One probe's configurations at M x N as horizontal bars: the median µs over its
+    repetitions, whiskers from the fastest to the slowest. ``captions`` maps ``impl`` names to
+    labels and fixes the order (top to bottom); configurations not in it are left out."""
+    ax = _axes(ax)
+    at = probe[(probe["M"] == M) & (probe["N"] == N) & probe["impl"].isin(list(captions))]
+    stats = at.groupby("impl")["us"].agg(["median", "min", "max"]).reindex(list(captions))
+    stats = stats.dropna()
+    ys = range(len(stats))[::-1]
+    ax.barh(list(ys), stats["median"],
+            xerr=[stats["median"] - stats["min"], stats["max"] - stats["median"]],
+            color=["tab:gray" if not i.startswith("row.") else "tab:blue" for i in stats.index],
+            capsize=3)
+    ax.set_yticks(list(ys), [captions[i] for i in stats.index])
+    low = stats["min"].min()
+    ax.set_xlim(low * 0.97, stats["max"].max() * 1.01)
+    for y, v, hi in zip(ys, stats["median"], stats["max"]):
+        ax.text(hi, y, f"  {v:.1f}", va="center", fontsize="small")
+    ax.set_xlabel("µs per call (CUDA-graph replay; median, whiskers min–max)")
+    ax.set_title(title or f"{M}×{N}")
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax

@@ -185,3 +185,18 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
     newest = df.assign(_t=order).sort_values("_t", kind="stable")
     return newest.drop_duplicates(list(KEY), keep="last").drop(columns="_t") \
         .reset_index(drop=True)
+
+
+def load_probe(path: PathLike) -> pd.DataFrame:
+    """A probe log (``results/<gpu>/logs/*-probe-*.jsonl``: one JSON object per timed
+    configuration, with at least ``impl`` and ``us``) as a DataFrame. Probes are not results
+    files: they compare kernel configurations within one process, and ``NOTES.md`` says which
+    commit and what each configuration is."""
+    import json
+
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    df = pd.DataFrame(rows)
+    missing = {"impl", "us"} - set(df.columns)
+    if missing:
+        raise ValueError(f"{path}: not a probe log (no {', '.join(sorted(missing))} column)")
+    return df

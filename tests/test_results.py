@@ -5,6 +5,7 @@ into results/): the GPU name is ``testgpu`` and the commit says ``synthetic``.
 """
 
 import datetime
+import json
 import re
 
 import pandas as pd
@@ -278,3 +279,24 @@ def test_commit_named_by_the_caller_wins_over_any_git_checkout(monkeypatch):
     assert provenance.commit() == "abc123def456"
     monkeypatch.delenv("LAB_COMMIT")
     assert provenance.commit() != "abc123def456"
+
+
+def test_probe_logs_load_and_plot_in_caption_order(tmp_path):
+    log = tmp_path / "fwd-x-probe-abc.jsonl"
+    lines = [{"rep": r, "M": 8, "N": 64, "impl": impl, "us": us + r}
+             for r in range(3) for impl, us in (("row.a", 10.0), ("row.b", 12.0), ("peer", 9.0),
+                                                ("row.unlisted", 1.0))]
+    lines.append({"rep": 0, "M": 16, "N": 64, "impl": "row.a", "us": 99.0})  # another shape
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    probe = results.load_probe(log)
+    assert len(probe) == 13
+    ax = plots.plot_probe(probe, {"row.b": "B", "row.a": "A", "peer": "P"}, M=8, N=64)
+    ticks = sorted(ax.get_yticklabels(), key=lambda t: -t.get_position()[1])
+    top_down = [t.get_text() for t in ticks]
+    assert top_down == ["B", "A", "P"]  # the first caption is drawn on top
+    widths = sorted(p.get_width() for p in ax.patches)
+    assert widths == [10.0, 11.0, 13.0]  # medians of 9-11, 10-12, 12-14; the other shape left out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"impl": "row.a"}\n')
+    with pytest.raises(ValueError, match="not a probe log"):
+        results.load_probe(bad)
