@@ -581,7 +581,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("insert", &CallMemo::insert, py::arg("x"), py::arg("weight"), py::arg("eps"),
            py::arg("offset"), py::arg("casting_mode"), py::arg("launch"))
       .def("call", &CallMemo::call,
-           "y of a training call of a planned shape (on the tape), or None: Python takes it",
+           "y of a call planned before (on the tape for a training call), or None: Python "
+           "takes it",
            py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("offset"),
            py::arg("casting_mode"))
       .def_readwrite("settings", &CallMemo::settings_,

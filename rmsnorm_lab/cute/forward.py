@@ -128,7 +128,7 @@ class RMSNormForward(RowTiles):
         # Pipelined chunks: a second register copy takes chunk c+1's loads while chunk c is
         # used, so each chunk does not pay a full memory latency of its own.
         tXrX2 = None
-        if cutlass.const_expr(p.pipeline_chunks and p.chunks > 1):
+        if cutlass.const_expr(p.pipeline_chunks):
             tXrX2 = cute.make_fragment_like(tXrX)
         # Prefetch (persistent): the CTA's next row is loaded into a second register copy while
         # this one is reduced and stored, so every CTA keeps a row's loads in flight.
@@ -146,7 +146,7 @@ class RMSNormForward(RowTiles):
 
             # Pass 1: sum of squares (chunks == 1 keeps x in tXrX for pass 2).
             ss = Float32(0.0)
-            if cutlass.const_expr(p.pipeline_chunks and p.chunks > 1):
+            if cutlass.const_expr(p.pipeline_chunks):
                 bufs = [tXrX, tXrX2]
                 self.load_chunk(tiled_x, thr_x, mX, tiler, tile, 0, tXcX, bufs[0], row_ok)
                 for c in cutlass.range_constexpr(p.chunks):
@@ -171,7 +171,7 @@ class RMSNormForward(RowTiles):
                     mRstd[row] = rstd
 
             # Pass 2: normalize, scale, store.
-            if cutlass.const_expr(p.pipeline_chunks and p.chunks > 1):
+            if cutlass.const_expr(p.pipeline_chunks):
                 # Backwards: the last chunk of pass 1 is still in registers.
                 for i in cutlass.range_constexpr(p.chunks):
                     c = p.chunks - 1 - i

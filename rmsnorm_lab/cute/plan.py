@@ -74,11 +74,15 @@ class ForwardPlan(RowTilePlan):
     ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
     prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
     min_ctas_per_sm: int = 0  # > 0: launch bound, ptxas fits this many CTAs on an SM
-    pipeline_chunks: bool = False  # chunks > 1: chunk c+1's loads issued before chunk c is used
 
     @property
     def persistent(self) -> bool:
         return self.variant == "persistent"
+
+    @property
+    def pipeline_chunks(self) -> bool:
+        """Chunk c+1's loads issued before chunk c is used (``pipelines``)."""
+        return pipelines(self.chunks, self.vecs_per_thread)
 
     def grid(self, M: int, sm_count: int) -> int:
         tiles = -(-M // self.rows_per_cta)
@@ -100,7 +104,6 @@ TWO_PASS_THREADS = 512
 TWO_PASS_CTAS_PER_SM = 4
 # Measured on Hopper only; for sm_100a ptxas spilled 24 bytes under the same launch bound.
 TWO_PASS_ARCHS = ("sm_90a",)
-
 
 
 def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str) -> bool:
@@ -221,8 +224,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             extra_regs=4)
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
-                       min_ctas_per_sm=min_ctas_per_sm,
-                       pipeline_chunks=pipelines(chunks, vecs_per_thread), **common)
+                       min_ctas_per_sm=min_ctas_per_sm, **common)
 
 
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:
