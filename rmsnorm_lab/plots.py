@@ -273,6 +273,16 @@ def markdown_table(table: pd.DataFrame, digits: int = 2, right_align: bool = Fal
     return "\n".join([head, rule, *body])
 
 
+def whisker_barh(ax, ys, mid, low, high, colors) -> None:
+    """Horizontal bars of ``mid`` at ``ys``, whiskers from ``low`` to ``high``, each bar
+    labelled with its value just past its whisker (the probe and host-parts figures)."""
+    mid, low, high = (pd.Series(list(v), dtype=float) for v in (mid, low, high))
+    ax.barh(list(ys), mid, xerr=[mid - low, high - mid], color=colors, capsize=2)
+    for y, v, end in zip(ys, mid, high):
+        ax.annotate(f"{v:.1f}", (max(v, end), y), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+
+
 def plot_probe(probe: pd.DataFrame, captions: dict, M: int, N: int, ax=None,
                title: str = ""):
     """One probe's configurations at M x N as horizontal bars: the median µs over its
@@ -283,15 +293,10 @@ def plot_probe(probe: pd.DataFrame, captions: dict, M: int, N: int, ax=None,
     stats = at.groupby("impl")["us"].agg(["median", "min", "max"]).reindex(list(captions))
     stats = stats.dropna()
     ys = range(len(stats))[::-1]
-    ax.barh(list(ys), stats["median"],
-            xerr=[stats["median"] - stats["min"], stats["max"] - stats["median"]],
-            color=["tab:gray" if not i.startswith("row.") else "tab:blue" for i in stats.index],
-            capsize=3)
+    whisker_barh(ax, ys, stats["median"], stats["min"], stats["max"],
+                 ["tab:blue" if i.startswith("row.") else "tab:gray" for i in stats.index])
     ax.set_yticks(list(ys), [captions[i] for i in stats.index])
-    low = stats["min"].min()
-    ax.set_xlim(low * 0.97, stats["max"].max() * 1.01)
-    for y, v, hi in zip(ys, stats["median"], stats["max"]):
-        ax.text(hi, y, f"  {v:.1f}", va="center", fontsize="small")
+    ax.set_xlim(stats["min"].min() * 0.97, stats["max"].max() * 1.01)
     ax.set_xlabel("µs per call (CUDA-graph replay; median, whiskers min–max)")
     ax.set_title(title or f"{M}×{N}")
     ax.grid(True, axis="x", alpha=0.3)

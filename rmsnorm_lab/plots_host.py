@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from .nsys_trace import Trace, launches, stage_order, window
-from .plots import _axes, _log2_x, _one_gpu
+from .plots import _axes, _log2_x, _one_gpu, whisker_barh
+from .results import read_jsonl
 from .settings import LAUNCH_PATHS, Settings
 
 HOST_SHAPE = (128, 4096)
@@ -199,10 +200,7 @@ PART_LAYERS = {
 
 def load_host_parts(path) -> pd.DataFrame:
     """The JSON lines of ``python -m rmsnorm_lab.bench.host_parts`` as a frame indexed by task."""
-    import json
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip().startswith("{")]
-    return pd.DataFrame([r for r in rows if "task" in r]).set_index("task")
+    return pd.DataFrame([r for r in read_jsonl(path) if "task" in r]).set_index("task")
 
 
 def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
@@ -215,12 +213,8 @@ def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
     for a, tasks in ((left, [t for t in PART_LAYERS if t in parts.index]),
                      (right, [t for t in ("torch full", "lab full") if t in parts.index])):
         d = parts.loc[tasks]
-        colors = ["tab:orange" if t.startswith("torch") else "tab:blue" for t in tasks]
-        a.barh(range(len(d)), d["p50"], color=colors,
-               xerr=[d["p50"] - d["p20"], d["p80"] - d["p50"]], capsize=2)
-        for y, (v, right_end) in enumerate(zip(d["p50"], d["p80"])):  # label past the whisker
-            a.annotate(f"{v:.1f}", (max(v, right_end), y), xytext=(3, 0),
-                       textcoords="offset points", va="center", fontsize=8)
+        whisker_barh(a, range(len(d)), d["p50"], d["p20"], d["p80"],
+                     ["tab:orange" if t.startswith("torch") else "tab:blue" for t in tasks])
         labels = [f"{t}\n({PART_LAYERS[t]})" if t in PART_LAYERS else t for t in tasks]
         a.set_yticks(range(len(d)), labels, fontsize=8)
         a.invert_yaxis()
