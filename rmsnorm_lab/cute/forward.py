@@ -81,7 +81,8 @@ class RMSNormForward(RowTiles):
         if cutlass.const_expr(p.min_ctas_per_sm > 0):
             bounds = dict(min_blocks_per_mp=p.min_ctas_per_sm, preferred_smem_carveout=0)
         self.kernel(mX, mW, mY, mRstd, eps, offset).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream, **bounds)
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
+            use_pdl=p.pdl, **bounds)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
@@ -94,6 +95,13 @@ class RMSNormForward(RowTiles):
         row_in_cta = tidx // p.threads_per_row
         warp_in_row = (tidx % p.threads_per_row) // 32
         lane = tidx % 32
+        if cutlass.const_expr(p.pdl):
+            # Launched with programmatic stream serialization: this CTA may be resident before
+            # the previous kernel on the stream has finished. Nothing touches global memory
+            # before the wait returns (the previous grid completed and flushed); the trigger lets
+            # the next kernel's CTAs take SM slots as this grid's last CTAs drain.
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):

@@ -74,6 +74,7 @@ class ForwardPlan(RowTilePlan):
     ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
     prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
     min_ctas_per_sm: int = 0  # > 0: launch bound, ptxas fits this many CTAs on an SM
+    pdl: bool = False        # programmatic dependent launch (see forward.py)
 
     @property
     def persistent(self) -> bool:
