@@ -143,7 +143,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
 def lab_impls(op: str) -> Dict[str, Callable]:
     """The lab's implementations of ``op`` for the benchmark, as ``fn(x, w) -> y``.
 
-    ``fwd``: the CuTe forward variants and the Triton forward. ``bwd`` and ``full``: the same
+    ``fwd``: the CuTe forward variants, ``cute.auto-pdl`` (auto with ``settings.pdl`` off) and
+    the Triton forward. ``bwd`` and ``full``: the same
     differentiable ``rms_norm`` (the benchmark takes the gradient), one entry per backward:
     ``cute.fused``, ``cute.split`` and ``cute.auto`` (``settings.backward`` pinned for that
     call on the tape node the library would use: ``_pinned_backward``) and ``triton.split`` (the
@@ -152,13 +153,15 @@ def lab_impls(op: str) -> Dict[str, Callable]:
     from .api import rms_norm
 
     if op == "fwd":
-        def cute_variant(variant: str) -> Callable:
+        def cute_variant(variant: str, **toggles) -> Callable:
             def run(x, w):
-                with settings.override(forward_variant=variant):
+                with settings.override(forward_variant=variant, **toggles):
                     return rms_norm(x, w, backend="cute")
             return run
 
         impls = {f"cute.{v}": cute_variant(v) for v in ("row", "persistent", "warp", "auto")}
+        # auto with settings.pdl off: what programmatic dependent launch buys, in the same run
+        impls["cute.auto-pdl"] = cute_variant("auto", pdl=False)
         impls["triton.row"] = lambda x, w: rms_norm(x, w, backend="triton")
         return impls
     if op in ("bwd", "full"):

@@ -4,7 +4,7 @@ produces moves data the way the lab claims: 16-byte global accesses, no local me
 import pytest
 import torch
 
-from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
+from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect, waits_before_global_access
 from rmsnorm_lab.cute.plan import plan_forward
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
@@ -36,8 +36,12 @@ CASES = [
                          ids=[f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[4]}" for c in CASES])
 def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w_dtype, mode):
     plan = plan_forward(variant, N, x_dtype, w_dtype, mode, store_rstd=True, aligned=True,
-                        arch=arch)
+                        arch=arch, pdl=True)
     facts = compile_and_inspect(plan, arch)
+    # programmatic dependent launch: one wait, ahead of every global access, and one trigger
+    pdl = int(plan.pdl)
+    assert (facts.grid_dependency_waits, facts.dependents_triggers) == (pdl, pdl)
+    assert not pdl or waits_before_global_access(facts.ptx)
     if variant == "fallback":
         assert facts.global_loads_16B == 0 and facts.global_loads_scalar > 0
     else:

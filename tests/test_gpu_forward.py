@@ -130,3 +130,49 @@ def test_capture_in_cuda_graph_on_side_stream(side_stream_graph_replay):
     x = fresh((1000, 4096), torch.bfloat16)
     w = fresh((4096,), torch.bfloat16)
     side_stream_graph_replay(lambda: rms_norm(x, w, backend="cute"))
+
+
+@pytest.mark.parametrize("variant,N", [("row", 4096), ("warp", 1024)])
+@pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "graph"])
+def test_chained_launches_read_complete_outputs(variant, N, in_graph):
+    """With programmatic dependent launch a kernel's CTAs may be resident before the kernel it
+    reads from has finished. A chain of forwards, each reading the output of the one before,
+    launched back to back: every step must match the reference on the input it actually read
+    (outputs start as NaN, so a read that came early shows up)."""
+    from rmsnorm_lab.cute import runner
+    from rmsnorm_lab.cute.plan import PDL_ARCHS
+
+    M, steps = 16384, 8
+    x = fresh((M, N), torch.bfloat16)
+    w = (1 + 0.1 * fresh((N,), torch.float32)).to(torch.bfloat16)
+    with settings.override(forward_variant=variant, pdl=True):
+        if runner.target_arch(x.device) in PDL_ARCHS:
+            assert runner.entry_for(x, w, "llama", False, variant).plan.pdl
+
+        def chain():
+            ys = [x]
+            for _ in range(steps):
+                ys.append(rms_norm(ys[-1], w, backend="cute"))
+            return ys
+
+        if in_graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                chain()  # compile outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=side):
+                    ys = chain()
+            torch.cuda.current_stream().wait_stream(side)
+            for y in ys[1:]:
+                y.fill_(float("nan"))
+            graph.replay()
+        else:
+            poison_allocator()
+            ys = chain()
+    torch.cuda.synchronize()
+    for k in range(steps):
+        expect = reference.rms_norm(ys[k], w, 1e-6)
+        assert not torch.isnan(ys[k + 1]).any(), f"step {k + 1}: NaN read from an unfinished step"
+        rel = ((ys[k + 1].double() - expect.double()).norm() / expect.double().norm()).item()
+        assert rel <= MAX_REL[torch.bfloat16], f"step {k + 1}: rel err {rel:.3g}"

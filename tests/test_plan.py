@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rmsnorm_lab.cute.plan import (COPY_BYTES, NotEligible, auto_variant, elems_in_registers,
-                                   pipelines, plan_forward)
+                                   pipelines, plan_forward, uses_pdl)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 
@@ -142,3 +142,17 @@ def test_int32_addressing_limit_is_enforced_with_a_way_out():
         check_int32_addressable(M=2**31 // 4096, row_stride=4096, N=4096)
     with pytest.raises(ValueError, match="2\\^31"):
         check_int32_addressable(M=2**20, row_stride=2**12, N=8)  # a strided view counts its span
+
+
+def test_pdl_only_where_measured_to_pay_and_only_when_asked():
+    def pdl(variant, N, arch="sm_90a", asked=True):
+        return plan_forward(variant, N, BF16, BF16, "llama", False, True, arch=arch,
+                            pdl=asked).pdl
+    assert pdl("row", 4096) and pdl("row", 2048) and pdl("row", 8192) and pdl("warp", 1024)
+    assert not pdl("row", 4096, asked=False)       # settings.pdl off
+    assert not pdl("persistent", 4096)             # lost on the persistent grid
+    assert not pdl("row", 1024)                    # 64-thread CTAs lost
+    assert not pdl("fallback", 4096)               # not measured
+    assert not pdl("row", 4096, arch="sm_100a")    # not measured on Blackwell
+    assert not pdl("row", 4096, arch=None)         # target unknown
+    assert uses_pdl("row", 128, "sm_90a") and not uses_pdl("row", 64, "sm_90a")

@@ -65,3 +65,8 @@ def test_fused_strips_toggle_is_auto_by_default_and_refuses_negatives():
         from_environ({"RMSNORM_LAB_FUSED_STRIPS": "-1"})
     with pytest.raises(ValueError, match="integer"):
         from_environ({"RMSNORM_LAB_FUSED_STRIPS": "many"})
+
+
+def test_pdl_toggle_is_on_by_default_and_read_from_the_environment():
+    assert Settings().pdl is True
+    assert from_environ({"RMSNORM_LAB_PDL": "0"}).pdl is False

@@ -26,6 +26,8 @@ class PtxFacts:
     local_accesses: int
     shuffles: int
     barriers: int
+    grid_dependency_waits: int = 0   # griddepcontrol.wait (programmatic dependent launch)
+    dependents_triggers: int = 0     # griddepcontrol.launch_dependents
     registers: Optional[int] = None
     spill_bytes: Optional[int] = None
     stack_bytes: Optional[int] = None
@@ -49,7 +51,17 @@ def ptx_facts(ptx: str, arch: str) -> PtxFacts:
         local_accesses=len(re.findall(r"\b(?:ld|st)\.local\b", ptx)) + ptx.count(".local "),
         shuffles=len(re.findall(r"\bshfl\.sync\b", ptx)),
         barriers=len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
+        grid_dependency_waits=len(re.findall(r"\bgriddepcontrol\.wait\b", ptx)),
+        dependents_triggers=len(re.findall(r"\bgriddepcontrol\.launch_dependents\b", ptx)),
     )
+
+
+def waits_before_global_access(ptx: str) -> bool:
+    """Does griddepcontrol.wait come before the first global load or store in the PTX text?
+    (The kernels are straight-line up to that point: no branch can reach a global access first.)"""
+    wait = re.search(r"\bgriddepcontrol\.wait\b", ptx)
+    access = re.search(r"\b(?:ld|st)\.global\b", ptx)
+    return wait is not None and (access is None or wait.start() < access.start())
 
 
 def find_ptxas(ptx_version: str) -> Optional[str]:

@@ -95,7 +95,7 @@ def _plan_launch(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: f
 def settings_code() -> int:
     """The settings every plan of this module reads, as one integer of the memo's keys."""
     return hash((settings.forward_variant, settings.backward, settings.fused_strips,
-                 settings.nvtx))
+                 settings.nvtx, settings.pdl))
 
 
 def memo(native):

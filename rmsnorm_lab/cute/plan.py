@@ -74,7 +74,7 @@ class ForwardPlan(RowTilePlan):
     ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
     prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
     min_ctas_per_sm: int = 0  # > 0: launch bound, ptxas fits this many CTAs on an SM
-    pdl: bool = False        # programmatic dependent launch (see forward.py)
+    pdl: bool = False        # programmatic dependent launch (``uses_pdl``)
 
     @property
     def persistent(self) -> bool:
@@ -114,6 +114,26 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
     tests/test_cute_compile.py compiles every case)."""
     narrow_weight = w_dtype is None or _ELEM_BYTES[w_dtype] <= _ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
+
+
+# Programmatic dependent launch (PDL): the kernel is launched with programmatic stream
+# serialization, so its CTAs may become resident while the previous kernel on the stream drains;
+# they wait (griddepcontrol.wait) before touching global memory, and each triggers its own
+# dependents at once. What it saves is the gap between one grid's end and the next one's start.
+# H200, bf16, back-to-back launches in one CUDA graph (results/NOTES.md 24), us without -> with:
+# row 16384x4096 66.0 -> 64.9, 65536x4096 257.1 -> 256.1, 4096x4096 18.6 -> 17.3, 16384x2048 34.1
+# -> 33.1, 16384x8192 129.7 -> 128.6, 16384^2 255.3 -> 254.6; warp 16384x1024 17.65 -> 17.5. It lost
+# on the persistent grid (1024x4096: 5.29 -> 5.52, every CTA resident from the start) and on
+# 64-thread row CTAs (16384x1024: 17.8 -> 20.5), so those launch as before. Measured on Hopper only.
+PDL_ARCHS = ("sm_90a",)
+PDL_VARIANTS = ("row", "warp")
+PDL_MIN_THREADS = 128
+
+
+def uses_pdl(variant: str, threads: int, arch: Optional[str]) -> bool:
+    """Does a forward kernel of ``variant`` with CTAs of ``threads`` launch with PDL on ``arch``
+    (when ``settings.pdl`` allows it)?"""
+    return arch in PDL_ARCHS and variant in PDL_VARIANTS and threads >= PDL_MIN_THREADS
 
 
 INT32_LIMIT = 2**31
@@ -170,9 +190,11 @@ def _row_mapping(n_vecs: int, max_vecs_of):
 
 def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
                  casting_mode: str, store_rstd: bool, aligned: bool,
-                 arch: Optional[str] = None) -> ForwardPlan:
+                 arch: Optional[str] = None, pdl: bool = False) -> ForwardPlan:
     """The plan of ``variant`` for rows of N; ``arch`` (e.g. ``sm_90a``) is the target the plan
-    will be compiled for, where a tile depends on it (the two-pass tile); None: any target."""
+    will be compiled for, where a tile depends on it (the two-pass tile, PDL); None: any target.
+    ``pdl``: launch with PDL where ``uses_pdl`` says it pays (the caller passes ``settings.pdl``).
+    """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if x_dtype not in _ELEM_BYTES:
@@ -206,7 +228,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
                               f"{32 * max_vecs_of(32 * rows) * vec} elements of {x_dtype}, N={N}")
         return ForwardPlan(threads_per_row=32, rows_per_cta=rows,
-                           vecs_per_thread=vecs_per_thread, chunks=1, **common)
+                           vecs_per_thread=vecs_per_thread, chunks=1,
+                           pdl=pdl and uses_pdl(variant, 32 * rows, arch), **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
     if (variant == "row" and n_vecs == TWO_PASS_ROW_COPIES
@@ -225,7 +248,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             extra_regs=4)
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
-                       min_ctas_per_sm=min_ctas_per_sm, **common)
+                       min_ctas_per_sm=min_ctas_per_sm,
+                       pdl=pdl and uses_pdl(variant, threads, arch), **common)
 
 
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:

@@ -160,12 +160,12 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
     w_dtype = weight.dtype if weight is not None else None
     few_rows = variant == "auto" and M <= AUTO_PERSISTENT_MAX_ROWS  # auto's only use of M
     key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
-           few_rows)
+           few_rows, settings.pdl)
     entry = _ENTRIES.get(key)
     if entry is None:
         chosen = auto_variant(N, aligned, x2.dtype, M) if variant == "auto" else variant
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
-                            arch=target_arch(x2.device))
+                            arch=target_arch(x2.device), pdl=settings.pdl)
         entry = _ENTRIES[key] = _Entry(plan, x2.device)
     return entry
 
