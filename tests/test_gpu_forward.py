@@ -132,7 +132,7 @@ def test_capture_in_cuda_graph_on_side_stream(side_stream_graph_replay):
     side_stream_graph_replay(lambda: rms_norm(x, w, backend="cute"))
 
 
-@pytest.mark.parametrize("variant,N", [("row", 4096), ("warp", 1024)])
+@pytest.mark.parametrize("variant,N", [("row", 4096), ("row", 8192), ("warp", 1024)])
 @pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "graph"])
 def test_chained_launches_read_complete_outputs(variant, N, in_graph):
     """With programmatic dependent launch a kernel's CTAs may be resident before the kernel it
@@ -146,7 +146,7 @@ def test_chained_launches_read_complete_outputs(variant, N, in_graph):
     x = fresh((M, N), torch.bfloat16)
     w = (1 + 0.1 * fresh((N,), torch.float32)).to(torch.bfloat16)
     with settings.override(forward_variant=variant, pdl=True):
-        if runner.target_arch(x.device) in PDL_ARCHS:
+        if runner.target_arch(x.device) in PDL_ARCHS and variant == "row":
             assert runner.entry_for(x, w, "llama", False, variant).plan.pdl
 
         def chain():

@@ -120,13 +120,14 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # serialization, so its CTAs may become resident while the previous kernel on the stream drains;
 # they wait (griddepcontrol.wait) before touching global memory, and each triggers its own
 # dependents at once. What it saves is the gap between one grid's end and the next one's start.
-# H200, bf16, back-to-back launches in one CUDA graph (results/NOTES.md 24), us without -> with:
-# row 16384x4096 66.0 -> 64.9, 65536x4096 257.1 -> 256.1, 4096x4096 18.6 -> 17.3, 16384x2048 34.1
-# -> 33.1, 16384x8192 129.7 -> 128.6, 16384^2 255.3 -> 254.6; warp 16384x1024 17.65 -> 17.5. It lost
-# on the persistent grid (1024x4096: 5.29 -> 5.52, every CTA resident from the start) and on
-# 64-thread row CTAs (16384x1024: 17.8 -> 20.5), so those launch as before. Measured on Hopper only.
+# H200, bf16, back-to-back launches in one CUDA graph, us without -> with (results/NOTES.md 24):
+# row kernel in the forward sweep 16384x4096 66.0 -> 64.5, 65536x4096 256.3 -> 256.0, 32768x4096
+# 129.7 -> 127.5, 4096x4096 18.5 -> 17.8, 16384x2048 34.4 -> 33.6, 16384x8192 129.7 -> 128.3. It
+# lost on the persistent grid (1024x4096: 5.29 -> 5.52 in a probe, every CTA resident from the
+# start), on 64-thread row CTAs (16384x1024: 17.8 -> 20.5) and on warp-per-row in the sweep
+# (16384x1024: 17.6 -> 18.2), so those launch as before. Measured on Hopper only.
 PDL_ARCHS = ("sm_90a",)
-PDL_VARIANTS = ("row", "warp")
+PDL_VARIANTS = ("row",)
 PDL_MIN_THREADS = 128
 
 
