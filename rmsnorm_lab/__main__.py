@@ -201,7 +201,7 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
         names.append(_save(fig, out / f"{gpu}-{name}.png"))
 
     if {"cute.fused", "cute.split"} <= set(g[g["op"] == "bwd"]["impl"]):
-        render("bwd-fused-vs-split", lambda ax: plots.plot_fused_split_ratio(df, gpu=gpu, ax=ax))
+        render("bwd-fused-vs-split", lambda ax: plots.plot_time_ratio(df, gpu=gpu, ax=ax))
     if any("@" in i for i in g[g["path"] == "host"]["impl"]):
         render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6))
         render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax))

@@ -205,7 +205,7 @@ def time_ratio(df: pd.DataFrame, op: str = "bwd", slower: str = "cute.split",
     return out.reindex(_shape_order(out.index))
 
 
-def plot_fused_split_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
+def plot_time_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
                            gpu: Optional[str] = None, ax=None, slower: str = "cute.split",
                            faster: str = "cute.fused"):
     """Bars of ``t(split) / t(fused)`` per shape (whiskers: the p20-p80 spread), a line at 1:
@@ -229,6 +229,70 @@ def plot_fused_split_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph
     ax.set_ylabel(f"t({slower}) / t({faster}), median")
     ax.set_title(f"{gpu}: {op}, {slower} vs {faster} ({path}); > 1: {faster} faster")
     ax.grid(True, axis="y", alpha=0.3)
+    return ax
+
+
+def _at_width(d: pd.DataFrame, impls, op: str, N: int, path: str, min_M: int) -> pd.DataFrame:
+    """Median time and GB/s of ``impls`` at width N from ``min_M`` rows up: rows (impl, M)."""
+    d = d[(d["op"] == op) & (d["path"] == path) & (d["N"] == N) & (d["M"] >= min_M)
+          & d["impl"].isin(impls)]
+    return d.pivot_table(index=["impl", "M"], columns="metric", values="p50", aggfunc="last")
+
+
+def fixed_cost_fit(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
+                   path: str = "graph", gpu: Optional[str] = None,
+                   min_M: int = 0) -> pd.DataFrame:
+    """Per implementation of ``impls`` measured at three or more M >= ``min_M`` at width N: a
+    least-squares
+    line through its median µs against the bytes it moved. The slope's inverse is its
+    ``streaming GB/s`` (the rate once a launch is under way); the intercept, its ``fixed µs``
+    (what every launch costs whatever its size: the first loads' latency, the last stores'
+    drain, the gap to the next launch). Bytes come from each point's median time and GB/s."""
+    import numpy as np
+
+    d, _ = _one_gpu(df, gpu)
+    p50 = _at_width(d, impls, op, N, path, min_M)
+    rows = []
+    for impl in [i for i in impls if i in p50.index.get_level_values(0)]:
+        pts = p50.loc[impl].dropna(subset=[c for c in ("time", "bandwidth") if c in p50])
+        if len(pts) < 3 or not {"time", "bandwidth"} <= set(pts.columns):
+            continue
+        mbytes = pts["bandwidth"] * pts["time"] / 1e3  # GB/s x µs = kB; / 1e3: MB
+        slope, fixed = np.polyfit(mbytes, pts["time"], 1)  # µs per MB, µs
+        rows.append({"impl": impl, "streaming GB/s": 1e3 / slope, "fixed µs": fixed,
+                     "points": len(pts)})
+    return pd.DataFrame(rows, columns=["impl", "streaming GB/s", "fixed µs", "points"]
+                        ).set_index("impl")
+
+
+def plot_fixed_cost(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
+                    path: str = "graph", gpu: Optional[str] = None, min_M: int = 0, ax=None):
+    """Each implementation's median µs minus the time the ceiling (``copy`` for the forward)
+    would take to move the same bytes, against M at width N: the time a launch spends beyond
+    streaming at the ceiling's rate. Flat lines are a fixed cost per launch; the legend gives
+    ``fixed_cost_fit``'s intercept and streaming rate."""
+    d, gpu = _one_gpu(df, gpu)
+    ceiling = ceiling_gbps(df, op, gpu)
+    if ceiling is None:
+        raise ValueError(f"no {CEILING_OF_OP.get(op)} ceiling measured for {gpu}")
+    fit = fixed_cost_fit(df, impls, op, N, path, gpu, min_M)
+    p50 = _at_width(d, impls, op, N, path, min_M)
+    ax = _axes(ax)
+    for impl in [i for i in impls if i in p50.index.get_level_values(0)]:
+        pts = p50.loc[impl].dropna()
+        floor_us = pts["bandwidth"] * pts["time"] / ceiling  # the same bytes at the ceiling
+        label = impl
+        if impl in fit.index:
+            f = fit.loc[impl]
+            label += f": fixed {f['fixed µs']:.2f} µs, streams at {f['streaming GB/s']:.0f} GB/s"
+        ax.plot(pts.index, pts["time"] - floor_us, marker="o", markersize=4, label=label)
+    ax.axhline(0, color="black", linewidth=1)
+    _log2_x(ax, p50.index.get_level_values("M"))
+    ax.set_xlabel("M")
+    ax.set_ylabel(f"median µs above {CEILING_OF_OP[op]} of the same bytes")
+    ax.set_title(f"{gpu}: {op} at N={N} ({path}): time beyond the {ceiling:.0f} GB/s ceiling")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
     return ax
 
 

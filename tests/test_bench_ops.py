@@ -283,11 +283,11 @@ def test_time_ratio_and_its_plot(bwd_df):
     assert r["ratio"].round(6).tolist() == pytest.approx(
         [(0.6 * 1.2 * M * N / 1e6 + 2) / (0.6 * M * N / 1e6 + 2) for M, N in r.index])
     assert (r["lo"] < r["ratio"]).all() and (r["hi"] > r["ratio"]).all()
-    ax = plots.plot_fused_split_ratio(bwd_df, ax=Figure().subplots())
+    ax = plots.plot_time_ratio(bwd_df, ax=Figure().subplots())
     assert len(ax.patches) == 3
     empty = plots.time_ratio(bwd_df, "bwd", slower="nobody")
     assert empty.empty
-    plots.plot_fused_split_ratio(bwd_df, ax=Figure().subplots(), slower="nobody")
+    plots.plot_time_ratio(bwd_df, ax=Figure().subplots(), slower="nobody")
 
 
 def test_op_breakdown_reads_rows_only(bwd_df):

@@ -300,3 +300,31 @@ def test_probe_logs_load_and_plot_in_caption_order(tmp_path):
     bad.write_text('{"impl": "row.a"}\n')
     with pytest.raises(ValueError, match="not a probe log"):
         results.load_probe(bad)
+
+
+def test_fixed_cost_fit_recovers_the_line_it_was_built_from():
+    from matplotlib.figure import Figure
+
+    # t = fixed + bytes / rate, exactly, for two kernels; one point below min_M is off the line
+    rows = [row(impl="copy", M=131072, metric="bandwidth", unit="GBps", p50=COPY_GBPS)]
+    for impl, fixed, rate in (("cute.a", 1.5, 3900.0), ("cute.b", 2.5, 3950.0)):
+        for M in (1024, 4096, 16384, 65536):
+            moved = 2 * M * 4096 * 2
+            t = fixed + moved / rate / 1e3 + (50.0 if M == 1024 else 0.0)
+            rows += [row(impl=impl, M=M, metric="time", unit="us", p50=t),
+                     row(impl=impl, M=M, metric="bandwidth", unit="GBps", p50=moved / t / 1e3)]
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    fit = plots.fixed_cost_fit(df, ["cute.a", "cute.b", "cute.absent"], min_M=4096)
+    assert list(fit.index) == ["cute.a", "cute.b"] and list(fit["points"]) == [3, 3]
+    assert fit.loc["cute.a", "fixed µs"] == pytest.approx(1.5)
+    assert fit.loc["cute.b", "streaming GB/s"] == pytest.approx(3950.0)
+    # with the off-line point the fit no longer matches: min_M is what excluded it
+    assert plots.fixed_cost_fit(df, ["cute.a"]).loc["cute.a", "fixed µs"] != pytest.approx(1.5)
+    ax = plots.plot_fixed_cost(df, ["cute.a", "cute.b"], min_M=4096, ax=Figure().subplots())
+    a = ax.get_lines()[0]
+    assert a.get_label().startswith("cute.a: fixed 1.50 µs, streams at 3900 GB/s")
+    moved = [2 * M * 4096 * 2 for M in (4096, 16384, 65536)]
+    want = [1.5 + m / 3900.0 / 1e3 - m / COPY_GBPS / 1e3 for m in moved]
+    assert list(a.get_ydata()) == pytest.approx(want)
+    with pytest.raises(ValueError, match="no copy ceiling"):
+        plots.plot_fixed_cost(df[df["impl"] != "copy"], ["cute.a"])
