@@ -34,6 +34,7 @@ from cutlass.memory import SmemAllocator
 
 from .backward_plan import BackwardPlan
 from .forward import TORCH_TO_CUTE
+from .pdl import wait_for_previous_grid
 from .reduce import row_sum
 from .tiles import RowTiles
 
@@ -112,7 +113,7 @@ class RMSNormBackward(_Common):
             min_blocks, carveout = p.ctas_per_sm, 100
         self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
-            min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout)
+            min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout, use_pdl=p.pdl)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
@@ -124,6 +125,8 @@ class RMSNormBackward(_Common):
         M = mX.shape[0]
         warp_in_row = tidx // 32
         lane = tidx % 32
+        if cutlass.const_expr(p.pdl):
+            wait_for_previous_grid()
 
         smem = SmemAllocator()
         sBuf = None
@@ -306,7 +309,7 @@ class RMSNormBackwardDW(_Common):
         smem_bytes = p.rows_per_cta * p.cols_per_tile * 4
         self.kernel(mDy, mX, mRstd, mDwP).launch(
             grid=[p.col_blocks, row_groups, 1], block=[p.threads, 1, 1], smem=smem_bytes,
-            stream=stream)
+            stream=stream, use_pdl=p.pdl)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mRstd: cute.Tensor, mDwP: cute.Tensor):
@@ -316,6 +319,8 @@ class RMSNormBackwardDW(_Common):
         _, groups, _ = cute.arch.grid_dim()
         M = mX.shape[0]
         row_lane = tidx // p.threads_per_row
+        if cutlass.const_expr(p.pdl):
+            wait_for_previous_grid()
 
         # This group's rows, balanced as in backward_plan.strip_bounds.
         q = M // groups

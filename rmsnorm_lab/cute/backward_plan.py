@@ -80,6 +80,7 @@ class BackwardPlan(RowTilePlan):
     dw_unroll: int = 1       # dw only: rows a row lane has in flight (loop unroll factor)
     prefetch: bool = False   # fused only: load the next row's x and dy during this row
     ctas_per_sm: int = 1     # fused only: strips per SM the registers allow (fused_strips)
+    pdl: bool = False        # programmatic dependent launch (see cute/plan.py, uses_pdl)
 
     @property
     def dw_smem_bytes(self) -> int:

@@ -87,11 +87,12 @@ def _dw_reduce_args(w_dtype: torch.dtype):
 
 
 def compile_dw_reduce(N: int, w_dtype: torch.dtype, arch: str,
-                      keep_ptx_dir: Optional[str] = None):
+                      keep_ptx_dir: Optional[str] = None, pdl: bool = False):
     """The TVM-FFI compilation of the partial-row reduction for width N into ``w_dtype``."""
     return compile_tvm_ffi(
-        _COMPILED, ("dw_reduce", N, w_dtype, arch), arch, "dw_reduce",
-        lambda: (DwReduce(N, TORCH_TO_CUTE[w_dtype]), _dw_reduce_args(w_dtype)), keep_ptx_dir)
+        _COMPILED, ("dw_reduce", N, w_dtype, arch, pdl), arch, "dw_reduce",
+        lambda: (DwReduce(N, TORCH_TO_CUTE[w_dtype], pdl), _dw_reduce_args(w_dtype)),
+        keep_ptx_dir)
 
 
 def clear_caches() -> None:

@@ -21,6 +21,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.memory import SmemAllocator
 
+from .pdl import wait_for_previous_grid
+
 COLS_PER_CTA = 32   # one warp across the columns: 128-byte loads of fp32
 ROW_LANES = 32      # warps per CTA, each on its own rows (1024 threads)
 UNROLL = 8          # loads in flight per thread
@@ -29,9 +31,10 @@ UNROLL = 8          # loads in flight per thread
 class DwReduce:
     """``__call__(partial (G, N) fp32, dw (N,) in the weight's dtype, stream)``."""
 
-    def __init__(self, N: int, w_type):
+    def __init__(self, N: int, w_type, pdl: bool = False):
         self.N = N
         self.w_type = w_type
+        self.pdl = pdl  # programmatic dependent launch (pdl.py)
 
     @cute.jit
     def __call__(self, gPart: cute.Tensor, gDw: cute.Tensor, stream: cuda.CUstream):
@@ -41,7 +44,7 @@ class DwReduce:
         mDw = cute.make_tensor(gDw.iterator, cute.make_layout((self.N,)))
         self.kernel(mPart, mDw).launch(
             grid=[-(-self.N // COLS_PER_CTA), 1, 1], block=[COLS_PER_CTA * ROW_LANES, 1, 1],
-            smem=ROW_LANES * COLS_PER_CTA * 4, stream=stream)
+            smem=ROW_LANES * COLS_PER_CTA * 4, stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mPart: cute.Tensor, mDw: cute.Tensor):
@@ -51,6 +54,8 @@ class DwReduce:
         c = tidx % COLS_PER_CTA
         lane = tidx // COLS_PER_CTA
         col = bidx * COLS_PER_CTA + c
+        if cutlass.const_expr(self.pdl):
+            wait_for_previous_grid()
 
         total = Float32(0.0)
         if col < self.N:

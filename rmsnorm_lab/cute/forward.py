@@ -24,6 +24,7 @@ from cutlass.memory import SmemAllocator
 import torch
 from cutlass import Float32, Int32
 
+from .pdl import wait_for_previous_grid
 from .plan import ForwardPlan
 from .reduce import row_sum
 from .tiles import RowTiles
@@ -96,12 +97,7 @@ class RMSNormForward(RowTiles):
         warp_in_row = (tidx % p.threads_per_row) // 32
         lane = tidx % 32
         if cutlass.const_expr(p.pdl):
-            # Launched with programmatic stream serialization: this CTA may be resident before
-            # the previous kernel on the stream has finished. Nothing touches global memory
-            # before the wait returns (the previous grid completed and flushed); the trigger lets
-            # the next kernel's CTAs take SM slots as this grid's last CTAs drain.
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
+            wait_for_previous_grid()  # before any global access (pdl.py)
 
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):
