@@ -147,7 +147,8 @@ def lab_impls(op: str) -> Dict[str, Callable]:
     the Triton forward. ``bwd`` and ``full``: the same
     differentiable ``rms_norm`` (the benchmark takes the gradient), one entry per backward:
     ``cute.fused``, ``cute.split`` and ``cute.auto`` (``settings.backward`` pinned for that
-    call on the tape node the library would use: ``_pinned_backward``) and ``triton.split`` (the
+    call on the tape node the library would use: ``_pinned_backward``), ``cute.auto-pdl`` (auto
+    with ``settings.pdl`` off, forward and backward) and ``triton.split`` (the
     Triton backward: a dx+dW partials kernel and a torch sum). Eager times of ``bwd``/``full``
     recorded before the native node (commit fb6b2ed and earlier) were taken on the Python node."""
     from .api import rms_norm
@@ -166,24 +167,26 @@ def lab_impls(op: str) -> Dict[str, Callable]:
         return impls
     if op in ("bwd", "full"):
         impls = {f"cute.{mode}": _pinned_backward(mode) for mode in ("fused", "split", "auto")}
+        impls["cute.auto-pdl"] = _pinned_backward("auto", pdl=False)  # PDL off, same run
         impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
         return impls
     raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full")
 
 
-def _pinned_backward(mode: str, backend: str = "cute") -> Callable:
+def _pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:
     """``fn(x, w) -> y``: ``rms_norm(x, w, backend=backend)`` whose backward runs with
     ``settings.backward == mode``, on the tape node the library itself would use. The native
     node fixes its backward at the forward, so the forward runs under ``settings.override``; the
     Python node reads the toggle when its backward runs, so there ``api``'s own
-    ``RMSNormFunction`` is subclassed only to wrap its backward in the override."""
+    ``RMSNormFunction`` is subclassed only to wrap its backward in the override. ``toggles``
+    (other settings, e.g. ``pdl=False``) hold for the forward and the backward alike."""
     from .api import rms_norm, validate
     from .autograd import RMSNormFunction, native_node_for
 
     class Pinned(RMSNormFunction):
         @staticmethod
         def backward(ctx, dy):
-            with settings.override(backward=mode):
+            with settings.override(backward=mode, **toggles):
                 return RMSNormFunction.backward(ctx, dy)
 
     Pinned.__name__ = Pinned.__qualname__ = f"RMSNormFunction_{mode}"
@@ -191,10 +194,12 @@ def _pinned_backward(mode: str, backend: str = "cute") -> Callable:
     def run(x, w, eps: float = 1e-6):
         if not (torch.is_grad_enabled()
                 and (x.requires_grad or (w is not None and w.requires_grad))):
-            return rms_norm(x, w, eps, backend=backend)  # no tape: a plain forward
+            with settings.override(**toggles):
+                return rms_norm(x, w, eps, backend=backend)  # no tape: a plain forward
         if native_node_for(x, backend, in_place=False) is not None:
-            with settings.override(backward=mode):
+            with settings.override(backward=mode, **toggles):
                 return rms_norm(x, w, eps, backend=backend)
         validate(x, w, "llama", backend)  # what rms_norm checks before taping
-        return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
+        with settings.override(**toggles):  # the forward under the same toggles
+            return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
     return run

@@ -186,3 +186,9 @@ def test_rows_too_wide_for_registers_fuse_in_chunks_with_dw_in_shared_memory():
     assert plan_backward("fused", 32768, BF16, BF16, "llama", True).chunks == 3
     with pytest.raises(NotEligible, match="shared memory"):
         plan_backward("fused", 65536, BF16, BF16, "llama", True)
+
+
+def test_backward_pdl_on_hopper_only():
+    from rmsnorm_lab.cute.backward_plan import backward_uses_pdl
+    assert backward_uses_pdl("sm_90a")
+    assert not backward_uses_pdl("sm_100a") and not backward_uses_pdl(None)

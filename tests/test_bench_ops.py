@@ -174,11 +174,33 @@ def test_liger_backward_peers_do_not_overwrite_dy(monkeypatch, module, factory):
 def test_lab_impl_names():
     for op in ("bwd", "full"):
         assert list(launch.lab_impls(op)) == ["cute.fused", "cute.split", "cute.auto",
-                                              "triton.split"]
+                                              "cute.auto-pdl", "triton.split"]
         impls, problem = runner.lab_implementations(op)
         assert problem is None and set(impls) == set(launch.lab_impls(op))
+    assert list(launch.lab_impls("fwd")) == ["cute.row", "cute.persistent", "cute.warp",
+                                             "cute.auto", "cute.auto-pdl", "triton.row"]
     with pytest.raises(ValueError, match="sideways"):
         launch.lab_impls("sideways")
+
+
+def test_pinned_toggles_hold_for_the_forward_and_the_backward(monkeypatch):
+    seen = []
+    real_fwd, real_bwd = lab_autograd.forward_impl, lab_autograd.backward_impl
+
+    def spy(real, step):
+        def call(*args, **kwargs):
+            seen.append((step, settings.backward, settings.pdl))
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(lab_autograd, "forward_impl", spy(real_fwd, "fwd"))
+    monkeypatch.setattr(lab_autograd, "backward_impl", spy(real_bwd, "bwd"))
+    assert settings.pdl
+    fn = launch._pinned_backward("split", backend="torch", pdl=False)
+    inputs = bwd_inputs()
+    assert runner.check(runner.BWD, fn, inputs, runner.BWD.reference(inputs)) == ("ok", "")
+    assert seen == [("fwd", settings.backward, False), ("bwd", "split", False)]
+    assert settings.pdl
 
 
 @pytest.mark.parametrize("mode", ["fused", "split", "auto"])
@@ -212,13 +234,15 @@ def test_pinned_backward_on_the_native_node_pins_at_the_forward(monkeypatch, mod
     monkeypatch.setattr(lab_autograd, "native_node_for", lambda x, backend, in_place: object())
 
     def fake_rms_norm(x, w, eps=1e-6, *, backend=None, **kw):
-        seen.append((settings.backward, backend))
+        seen.append((settings.backward, backend, settings.pdl))
         return reference.rms_norm(x, w, eps)
     monkeypatch.setattr(api, "rms_norm", fake_rms_norm)
     before = settings.backward
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
     y = launch._pinned_backward(mode)(x, w)
-    assert seen == [(mode, "cute")] and settings.backward == before
+    assert seen == [(mode, "cute", True)] and settings.backward == before
+    launch._pinned_backward(mode, pdl=False)(x, w)
+    assert seen[-1] == (mode, "cute", False) and settings.pdl
     assert y.grad_fn is not None and "RMSNormFunction" not in y.grad_fn.name()
 
 

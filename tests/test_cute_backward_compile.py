@@ -2,11 +2,13 @@
 data the way the lab claims: 16-byte global loads (scalar ones on the fallback), no local memory,
 and ptxas -v reports no spills."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from rmsnorm_lab.cute.backward_plan import plan_backward
-from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
+from rmsnorm_lab.cute.backward_plan import backward_uses_pdl, plan_backward
+from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect, waits_before_global_access
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
@@ -48,7 +50,12 @@ def _id(c):
 def test_compiles_with_expected_memory_instructions(arch, kind, N, x_dtype, w_dtype, mode,
                                                     aligned):
     plan = plan_backward(kind, N, x_dtype, w_dtype, mode, aligned)
+    plan = dataclasses.replace(plan, pdl=backward_uses_pdl(arch))  # as the runner launches it
     facts = compile_and_inspect(plan, arch)
+    # programmatic dependent launch: one wait, ahead of every global access, and one trigger
+    pdl = int(plan.pdl)
+    assert (facts.grid_dependency_waits, facts.dependents_triggers) == (pdl, pdl)
+    assert not pdl or waits_before_global_access(facts.ptx)
     # Column blocks per thread per tensor that can hold part of the row (the compiler drops
     # blocks that start past N in every thread: the chunked plan pads its last chunk).
     blocks = -(-N // (plan.vec * plan.threads_per_row))
@@ -89,9 +96,13 @@ def test_dw_reduce_compiles_with_unrolled_loads_and_one_rounding_store(arch, w_d
     from rmsnorm_lab.cute.backward_runner import compile_dw_reduce
     from rmsnorm_lab.cute.inspect_ptx import ptx_facts, ptxas_report
 
-    compile_dw_reduce(4096, w_dtype, arch, keep_ptx_dir=str(tmp_path))
+    pdl = backward_uses_pdl(arch)
+    compile_dw_reduce(4096, w_dtype, arch, keep_ptx_dir=str(tmp_path), pdl=pdl)
     (path,) = glob.glob(str(tmp_path / "*.ptx"))
-    facts = ptx_facts(open(path).read(), arch)
+    ptx = open(path).read()
+    facts = ptx_facts(ptx, arch)
+    assert facts.grid_dependency_waits == int(pdl)
+    assert not pdl or waits_before_global_access(ptx)
     # the row-lane loop unrolled: UNROLL fp32 loads issued back to back per thread
     assert facts.global_loads_scalar >= dw_reduce.UNROLL
     assert facts.local_accesses == 0 and facts.barriers >= 1

@@ -247,3 +247,42 @@ def test_fused_strips_setting_reaches_the_kernel():
         backward_runner.clear_caches()
     assert seen == [7]
     check(dx, dw, dy, x, w, rstd, 0.0, "llama", "fused_strips=7")
+
+
+@pytest.mark.parametrize("mode", ["fused", "split"])
+def test_back_to_back_backwards_under_pdl(mode):
+    """Every backward kernel, the dW reduction included, launches with PDL on Hopper, so each
+    may be resident before the kernel it reads from has finished. Backwards launched back to
+    back in one CUDA graph, each reading the dx of the one before as its dy, must each match
+    the reference on the dy it actually read (outputs start as NaN)."""
+    from rmsnorm_lab import settings
+    from rmsnorm_lab.cute import backward_runner, runner
+    from rmsnorm_lab.cute.backward_plan import backward_uses_pdl
+
+    steps = 6
+    dy, x, w, rstd = inputs((4096, 4096), torch.bfloat16, True)
+    with settings.override(pdl=True):
+        entry = backward_runner.entry_for(dy, x, w, "llama", mode)
+        assert all(p.pdl for p in entry.plans) == backward_uses_pdl(runner.target_arch(x.device))
+
+        def chain():
+            outs = [(dy, None)]
+            for _ in range(steps):
+                outs.append(backward(outs[-1][0], x, w, rstd, 0.0, "llama", mode, sms()))
+            return outs
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            chain()  # compile outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                outs = chain()
+        torch.cuda.current_stream().wait_stream(side)
+        for dx_k, dw_k in outs[1:]:
+            dx_k.fill_(float("nan"))
+            dw_k.fill_(float("nan"))
+        graph.replay()
+    for k in range(steps):
+        dx, dw = outs[k + 1]
+        check(dx, dw, outs[k][0], x, w, rstd, 0.0, "llama", f"{mode} step {k + 1}")

@@ -36,8 +36,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, NotEligible, RowTilePlan, _ELEM_BYTES,
-                   chunked, elems_in_registers, resident_ctas, row_threads)
+from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, PDL_ARCHS, NotEligible, RowTilePlan,
+                   _ELEM_BYTES, chunked, elems_in_registers, resident_ctas, row_threads)
 
 KINDS = ("fused", "dx", "dw")
 MODES = ("fused", "split", "auto")
@@ -80,7 +80,7 @@ class BackwardPlan(RowTilePlan):
     dw_unroll: int = 1       # dw only: rows a row lane has in flight (loop unroll factor)
     prefetch: bool = False   # fused only: load the next row's x and dy during this row
     ctas_per_sm: int = 1     # fused only: strips per SM the registers allow (fused_strips)
-    pdl: bool = False        # programmatic dependent launch (see cute/plan.py, uses_pdl)
+    pdl: bool = False        # programmatic dependent launch (backward_uses_pdl)
 
     @property
     def dw_smem_bytes(self) -> int:
@@ -248,6 +248,20 @@ def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], cas
     if w_dtype is not None:
         dw = plan_backward("dw", N, x_dtype, w_dtype, casting_mode, aligned)
     return dx, dw
+
+
+def backward_uses_pdl(arch: Optional[str]) -> bool:
+    """Do the backward kernels (fused or dx + dw) and the dW reduction launch with programmatic
+    dependent launch on ``arch`` (when ``settings.pdl`` allows it)? Each kernel then overlaps
+    its launch with the previous one's drain (plan.py, ``uses_pdl``). H200, bf16, fused + reduce
+    back to back in one CUDA graph, two repetitions, us without -> with
+    (results/NOTES.md 25): 4096x4096 32.4 -> 31.2-31.6, 16384x4096 107.6-108.0 -> 106.2-107.0,
+    65536x4096 405.5-407.5 -> 404.8-406.6, 16384x1024 35.8 -> 34.6, 16384x8192 215.8-217.0 ->
+    214.8-215.6, 16384x16384 (dW in shared memory) 474.0-475.8 -> 474.1-476.4 (no change); split
+    (dx, dw, reduce) 4096x4096 53.5-53.9 -> 51.3, 16384x4096 191.1-191.8 -> 190.1-190.3. The
+    reduction alone on PDL gained nothing: the kernel before it must release it early too.
+    Measured on Hopper only."""
+    return arch in PDL_ARCHS
 
 
 def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],

@@ -15,6 +15,7 @@ atomics (so dW is bitwise reproducible run to run).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, Optional, Tuple
 
 import cutlass
@@ -26,8 +27,8 @@ from .. import nvtx_ranges
 from ..reference import check_casting_mode
 from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDW
-from .backward_plan import (MODES, BackwardPlan, auto_mode, dw_row_groups, fused_strips,
-                            plan_backward, plan_split)
+from .backward_plan import (MODES, BackwardPlan, auto_mode, backward_uses_pdl, dw_row_groups,
+                            fused_strips, plan_backward, plan_split)
 from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
 from .runner import compile_tvm_ffi, target_arch
@@ -148,7 +149,8 @@ class _Entry:
         """The partial-row reduction into ``w_dtype`` (the key's weight dtype), compiled on
         first use."""
         if self.reduce is None:
-            self.reduce = compile_dw_reduce(self.plans[0].N, w_dtype, self.arch)
+            self.reduce = compile_dw_reduce(self.plans[0].N, w_dtype, self.arch,
+                                            pdl=self.plans[0].pdl)
         return self.reduce
 
 
@@ -161,7 +163,7 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
     aligned = ((ptrs | strides) & 15) == 0
     w_dtype = weight.dtype if weight is not None else None
     # auto_mode decides from what the key holds (not from M), so one entry serves every M
-    key = (mode, N, x2.dtype, w_dtype, casting_mode, aligned, x2.get_device())
+    key = (mode, N, x2.dtype, w_dtype, casting_mode, aligned, x2.get_device(), settings.pdl)
     entry = _ENTRIES.get(key)
     if entry is None:
         if mode not in MODES:
@@ -174,6 +176,8 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
         else:
             plans = tuple(p for p in plan_split(N, x2.dtype, w_dtype, casting_mode, aligned)
                           if p is not None)
+        if settings.pdl and backward_uses_pdl(target_arch(x2.device)):
+            plans = tuple(dataclasses.replace(p, pdl=True) for p in plans)
         entry = _ENTRIES[key] = _Entry(chosen, plans, x2.device, x2.dtype)
     return entry
 
