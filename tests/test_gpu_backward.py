@@ -234,8 +234,8 @@ def test_fused_strips_setting_reaches_the_kernel():
     seen = []
     real = backward_runner.compile_dw_reduce
 
-    def spy(N, w_dtype, arch, keep_ptx_dir=None):
-        kernel = real(N, w_dtype, arch, keep_ptx_dir)
+    def spy(N, w_dtype, arch, keep_ptx_dir=None, **options):
+        kernel = real(N, w_dtype, arch, keep_ptx_dir, **options)
         return lambda part, dw: (seen.append(part.shape[0]), kernel(part, dw))
     backward_runner.clear_caches()
     try:
