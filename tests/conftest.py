@@ -21,6 +21,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def capture(call):
+    """``(graph, outputs)``: ``call()`` warmed up (compiled) and then captured in a CUDA graph, both
+    on a side stream, as capture requires; ``outputs`` are what the captured call returned."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()  # compile and allocate outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            outputs = call()
+    torch.cuda.current_stream().wait_stream(side)
+    return graph, outputs
+
+
+@pytest.fixture
+def capture_on_side_stream():
+    """``capture`` (above) as a fixture, for GPU tests that replay their own graphs."""
+    return capture
+
+
 @pytest.fixture
 def side_stream_graph_replay():
     """``check(call)``: ``call()`` eagerly, then warmed up and captured in a CUDA graph on a side
@@ -29,14 +51,7 @@ def side_stream_graph_replay():
 
     def check(call):
         expect = call().clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call()  # warm up on the side stream
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                y = call()
-        torch.cuda.current_stream().wait_stream(s)
+        g, y = capture(call)
         y.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()

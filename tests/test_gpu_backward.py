@@ -250,7 +250,7 @@ def test_fused_strips_setting_reaches_the_kernel():
 
 
 @pytest.mark.parametrize("mode", ["fused", "split"])
-def test_back_to_back_backwards_under_pdl(mode):
+def test_back_to_back_backwards_under_pdl(mode, capture_on_side_stream):
     """Every backward kernel, the dW reduction included, launches with PDL on Hopper, so each
     may be resident before the kernel it reads from has finished. Backwards launched back to
     back in one CUDA graph, each reading the dx of the one before as its dy, must each match
@@ -271,14 +271,7 @@ def test_back_to_back_backwards_under_pdl(mode):
                 outs.append(backward(outs[-1][0], x, w, rstd, 0.0, "llama", mode, sms()))
             return outs
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            chain()  # compile outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side):
-                outs = chain()
-        torch.cuda.current_stream().wait_stream(side)
+        graph, outs = capture_on_side_stream(chain)
         for dx_k, dw_k in outs[1:]:
             dx_k.fill_(float("nan"))
             dw_k.fill_(float("nan"))

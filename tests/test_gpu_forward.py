@@ -134,7 +134,7 @@ def test_capture_in_cuda_graph_on_side_stream(side_stream_graph_replay):
 
 @pytest.mark.parametrize("variant,N", [("row", 4096), ("row", 8192), ("warp", 1024)])
 @pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "graph"])
-def test_chained_launches_read_complete_outputs(variant, N, in_graph):
+def test_chained_launches_read_complete_outputs(variant, N, in_graph, capture_on_side_stream):
     """With programmatic dependent launch a kernel's CTAs may be resident before the kernel it
     reads from has finished. A chain of forwards, each reading the output of the one before,
     launched back to back: every step must match the reference on the input it actually read
@@ -156,14 +156,7 @@ def test_chained_launches_read_complete_outputs(variant, N, in_graph):
             return ys
 
         if in_graph:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                chain()  # compile outside the capture
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=side):
-                    ys = chain()
-            torch.cuda.current_stream().wait_stream(side)
+            graph, ys = capture_on_side_stream(chain)
             for y in ys[1:]:
                 y.fill_(float("nan"))
             graph.replay()
