@@ -47,8 +47,9 @@ class Settings:
     #: strips of rows (= CTAs) of the fused backward; 0 (auto) takes the plan's CTAs per SM
     #: times the SM count (backward_plan.fused_strips). Negative values are refused.
     fused_strips: int = 0
-    #: launch the CuTe forward as a programmatic dependent launch where it was measured to pay
-    #: (cute/plan.py ``uses_pdl``: row and warp kernels on Hopper); off: plain stream order
+    #: programmatic dependent launch where it was measured to pay, on Hopper: the forward's row
+    #: kernel (cute/plan.py ``uses_pdl``) and every backward kernel
+    #: (cute/backward_plan.py ``backward_uses_pdl``); off: plain stream order
     pdl: bool = True
     #: how torch tensors reach a compiled CuTe kernel (rmsnorm_lab/cute/runner.py lists them);
     #: ``tvm_ffi`` is the fastest on the host
