@@ -206,11 +206,12 @@ def time_ratio(df: pd.DataFrame, op: str = "bwd", slower: str = "cute.split",
 
 
 def plot_time_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
-                           gpu: Optional[str] = None, ax=None, slower: str = "cute.split",
-                           faster: str = "cute.fused"):
-    """Bars of ``t(split) / t(fused)`` per shape (whiskers: the p20-p80 spread), a line at 1:
-    above it the fused backward is faster. Shapes where either was not measured (e.g. fused not
-    eligible for a wide row) are left out and named in the title."""
+                    gpu: Optional[str] = None, ax=None, slower: str = "cute.split",
+                    faster: str = "cute.fused"):
+    """Bars of ``t(slower) / t(faster)`` per shape (``time_ratio``; whiskers: the p20-p80
+    spread), a line at 1: above it ``faster`` is faster. By default the split backward over the
+    fused one; the notebooks also draw ``cute.auto-pdl`` over ``cute.auto``. Shapes where either
+    was not measured (e.g. fused not eligible for a wide row) are left out."""
     r = time_ratio(df, op, slower, faster, path, gpu)
     _, gpu = _one_gpu(df, gpu)
     ax = _axes(ax)
@@ -243,8 +244,7 @@ def fixed_cost_fit(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
                    path: str = "graph", gpu: Optional[str] = None,
                    min_M: int = 0) -> pd.DataFrame:
     """Per implementation of ``impls`` measured at three or more M >= ``min_M`` at width N: a
-    least-squares
-    line through its median µs against the bytes it moved. The slope's inverse is its
+    least-squares line through its median µs against the bytes it moved. The slope's inverse is its
     ``streaming GB/s`` (the rate once a launch is under way); the intercept, its ``fixed µs``
     (what every launch costs whatever its size: the first loads' latency, the last stores'
     drain, the gap to the next launch). Bytes come from each point's median time and GB/s."""
@@ -253,9 +253,10 @@ def fixed_cost_fit(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
     d, _ = _one_gpu(df, gpu)
     p50 = _at_width(d, impls, op, N, path, min_M)
     rows = []
-    for impl in [i for i in impls if i in p50.index.get_level_values(0)]:
-        pts = p50.loc[impl].dropna(subset=[c for c in ("time", "bandwidth") if c in p50])
-        if len(pts) < 3 or not {"time", "bandwidth"} <= set(pts.columns):
+    measured = p50.index.get_level_values(0) if {"time", "bandwidth"} <= set(p50.columns) else []
+    for impl in [i for i in impls if i in measured]:
+        pts = p50.loc[impl, ["time", "bandwidth"]].dropna()
+        if len(pts) < 3:
             continue
         mbytes = pts["bandwidth"] * pts["time"] / 1e3  # GB/s x µs = kB; / 1e3: MB
         slope, fixed = np.polyfit(mbytes, pts["time"], 1)  # µs per MB, µs
