@@ -157,16 +157,12 @@ class RMSNormForward(RowTiles):
                     if cutlass.const_expr(c + 1 < p.chunks):
                         self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c + 1, tXcX,
                                         bufs[(c + 1) % 2], row_ok)
-                    xf = bufs[c % 2].load().to(Float32)
-                    ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0),
-                                               reduction_profile=0)
+                    ss = ss + self.sum_of_squares(bufs[c % 2])
             else:
                 for c in cutlass.range_constexpr(p.chunks):
                     if cutlass.const_expr(not p.prefetch):
                         self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
-                    xf = tXrX.load().to(Float32)
-                    ss = ss + (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0),
-                                               reduction_profile=0)
+                    ss = ss + self.sum_of_squares(tXrX)
             ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row)
             rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
 
@@ -196,6 +192,12 @@ class RMSNormForward(RowTiles):
                         chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
                     self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, tXrX, rstd,
                                      chunk_w, offset, row_ok)
+
+    @cute.jit
+    def sum_of_squares(self, tXrX) -> Float32:
+        """This thread's share of the row's sum of squares, in fp32, over one register chunk."""
+        xf = tXrX.load().to(Float32)
+        return (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
     @cute.jit
     def store_chunk(self, tiled_x, thr_x, mY, tiler, tile, c: cutlass.Constexpr[int], tXcX, tXrX,
