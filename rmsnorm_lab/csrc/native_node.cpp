@@ -404,8 +404,8 @@ at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
 // ------------------------------------------------------------------------------- call memo
 // Everything a Launch was decided from, read off the call's arguments: shapes, strides, dtypes
 // and devices of x and the weight, the 16-byte alignment of their pointers, the casting mode,
-// eps and offset, and a code of the settings the plan read (forward variant, backward mode,
-// strips, NVTX), which Python updates on every settings change.
+// eps and offset, and a code of the settings the plan read (native_launch.settings_code),
+// which Python updates on every settings change.
 // A call whose x has more than kMaxDims dimensions is not memoized (it goes through Python).
 constexpr int kMaxDims = 8;
 
