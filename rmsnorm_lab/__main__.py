@@ -18,10 +18,11 @@ from typing import List, Optional
 import pandas as pd
 import torch
 
-from . import plots
 from . import results as results_io
 from .bench.runner import OPS
-from .settings import BACKENDS, BACKWARD_MODES, FORWARD_VARIANTS, LAUNCH_PATHS, settings
+from .registry import BACKENDS, impl_order
+from .settings import BACKWARD_CHOICES, FORWARD_CHOICES, LAUNCH_PATHS, settings
+from .viz import sweeps
 
 # Exit codes: 0 ok; 1 a kernel failed its check or the results are malformed; 2 no GPU for bench
 EXIT_FAILED, EXIT_NO_GPU = 1, 2
@@ -74,16 +75,16 @@ full with a backend that has no backward yet)."""
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from . import profiling
+    from .profiling import workload
 
-    cfg = profiling.ProfileConfig(
+    cfg = workload.ProfileConfig(
         op=args.op, backend=args.backend, launch_path=args.launch_path,
         forward_variant=args.variant, backward=args.backward, M=args.M, N=args.N,
         dtype=args.dtype, iters=args.iters, warmup=args.warmup,
         include_compile=args.include_compile)
     if not torch.cuda.is_available():
         return _no_gpu("profile", "On a GPU host run: "
-                       + profiling.nsys_profile_line(cfg, args.backend or settings.backend))
+                       + workload.nsys_profile_line(cfg, args.backend or settings.backend))
     try:
         import nvtx  # noqa: F401
     except ImportError:
@@ -91,10 +92,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_NO_GPU
     backend = args.backend or settings.backend
-    print("capture this loop with:\n  " + profiling.nsys_profile_line(cfg, backend), flush=True)
+    print("capture this loop with:\n  " + workload.nsys_profile_line(cfg, backend), flush=True)
     try:
-        result = profiling.run_profile(cfg)
-    except profiling.ProfileError as e:
+        result = workload.run_profile(cfg)
+    except workload.ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_GPU
     print(f"profiled {result.iters} iterations of {cfg.op} (backend {result.backend}, "
@@ -105,7 +106,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_nsys_summary(args: argparse.Namespace) -> int:
-    from . import profiling
+    from .profiling import nsys
 
     try:
         if args.csv_dir is not None:
@@ -113,18 +114,18 @@ def cmd_nsys_summary(args: argparse.Namespace) -> int:
             if args.report is not None:
                 name = args.report.name
                 stem = name[:-len(".nsys-rep")] if name.endswith(".nsys-rep") else name
-            csvs = profiling.find_csvs(args.csv_dir, stem)
+            csvs = nsys.find_csvs(args.csv_dir, stem)
         elif args.report is None:
             print("error: name a report (REPORT.nsys-rep) or a folder of its CSVs (--csv-dir)",
                   file=sys.stderr)
             return EXIT_NO_GPU
         else:
-            csvs = profiling.run_nsys_stats(args.report, args.out)
-        print(profiling.summary_text(csvs))
-    except profiling.NsysMissing as e:
+            csvs = nsys.run_nsys_stats(args.report, args.out)
+        print(nsys.summary_text(csvs))
+    except nsys.NsysMissing as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_GPU
-    except profiling.NsysError as e:
+    except nsys.NsysError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     return 0
@@ -157,21 +158,21 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     names = []
     if not bw[bw["N"] == 4096].empty:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
-        plots.plot_bandwidth_vs_M(df, op, N=4096, gpu=gpu, ax=fig.subplots())
+        sweeps.plot_bandwidth_vs_M(df, op, N=4096, gpu=gpu, ax=fig.subplots())
         names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"))
     if not bw[bw["M"] == 16384].empty:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
-        plots.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
+        sweeps.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
         names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
     timed = d[(d["metric"] == "time") & (d["N"] == 4096) & ~d["impl"].isin(results_io.CEILINGS)]
-    impls = plots.impl_order(timed["impl"])
+    impls = impl_order(timed["impl"])
     if impls:
         cols = min(3, len(impls))
         rows = -(-len(impls) // cols)
         fig = Figure(figsize=(4.5 * cols, 3.4 * rows), layout="constrained")
         axes = fig.subplots(rows, cols, squeeze=False).ravel()
         for ax, impl in zip(axes, impls):
-            plots.plot_eager_vs_graph(df, op, impl, N=4096, gpu=gpu, ax=ax)
+            sweeps.plot_eager_vs_graph(df, op, impl, N=4096, gpu=gpu, ax=ax)
             ax.set_title(impl, fontsize="medium")
         for ax in axes[len(impls):]:
             ax.set_visible(False)
@@ -185,7 +186,8 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
     launch path, host/device crossover, tensor-cache cost and nsys timeline."""
     from matplotlib.figure import Figure
 
-    from . import nsys_trace, plots_host
+    from .profiling import trace as nsys_trace
+    from .viz import host as plots_host
 
     g = df[df["gpu"] == gpu]
     names = []
@@ -201,7 +203,7 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
         names.append(_save(fig, out / f"{gpu}-{name}.png"))
 
     if {"cute.fused", "cute.split"} <= set(g[g["op"] == "bwd"]["impl"]):
-        render("bwd-fused-vs-split", lambda ax: plots.plot_time_ratio(df, gpu=gpu, ax=ax))
+        render("bwd-fused-vs-split", lambda ax: sweeps.plot_time_ratio(df, gpu=gpu, ax=ax))
     if any("@" in i for i in g[g["path"] == "host"]["impl"]):
         render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6))
         render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax))
@@ -225,9 +227,9 @@ def _explainer_figures(out: Path) -> List[str]:
     import torch
     from matplotlib.figure import Figure
 
-    from . import flow_plot
+    from .viz import flow as flow_plot
     from .cute.plan import plan_forward
-    from .layout_plot import draw_row_layout
+    from .viz.layout import draw_row_layout
 
     names = []
     fig = Figure(figsize=(12, 10), layout="constrained")
@@ -260,18 +262,18 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
         md += [f"## {gpu}", "", _provenance(g), ""]
         for op in [o for o in results_io.OPS if o in set(g["op"])]:
             md += [f"### {op}", ""]
-            table = plots.bandwidth_table(df, op, gpu)
+            table = sweeps.bandwidth_table(df, op, gpu)
             for part in table.columns.get_level_values(0).unique():
                 unit = "GB/s" if part == "GB/s" else part
                 md += [f"{op}, CUDA-graph replay, median, {unit}:", "",
-                       plots.markdown_table(table[part], 0 if part == "GB/s" else 1,
+                       sweeps.markdown_table(table[part], 0 if part == "GB/s" else 1,
                                             right_align=True), ""]
                 headline += [f"{gpu} {op} ({unit}, graph, median)",
                              table[part].to_string(float_format=lambda v: f"{v:.0f}"), ""]
-            host = plots.host_table(df, op, gpu)
+            host = sweeps.host_table(df, op, gpu)
             if not host.empty:
                 md += [f"{op}, host µs per call:", "",
-                       plots.markdown_table(host, 1, right_align=True), ""]
+                       sweeps.markdown_table(host, 1, right_align=True), ""]
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
         extra = _notebook_figures(df, gpu, out, root)
@@ -343,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quick", action="store_true", help="when benchmarking, the quick sweep")
     r.set_defaults(func=cmd_report)
 
-    from .profiling import DTYPES, ProfileConfig, nsys_profile_line
+    from .profiling.workload import DTYPES, ProfileConfig, nsys_profile_line
     example = ProfileConfig(backend="cute")
     p = sub.add_parser(
         "profile", help="a workload to capture with nsys: NVTX on, the loop between "
@@ -358,10 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="default: settings.backend (RMSNORM_LAB_BACKEND)")
     p.add_argument("--launch-path", choices=LAUNCH_PATHS, default=None,
-                   help="how tensors reach a CuTe kernel (default: settings.launch_path)")
-    p.add_argument("--variant", choices=FORWARD_VARIANTS, default=None,
+                   help="how tensors reach a CuTe kernel (default: settings.experiments.launch_path)")
+    p.add_argument("--variant", choices=FORWARD_CHOICES, default=None,
                    help="CuTe forward kernel (default: settings.forward_variant)")
-    p.add_argument("--backward", choices=BACKWARD_MODES, default=None,
+    p.add_argument("--backward", choices=BACKWARD_CHOICES, default=None,
                    help="CuTe backward kernel (default: settings.backward)")
     p.add_argument("--M", type=int, default=example.M, help="rows (default %(default)s)")
     p.add_argument("--N", type=int, default=example.N, help="row width (default %(default)s)")

@@ -1,21 +1,26 @@
 """The functional entry point: ``rms_norm(x, weight, eps, *, offset, casting_mode, backend)``.
 
-Validation lives here, once, so every backend sees well-formed arguments and a user sees an
-error that names the argument at fault. A call the native extension has planned before skips it:
-its key can only have been inserted after this validation passed for the same key.
+A call is validated once, here (``validate``), so every backend sees well-formed arguments and a
+user sees an error that names the argument at fault. ``choose_path`` then decides, from a few
+facts about the call, which of the library's paths serves it. A call the native node has planned
+before skips both: the extension's call memo (``dispatch.fast_call``) only holds keys inserted
+after this validation passed for the same key.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
-from . import autograd as _autograd
-from . import launch, reference
-from .settings import BACKENDS, settings
+from . import autograd, dispatch, reference
+from .registry import BACKENDS
+from .settings import settings
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+#: the paths a call can take (``choose_path``)
+PATHS = ("custom_op", "native", "python_node", "empty", "kernels")
 
 
 def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
@@ -44,6 +49,40 @@ def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
                          "use backend='torch' on the CPU")
 
 
+def choose_path(*, compiling: bool, native: bool, training: bool, empty: bool) -> str:
+    """Which path serves a validated call:
+
+    ``custom_op``    under torch.compile: the ``torch.library`` op, one opaque graph node;
+    ``native``       the native node (``native``: the settings route this backend there, the call
+                     is not ``in_place``, x is not empty, and the extension is built);
+    ``python_node``  a training call anywhere else: ``autograd.RMSNormFunction``;
+    ``empty``        an inference call on an empty x: an empty y;
+    ``kernels``      any other inference call: ``dispatch.forward`` (the backend's kernels, or
+                     the reference for ``backend="torch"``).
+    """
+    if compiling:
+        return "custom_op"
+    if native:
+        return "native"
+    if training:
+        return "python_node"
+    return "empty" if empty else "kernels"
+
+
+def _kernels(x, weight, eps, offset, casting_mode, backend, in_place):
+    return dispatch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=False)[0]
+
+
+_RUN: Dict[str, Callable] = {
+    "custom_op": autograd.rms_norm_compiled,
+    "native": lambda x, w, eps, off, mode, backend, in_place: dispatch.native_forward(
+        x, w, eps, off, mode),
+    "python_node": autograd.rms_norm_autograd,
+    "empty": lambda x, *_: torch.empty_like(x),
+    "kernels": _kernels,
+}
+
+
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, *,
              offset: float = 0.0, casting_mode: str = "llama",
              backend: Optional[str] = None, in_place: bool = False) -> torch.Tensor:
@@ -55,10 +94,9 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     Under ``torch.compile`` it goes through the ``rmsnorm_lab::rms_norm_fwd``/``_bwd`` custom ops
     (see ``rmsnorm_lab.autograd``), so ``fullgraph=True`` traces it.
 
-    On the default path (CuTe, ``tvm_ffi``, native extension) the first call of each key (shape,
+    On the default path (CuTe through the native node) the first call of each key (shape,
     strides, dtypes, alignment, casting mode, eps, offset, settings) is validated and planned in
-    Python; later calls with the same key run from the extension's call memo without Python
-    (``autograd.fast_call``).
+    Python; later calls with the same key run from the extension's call memo without Python.
 
     ``in_place=True`` makes the backward write dx into the incoming gradient's storage and return
     that tensor as x's gradient, saving one activation-sized buffer. Only safe when nothing else
@@ -68,26 +106,18 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     Without autograd it has no effect. There is no double backward (``create_graph=True``
     raises).
     """
-    fast = _autograd.fast_call  # a call planned before: all in C++
-    if (fast is not None and backend in (None, "cute") and not in_place
-            and not torch.compiler.is_compiling()):
+    compiling = torch.compiler.is_compiling()
+    fast = dispatch.fast_call  # a call planned before: all in C++
+    if fast is not None and backend in (None, "cute") and not in_place and not compiling:
         y = fast(x, weight, eps, offset, casting_mode)
         if y is not None:
             return y
     backend = backend or settings.backend
     validate(x, weight, casting_mode, backend)
-    if torch.is_grad_enabled() and (x.requires_grad
-                                    or (weight is not None and weight.requires_grad)):
-        return _autograd.rms_norm_autograd(x, weight, eps, offset, casting_mode, backend,
-                                           in_place)
-    if x.numel() == 0:
-        return torch.empty_like(x)
-    if backend == "torch":
-        return reference.rms_norm(x, weight, eps, offset, casting_mode)
-    if torch.compiler.is_compiling():  # the kernels' Python is opaque to Dynamo: one op node
-        return _autograd.rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode,
-                                      backend)[0]
-    y = _autograd.native_rms_norm(x, weight, eps, offset, casting_mode, backend, in_place=False)
-    if y is not None:
-        return y
-    return launch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=False)[0]
+    training = torch.is_grad_enabled() and (x.requires_grad
+                                            or (weight is not None and weight.requires_grad))
+    native = (not compiling and not in_place and x.numel() > 0
+              and dispatch.routed_to_native(backend) and dispatch.native_node() is not None)
+    path = choose_path(compiling=compiling, native=native, training=training,
+                       empty=x.numel() == 0)
+    return _RUN[path](x, weight, eps, offset, casting_mode, backend, in_place)

@@ -1,24 +1,22 @@
-"""Autograd for ``rms_norm``: one forward and one backward, reached two ways.
+"""Autograd for ``rms_norm``: one forward and one backward (``dispatch.forward`` and
+``dispatch.backward``), put on the tape three ways:
 
-``forward_impl`` / ``backward_impl`` do the work (a backend's kernels, or the reference for
-``backend="torch"``). Three wrappers put them on the autograd tape:
-
-* **Eager, CuTe on the tvm_ffi path** (``settings.autograd_node == "native"``, the default): the
-  native node (csrc/native_node.cpp, cute/native_launch.py), a hand-written C++ autograd node. Its
-  backward runs without Python, as torch's own RMSNorm does: on an H200's host an *empty* Python
-  Function alone cost 81 µs for forward + backward through the engine (results/NOTES.md §14).
-  A repeated call reaches it without Python through the extension's call memo (``fast_call``).
-* **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function``, where
-  the custom op below costs ~50 µs per training call through its dispatcher and autograd
-  wrapper. ``settings.autograd_node = "python"`` puts CuTe calls here too (to measure the node).
+* **Eager, CuTe on the tvm_ffi path** (the default): the native node (rmsnorm_lab/native/), a
+  hand-written C++ autograd node whose backward runs without Python, as torch's own RMSNorm
+  does (results/NOTES.md, "the native node"). ``dispatch`` routes calls there; this module is
+  not involved.
+* **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function`` (the
+  custom op below costs more per training call through its dispatcher and autograd wrapper).
+  ``settings.experiments.autograd_node = "python"`` puts CuTe calls here too, to measure the
+  node.
 * **torch.compile**: the ``torch.library`` custom ops ``rmsnorm_lab::rms_norm_fwd`` → ``(y,
   rstd)`` and ``rmsnorm_lab::rms_norm_bwd`` → ``(dx, dw)``, with fake (meta) implementations and
   ``register_autograd``, so Dynamo records each as one opaque node and
   ``torch.compile(fullgraph=True)`` traces ``rms_norm`` without a graph break. ``rms_norm`` picks
   them whenever ``torch.compiler.is_compiling()``.
 
-All three save ``(x, weight, rstd)`` and run the same kernels (the native node's backward is the
-C++ twin of ``backward_runner.backward``). There is no double
+All three save ``(x, weight, rstd)`` and run the same kernels (the native node runs the steps
+``cute.backward_runner.backward_steps`` decides). There is no double
 backward: ``backward(create_graph=True)`` raises rather than silently dropping second-order
 terms. Custom-op schemas cannot return ``Optional[Tensor]``, so without a weight the backward op
 returns an empty ``dw`` and the autograd formula maps it to None.
@@ -46,8 +44,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import launch, reference
-from .settings import settings
+from . import dispatch
 
 
 # ----------------------------------------------------------------------------- the work
@@ -55,25 +52,14 @@ from .settings import settings
 def forward_impl(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
                  casting_mode: str, backend: str) -> Tuple[Tensor, Tensor]:
     """``(y, rstd)``: y contiguous in x's shape and dtype, rstd fp32 ``x.shape[:-1]``."""
-    if x.numel() == 0:
-        return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
-                torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device))
-    if backend == "torch":
-        y, rstd = reference.rms_norm_forward(x, weight, eps, offset, casting_mode)
-        return y.contiguous(), rstd.contiguous()
-    y, rstd = launch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=True)
-    return y, rstd
+    return dispatch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=True)
 
 
 def backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, offset: float,
                   casting_mode: str, backend: str, dx_out: Optional[Tensor] = None
                   ) -> Tuple[Tensor, Optional[Tensor]]:
     """``(dx, dw)``; dx is ``dx_out`` when given (written into its storage)."""
-    if x.numel() == 0:
-        dx = dx_out if dx_out is not None else torch.empty(x.shape, dtype=x.dtype,
-                                                            device=x.device)
-        return dx, (torch.zeros_like(weight) if weight is not None else None)
-    return launch.backward(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dx_out)
+    return dispatch.backward(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dx_out)
 
 
 def check_in_place(dy: Tensor, x: Tensor) -> None:
@@ -194,77 +180,12 @@ class RMSNormFunction(torch.autograd.Function):
 
 def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
                       casting_mode: str, backend: str, in_place: bool) -> Tensor:
-    """``y`` on the autograd tape (arguments already validated by ``api.rms_norm``)."""
-    if torch.compiler.is_compiling():
-        return rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode, backend,
-                            bool(in_place))[0]
-    y = native_rms_norm(x, weight, eps, offset, casting_mode, backend, in_place)
-    if y is not None:
-        return y
+    """``y`` on the Python node's tape (arguments validated by ``api.rms_norm``)."""
     return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, backend, in_place)
 
 
-def native_rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
-                    casting_mode: str, backend: str, in_place: bool) -> Optional[Tensor]:
-    """y through the native extension (on its tape node for a training call) when the call goes
-    there (``native_node_for``), else None. Planned once per call key; the next call with that
-    key is served by ``fast_call`` before ``api.rms_norm`` gets this far."""
-    native = native_node_for(x, backend, in_place)
-    if native is None:
-        return None
-    extension, native_launch = native
-    if settings.settings_per_call:
-        launch.per_call_settings_cost()
-    return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
-
-
-def native_node_for(x: Tensor, backend: str, in_place: bool):
-    """(extension, cute.native_launch) when this call goes through the native extension (a
-    training call then goes on its tape node), else None. The native node decides its backward
-    (``settings.backward``, ``fused_strips``) at the forward; the Python node reads them when its
-    backward runs."""
-    if _routed_to_native(backend) and not in_place and x.numel():
-        return _native_path()
-    return None
-
-
-def _routed_to_native(backend: str) -> bool:
-    """Whether the toggles send calls of ``backend`` to the native extension."""
-    return (backend == "cute" and settings.autograd_node == "native"
-            and settings.launch_path == "tvm_ffi")
-
-
-_native = None  # (extension, cute.native_launch) once loaded; False where it cannot be built
-
-#: The whole host path of a call the native extension has planned before:
-#: ``fast_call(x, weight, eps, offset, casting_mode)`` is the extension's ``CallMemo.call``
-#: (y, on the tape for a training call; None when the memo does not know the call and
-#: ``api.rms_norm`` goes on). Set once the extension is loaded and while the toggles route
-#: ``backend=None`` calls to it (``_update_fast_call``, run on every settings change).
-fast_call = None
-
-
-def _update_fast_call() -> None:
-    global fast_call
-    fast_call = None
-    if _routed_to_native(settings.backend) and not settings.settings_per_call and _native:
-        extension, native_launch = _native
-        fast_call = native_launch.memo(extension).call
-
-
-def _native_path():
-    """The native node's extension and launch module (built on first use), or None after one
-    warning."""
-    global _native
-    if _native is None:
-        from . import native_node
-        extension = native_node.load_or_warn()
-        if extension is None:
-            _native = False
-        else:
-            from .cute import native_launch
-            from .settings import on_change
-            _native = (extension, native_launch)
-            on_change(_update_fast_call)
-            _update_fast_call()
-    return _native or None
+def rms_norm_compiled(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
+                      casting_mode: str, backend: str, in_place: bool) -> Tensor:
+    """``y`` through the custom op, which Dynamo records as one node (under torch.compile)."""
+    return rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode, backend,
+                        bool(in_place))[0]

@@ -27,7 +27,7 @@ from torch import nn
 
 from .api import rms_norm
 from .reference import check_casting_mode
-from .settings import BACKENDS
+from .registry import BACKENDS
 
 #: What ``eps=None`` resolves to: fp32's machine epsilon, as torch's rms_norm uses for fp32, bf16
 #: and fp16 inputs (the statistics are computed in fp32).

@@ -1,12 +1,22 @@
-"""Every toggle of the lab in one object.
+"""Every toggle of the lab, in two groups.
 
-``RMSNORM_LAB_<FIELD>`` environment variables are read once, when this module is imported; the
-launch path reads the ``settings`` object (a plain attribute load), never ``os.environ``.
-Notebooks change toggles for a block of code with ``settings.override(...)``::
+``settings`` holds what a user chooses: the backend, the forward and backward kernels, programmatic
+dependent launch and NVTX ranges. ``settings.experiments`` holds what the notebooks and the
+benchmarks switch to *measure* something (another launch path, the Python autograd node, the
+handle cache's cap, a forced strip count, the cost of reading the environment per call); the
+defaults are the fast path and a user has no reason to touch them.
+
+Both are read once, when this module is imported, from ``RMSNORM_LAB_<TOGGLE>`` environment
+variables (an unknown ``RMSNORM_LAB_*`` name is an error that lists the valid ones). The launch
+path reads these objects (an attribute load), never ``os.environ``. ``settings.override(...)``
+changes any toggle of either group for a block of code and restores it on exit::
 
     from rmsnorm_lab import settings
-    with settings.override(forward_variant="warp"):
+    with settings.override(forward_variant="warp", launch_path="cached"):
         y = rms_norm(x, w)
+
+Settings are process-wide (like ``torch.backends`` flags): an override in one thread is seen by
+calls in every thread while it lasts. A call reads the toggles once, when its launch is planned.
 """
 
 from __future__ import annotations
@@ -16,100 +26,119 @@ import dataclasses
 import os
 from typing import Any, Callable, Dict, Iterator, List, Mapping
 
-BACKENDS = ("cute", "triton", "torch")
-FORWARD_VARIANTS = ("auto", "row", "persistent", "warp", "fallback")
-BACKWARD_MODES = ("auto", "fused", "split")
+from .registry import BACKENDS, BACKWARD_MODES, FORWARD_VARIANTS
+
 LAUNCH_PATHS = ("tvm_ffi", "cached", "compiled", "jit")
 AUTOGRAD_NODES = ("native", "python")
+FORWARD_CHOICES = ("auto",) + FORWARD_VARIANTS
+BACKWARD_CHOICES = ("auto",) + BACKWARD_MODES
+PREFIX = "RMSNORM_LAB_"
 
 _CHOICES: Dict[str, tuple] = {
     "backend": BACKENDS,
-    "forward_variant": FORWARD_VARIANTS,
-    "backward": BACKWARD_MODES,
+    "forward_variant": FORWARD_CHOICES,
+    "backward": BACKWARD_CHOICES,
     "launch_path": LAUNCH_PATHS,
     "autograd_node": AUTOGRAD_NODES,
 }
-_THE_SETTINGS = None  # the lab's ``settings`` (below): its changes are announced to listeners
-# integer toggles with a lower bound (tensor_cache_cap has none: negative means unbounded)
-_MINIMUM: Dict[str, int] = {"fused_strips": 0}
+_MINIMUM: Dict[str, int] = {"fused_strips": 0}  # tensor_cache_cap has none: < 0 is unbounded
 
 
-@dataclasses.dataclass
-class Settings:
-    #: default backend of ``rms_norm`` when the call names none
-    backend: str = "cute"
-    #: CuTe forward kernel: ``auto`` picks the fastest measured eligible variant for the shape
-    forward_variant: str = "auto"
-    #: CuTe backward: ``fused`` (dx and the dW partials in one kernel), ``split`` (separate
-    #: kernels), ``auto`` (the kernel family picks per shape). ``RMSNORM_LAB_BACKWARD=split`` is
-    #: the escape hatch when the fused kernel misbehaves on a machine.
-    backward: str = "auto"
-    #: strips of rows (= CTAs) of the fused backward; 0 (auto) takes the plan's CTAs per SM
-    #: times the SM count (backward_plan.fused_strips). Negative values are refused.
-    fused_strips: int = 0
-    #: programmatic dependent launch where it was measured to pay, on Hopper: the forward's row
-    #: kernel (cute/plan.py ``uses_pdl``) and every backward kernel
-    #: (cute/backward_plan.py ``backward_uses_pdl``); off: plain stream order
-    pdl: bool = True
-    #: how torch tensors reach a compiled CuTe kernel (rmsnorm_lab/cute/runner.py lists them);
-    #: ``tvm_ffi`` is the fastest on the host
-    launch_path: str = "tvm_ffi"
-    #: how CuTe calls on the ``tvm_ffi`` path are made: ``native`` (the C++ extension,
-    #: csrc/native_node.cpp, built on first use: its call memo, its launch and, for training
-    #: calls, its autograd node; if it cannot be built, one warning and the Python path) or
-    #: ``python`` (the Python launch path and a ``torch.autograd.Function`` node, as the other
-    #: launch paths, Triton, ``in_place=True`` and torch.compile always use)
-    autograd_node: str = "native"
-    #: marshaled tensor handles kept by the ``cached`` path (FIFO); 0 turns the cache off,
-    #: a negative cap removes the bound (only to demonstrate why the bound exists)
-    tensor_cache_cap: int = 8
-    #: NVTX ranges (domain ``rmsnorm_lab``) around compile, marshal, launch and reduce
-    nvtx: bool = False
-    #: cache each device's SM count (the persistent grids need it); off asks the driver per call
-    sm_count_cache: bool = True
-    #: re-read the RMSNORM_LAB_* environment on every CuTe launch, only to measure that cost
-    settings_per_call: bool = False
+class _Toggles:
+    """Validation and change notification shared by both groups."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._assign(name, value)
-        if self is _THE_SETTINGS:  # not a scratch object (from_environ, per_call_settings_cost)
+        if any(self is live for live in _LIVE):  # not a scratch copy (from_environ's)
             _notify()
 
     def _assign(self, name: str, value: Any) -> None:
-        """Validate and set one toggle, without telling the listeners."""
-        if name not in _FIELD_NAMES:
-            raise AttributeError(
-                f"settings has no toggle {name!r}; toggles: {sorted(_FIELD_NAMES)}")
-        object.__setattr__(self, name, _coerce(name, value))
+        fields = {f.name: f.type for f in dataclasses.fields(self)}
+        if name not in fields:
+            raise AttributeError(f"{type(self).__name__} has no toggle {name!r}; toggles: "
+                                 f"{sorted(fields)}")
+        object.__setattr__(self, name, _coerce(name, fields[name], value))
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass
+class Experiments(_Toggles):
+    """Toggles the lab's notebooks and benchmarks switch to measure a part of the host path."""
+    #: how torch tensors reach a compiled CuTe kernel (cute/runner.py lists the paths);
+    #: ``tvm_ffi`` is the fastest on the host
+    launch_path: str = "tvm_ffi"
+    #: CuTe calls on the ``tvm_ffi`` path: ``native`` (the C++ extension: call memo, launch and
+    #: autograd node) or ``python`` (a ``torch.autograd.Function``, as every other launch path,
+    #: Triton, ``in_place=True`` and torch.compile use)
+    autograd_node: str = "native"
+    #: marshaled tensor handles kept by the ``cached`` path (FIFO); 0 turns the cache off, a
+    #: negative cap removes the bound (to show why the bound exists)
+    tensor_cache_cap: int = 8
+    #: strips (CTAs) of the fused backward; 0: the plan's resident CTAs per SM times the SMs
+    fused_strips: int = 0
+    #: re-read the RMSNORM_LAB_* environment on every call, to measure what reading it once saves
+    settings_per_call: bool = False
+
+
+@dataclasses.dataclass
+class Settings(_Toggles):
+    """What a user chooses. ``experiments`` holds the measuring toggles."""
+    #: default backend of ``rms_norm`` when the call names none
+    backend: str = "cute"
+    #: CuTe forward kernel; ``auto`` picks the fastest measured eligible one for the shape
+    forward_variant: str = "auto"
+    #: CuTe backward: ``fused`` (dx and dW partials in one kernel), ``split`` (a dx kernel and a dW
+    #: kernel), ``auto`` (per shape). ``RMSNORM_LAB_BACKWARD=split`` is the escape hatch.
+    backward: str = "auto"
+    #: programmatic dependent launch on Hopper where it was measured to pay (cute/plan.py
+    #: ``uses_pdl``, cute/backward_plan.py ``backward_uses_pdl``); off: plain stream order
+    pdl: bool = True
+    #: NVTX ranges (domain ``rmsnorm_lab``) around compile, marshal, launch and reduce
+    nvtx: bool = False
+    experiments: Experiments = dataclasses.field(default_factory=Experiments)
+
+    def _assign(self, name: str, value: Any) -> None:
+        if name == "experiments" and isinstance(value, Experiments):
+            object.__setattr__(self, name, value)
+            return
+        if name in EXPERIMENT_TOGGLES:
+            raise AttributeError(f"{name} is an experiment toggle: settings.experiments.{name}")
+        super()._assign(name, value)
 
     @contextlib.contextmanager
     def override(self, **changes: Any) -> Iterator["Settings"]:
-        """Temporarily change toggles; restores the previous values on exit, even on error.
-        Listeners hear once on entry and once on exit, however many toggles change (the
-        benchmarks wrap single calls in an override)."""
-        saved = {k: getattr(self, k) for k in changes if k in _FIELD_NAMES}
+        """Temporarily change toggles of either group; restores them on exit, even on error.
+        Listeners hear once on entry and once on exit, however many toggles change."""
+        targets = {k: (self.experiments if k in EXPERIMENT_TOGGLES else self) for k in changes}
+        saved = {k: getattr(t, k) for k, t in targets.items()}
         try:
             for k, v in changes.items():
-                self._assign(k, v)
-            if self is _THE_SETTINGS:
-                _notify()
+                _Toggles._assign(targets[k], k, v)
+            _notify()
             yield self
         finally:
             for k, v in saved.items():
-                object.__setattr__(self, k, v)
-            if self is _THE_SETTINGS:
-                _notify()
+                object.__setattr__(targets[k], k, v)
+            _notify()
 
     def as_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every toggle of both groups, flat."""
+        d = {k: v for k, v in super().as_dict().items() if k != "experiments"}
+        return {**d, **self.experiments.as_dict()}
 
+
+USER_TOGGLES = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "experiments")
+EXPERIMENT_TOGGLES = tuple(f.name for f in dataclasses.fields(Experiments))
 
 _LISTENERS: List[Callable[[], None]] = []
+_LIVE: List[_Toggles] = []  # the module's own objects: their changes are announced
 
 
 def on_change(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` after every change of a toggle, set or restored by ``override``: for
-    state derived from the settings once rather than read per call (the native call memo)."""
+    """Call ``listener()`` after every change of a toggle (set, or entered or restored by
+    ``override``): for state derived from the settings once rather than read per call."""
     _LISTENERS.append(listener)
 
 
@@ -118,12 +147,7 @@ def _notify() -> None:
         listener()
 
 
-_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
-_TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
-
-
-def _coerce(name: str, value: Any) -> Any:
-    kind = _TYPES[name]
+def _coerce(name: str, kind: str, value: Any) -> Any:
     if kind == "bool":
         if isinstance(value, str):
             low = value.strip().lower()
@@ -149,19 +173,28 @@ def _coerce(name: str, value: Any) -> Any:
     return value
 
 
+def environment_names() -> List[str]:
+    """Every ``RMSNORM_LAB_*`` variable the lab reads."""
+    return [PREFIX + n.upper() for n in USER_TOGGLES + EXPERIMENT_TOGGLES]
+
+
 def from_environ(environ: Mapping[str, str]) -> Settings:
-    """Build settings from ``RMSNORM_LAB_*`` variables (unknown ones are an error, not ignored)."""
+    """Settings built from ``RMSNORM_LAB_*`` variables; an unknown one is an error naming the
+    valid ones (a misspelt escape hatch must not be silently ignored)."""
     s = Settings()
-    prefix = "RMSNORM_LAB_"
     for key, raw in environ.items():
-        if not key.startswith(prefix):
+        if not key.startswith(PREFIX):
             continue
-        name = key[len(prefix):].lower()
-        if name not in _FIELD_NAMES:
-            raise ValueError(f"unknown environment variable {key}; known: "
-                             + ", ".join(prefix + n.upper() for n in sorted(_FIELD_NAMES)))
-        setattr(s, name, raw)
+        name = key[len(PREFIX):].lower()
+        if name in USER_TOGGLES:
+            s._assign(name, raw)
+        elif name in EXPERIMENT_TOGGLES:
+            _Toggles._assign(s.experiments, name, raw)
+        else:
+            raise ValueError(f"unknown environment variable {key}; the lab reads: "
+                             + ", ".join(environment_names()))
     return s
 
 
-settings = _THE_SETTINGS = from_environ(os.environ)
+settings = from_environ(os.environ)
+_LIVE += [settings, settings.experiments]

@@ -6,7 +6,9 @@ import ctypes
 import torch
 import tvm_ffi
 
-from rmsnorm_lab.cute.native_launch import ffi_handle
+from rmsnorm_lab.cute.backward_runner import (COUNT, DW, DX, DY, NO_PARTIALS, OFFSET, PARTIALS,
+                                              RSTD, W, X)
+from rmsnorm_lab.native.launch import LaunchSpec, StepSpec, ffi_handle
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EPS = 1e-6
@@ -83,19 +85,36 @@ def functions(k: StandIns) -> dict:
 
 
 def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, count=2,
-                eps=EPS, offset=0.0, backward=None, training=True):
-    """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels; an
-    inference launch (no backward, no partials) with ``training=False``."""
+                eps=EPS, offset=0.0, backward=None, training=True, spec_only=False):
+    """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels, its
+    backward steps as ``backward_runner.backward_steps`` would order them; an inference launch
+    (no steps, no partials) with ``training=False``; its LaunchSpec with ``spec_only``."""
     n = x.shape[-1]
     m = x.numel() // n
-    return native.Launch(
-        forward=ffi_handle(fns["forward"]),
-        backward=ffi_handle(backward or fns["backward"]) if training else 0,
-        dw=ffi_handle(fns["dw"]) if split and training else 0,
-        reduce=ffi_handle(fns["reduce"]) if training else 0,
-        no_weight=torch.empty(0, dtype=x.dtype), no_partials=torch.empty(1, 1),
-        no_rstd=torch.empty(0), forward_name="row",
-        backward_name="split" if split else "fused", aligned=aligned, weighted=with_weight,
-        rows=m, row_stride=n, forward_grid=grid, backward_int=m if split else count,
-        partial_rows=count if with_weight and training else 0, eps=eps, offset=offset,
-        nvtx=False)
+    part = PARTIALS if with_weight else NO_PARTIALS
+    steps = []
+    partial_rows = 0
+    if training:
+        if split:
+            steps.append(_step(backward or fns["backward"], (DY, X, W, RSTD, DX, NO_PARTIALS,
+                                                              COUNT, OFFSET), m, "split"))
+            if with_weight:
+                steps.append(_step(fns["dw"], (DY, X, RSTD, PARTIALS), 0, "split"))
+        else:
+            steps.append(_step(backward or fns["backward"], (DY, X, W, RSTD, DX, part, COUNT,
+                                                              OFFSET), count, "fused"))
+        if with_weight:
+            partial_rows = count
+            steps.append(_step(fns["reduce"], (PARTIALS, DW), 0, "split" if split else "fused",
+                               stage="reduce", on_partials=True))
+    spec = LaunchSpec(
+        forward=ffi_handle(fns["forward"]), forward_name="row", forward_argb=0xFF0000FF,
+        forward_grid=grid, rows=m, row_stride=n, weighted=with_weight, eps=eps, offset=offset,
+        nvtx=False, no_weight=torch.empty(0, dtype=x.dtype), no_rstd=torch.empty(0),
+        no_partials=torch.empty(1, 1), aligned=aligned, partial_rows=partial_rows,
+        backward=tuple(steps))
+    return spec if spec_only else native.Launch(spec)
+
+
+def _step(fn, args, count, name, stage="launch", on_partials=False):
+    return StepSpec(ffi_handle(fn), args, count, stage, name, 0xFFFFFFFF, on_partials)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rmsnorm_lab import autograd as ag
-from rmsnorm_lab import launch, reference, rms_norm, settings
+from rmsnorm_lab import dispatch, reference, rms_norm, settings
 
 EPS = 1e-6
 MODES = reference.CASTING_MODES
@@ -203,17 +203,17 @@ def test_custom_op_autograd_matches_eager_function(with_weight):
 def test_launch_backward_torch_backend_and_dx_out():
     x, dy, w = fresh((2, 3, 16)), fresh((2, 3, 16)), fresh((16,))
     rstd = reference.rstd_of(x, EPS)
-    dx, dw = launch.backward(dy, x, w, rstd, 0.0, "llama", "torch")
+    dx, dw = dispatch.backward(dy, x, w, rstd, 0.0, "llama", "torch")
     dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd, 0.0, "llama")
     assert dx.shape == x.shape and dx.is_contiguous()
     torch.testing.assert_close(dx, dx_ref, rtol=0, atol=0)
     torch.testing.assert_close(dw, dw_ref, rtol=0, atol=0)
     buf = dy.clone()
-    dx2, _ = launch.backward(buf, x, w, rstd, 0.0, "llama", "torch", dx_out=buf)
+    dx2, _ = dispatch.backward(buf, x, w, rstd, 0.0, "llama", "torch", dx_out=buf)
     assert dx2 is buf
     torch.testing.assert_close(buf, dx_ref, rtol=0, atol=0)
     with pytest.raises(ValueError, match="backend"):
-        launch.backward(dy, x, w, rstd, 0.0, "llama", "numpy")
+        dispatch.backward(dy, x, w, rstd, 0.0, "llama", "numpy")
 
 
 # ------------------------------------------------------------------ torch.compile (CPU)

@@ -11,7 +11,7 @@ Every test here is marked ``interpret``; run in its own process, as tests/run.sh
 import pytest
 import torch
 
-from rmsnorm_lab import launch, reference
+from rmsnorm_lab import dispatch, reference
 from rmsnorm_lab.autograd import RMSNormFunction
 # The interpreter fixes (module-scoped, autouse) and the comparisons of the Triton tests.
 from test_triton_interpret import assert_grads_close, interpreter_fixes  # noqa: F401
@@ -51,9 +51,9 @@ def test_backward_into_dy_matches_out_of_place(m, dtype, with_weight):
     x, dy = fresh((m, 96), dtype), fresh((m, 96), dtype)
     w = fresh((96,), dtype) if with_weight else None
     rstd = reference.rstd_of(x, EPS)
-    dx, dw = launch.backward(dy, x, w, rstd, 0.0, "llama", "triton")
+    dx, dw = dispatch.backward(dy, x, w, rstd, 0.0, "llama", "triton")
     buf = dy.clone()
-    dx2, dw2 = launch.backward(buf, x, w, rstd, 0.0, "llama", "triton", dx_out=buf)
+    dx2, dw2 = dispatch.backward(buf, x, w, rstd, 0.0, "llama", "triton", dx_out=buf)
     assert dx2 is buf
     assert torch.equal(buf, dx)
     if with_weight:

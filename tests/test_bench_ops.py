@@ -7,7 +7,9 @@ import types
 import pytest
 import torch
 
-from rmsnorm_lab import launch, plots, reference, results
+from rmsnorm_lab import reference, results
+from rmsnorm_lab.bench import impls as lab
+from rmsnorm_lab.viz import sweeps as plots
 from rmsnorm_lab import autograd as lab_autograd
 from rmsnorm_lab.bench import peers, runner
 from rmsnorm_lab.settings import settings
@@ -173,14 +175,14 @@ def test_liger_backward_peers_do_not_overwrite_dy(monkeypatch, module, factory):
 
 def test_lab_impl_names():
     for op in ("bwd", "full"):
-        assert list(launch.lab_impls(op)) == ["cute.fused", "cute.split", "cute.auto",
+        assert list(lab.lab_impls(op)) == ["cute.fused", "cute.split", "cute.auto",
                                               "cute.auto-pdl", "triton.split"]
         impls, problem = runner.lab_implementations(op)
-        assert problem is None and set(impls) == set(launch.lab_impls(op))
-    assert list(launch.lab_impls("fwd")) == ["cute.row", "cute.persistent", "cute.warp",
+        assert problem is None and set(impls) == set(lab.lab_impls(op))
+    assert list(lab.lab_impls("fwd")) == ["cute.row", "cute.persistent", "cute.warp",
                                              "cute.auto", "cute.auto-pdl", "triton.row"]
     with pytest.raises(ValueError, match="sideways"):
-        launch.lab_impls("sideways")
+        lab.lab_impls("sideways")
 
 
 def test_pinned_toggles_hold_for_the_forward_and_the_backward(monkeypatch):
@@ -196,7 +198,7 @@ def test_pinned_toggles_hold_for_the_forward_and_the_backward(monkeypatch):
     monkeypatch.setattr(lab_autograd, "forward_impl", spy(real_fwd, "fwd"))
     monkeypatch.setattr(lab_autograd, "backward_impl", spy(real_bwd, "bwd"))
     assert settings.pdl
-    fn = launch._pinned_backward("split", backend="torch", pdl=False)
+    fn = lab.pinned_backward("split", backend="torch", pdl=False)
     inputs = bwd_inputs()
     assert runner.check(runner.BWD, fn, inputs, runner.BWD.reference(inputs)) == ("ok", "")
     assert seen == [("fwd", settings.backward, False), ("bwd", "split", False)]
@@ -214,7 +216,7 @@ def test_pinned_backward_mode_reaches_the_backward(monkeypatch, mode):
 
     monkeypatch.setattr(lab_autograd, "backward_impl", spy)
     before = settings.backward
-    fn = launch._pinned_backward(mode, backend="torch")  # the reference backend on the CPU
+    fn = lab.pinned_backward(mode, backend="torch")  # the reference backend on the CPU
     inputs = bwd_inputs()
     assert runner.check(runner.BWD, fn, inputs, runner.BWD.reference(inputs)) == ("ok", "")
     assert seen == [mode] and settings.backward == before
@@ -230,18 +232,19 @@ def test_pinned_backward_on_the_native_node_pins_at_the_forward(monkeypatch, mod
     the forward runs), the pinned function runs the forward under the override instead of
     swapping in a Python node."""
     import rmsnorm_lab.api as api
+    from rmsnorm_lab import dispatch
     seen = []
-    monkeypatch.setattr(lab_autograd, "native_node_for", lambda x, backend, in_place: object())
+    monkeypatch.setattr(dispatch, "native_node", lambda: object())
 
     def fake_rms_norm(x, w, eps=1e-6, *, backend=None, **kw):
         seen.append((settings.backward, backend, settings.pdl))
         return reference.rms_norm(x, w, eps)
-    monkeypatch.setattr(api, "rms_norm", fake_rms_norm)
+    monkeypatch.setattr(lab, "rms_norm", fake_rms_norm)
     before = settings.backward
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
-    y = launch._pinned_backward(mode)(x, w)
+    y = lab.pinned_backward(mode)(x, w)
     assert seen == [(mode, "cute", True)] and settings.backward == before
-    launch._pinned_backward(mode, pdl=False)(x, w)
+    lab.pinned_backward(mode, pdl=False)(x, w)
     assert seen[-1] == (mode, "cute", False) and settings.pdl
     assert y.grad_fn is not None and "RMSNormFunction" not in y.grad_fn.name()
 

@@ -1,5 +1,5 @@
 """The native call memo (``CallMemo`` in csrc/native_node.cpp) and the fast gate in front of it
-(``autograd.fast_call``, tried first by ``api.rms_norm``), on the CPU with stand-in kernels.
+(``dispatch.fast_call``, tried first by ``api.rms_norm``), on the CPU with stand-in kernels.
 
 The memo hands a repeated call its planned Launch (training or inference) without entering
 Python, so the tests check what must *not* hit (any change of what a plan depends on), that a
@@ -13,8 +13,9 @@ import torch
 pytest.importorskip("tvm_ffi")
 
 from native_standins import EPS, StandIns, functions, make_launch  # noqa: E402
-from rmsnorm_lab import api, autograd, native_node, settings  # noqa: E402
-from rmsnorm_lab.cute import native_launch  # noqa: E402
+from rmsnorm_lab import api, dispatch, settings  # noqa: E402
+from rmsnorm_lab.native import build as native_node  # noqa: E402
+from rmsnorm_lab.native import launch as native_launch  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def planned(native, memo, x, w, eps=EPS, offset=0.0, mode="llama", k=None):
     """Insert a stand-in Launch for this call; returns the stand-ins' log holder."""
     k = k or StandIns()
     launch = make_launch(native, functions(k), x, w is not None, eps=eps, offset=offset)
-    assert memo.insert(x, w, eps, offset, mode, launch)
+    assert memo.insert(x, w, eps, offset, mode, launch, memo.settings)
     return k, launch
 
 
@@ -95,14 +96,14 @@ def test_calls_it_does_not_serve_go_back_to_python(native, memo):
                 [x, w, EPS, 0.0, 3], [x.tolist(), w, EPS, 0.0, "llama"],
                 [x, "w", EPS, 0.0, "llama"], [x, w, EPS, 10 ** 400, "llama"]):
         assert memo.call(*bad) is None  # never an exception: Python validates and says why
-    assert not memo.insert(torch.randn([1] * 9), None, EPS, 0.0, "llama", None)  # > 8 dims
+    assert not memo.insert(torch.randn([1] * 9), None, EPS, 0.0, "llama", None, 0)  # > 8 dims
 
 
 def test_inference_calls_have_launches_of_their_own(native, memo):
     x, w = torch.randn(6, 8), torch.randn(8)
     k = StandIns()
     launch = make_launch(native, functions(k), x, True, training=False)
-    assert memo.insert(x, w, EPS, 0.0, "llama", launch)
+    assert memo.insert(x, w, EPS, 0.0, "llama", launch, memo.settings)
     y = memo.call(x, w, EPS, 0.0, "llama")
     assert y.grad_fn is None and k.calls("forward")[0]["rstd_rows"] == 0
     with torch.no_grad():  # grad mode off: an inference call even with inputs requiring grad
@@ -118,13 +119,13 @@ def test_bounded(native, memo):
 
 
 def test_the_gate_follows_the_toggles(native):
-    assert autograd._native_path() is not None
-    assert autograd.fast_call is not None
+    assert dispatch.native_node() is not None
+    assert dispatch.fast_call is not None
     for toggle in (dict(backend="triton"), dict(autograd_node="python"),
                    dict(launch_path="cached"), dict(settings_per_call=True)):
         with settings.override(**toggle):
-            assert autograd.fast_call is None, toggle
-        assert autograd.fast_call is not None
+            assert dispatch.fast_call is None, toggle
+        assert dispatch.fast_call is not None
 
 
 def test_settings_a_plan_reads_change_the_memo_code(native):
@@ -144,7 +145,7 @@ def test_api_takes_the_gate_first_and_only_where_it_may(native, memo, monkeypatc
     x = torch.randn(4, 8, requires_grad=True)
     w = torch.randn(8, requires_grad=True)
     k, _ = planned(native, memo, x, w)
-    monkeypatch.setattr(autograd, "fast_call", memo.call)
+    monkeypatch.setattr(dispatch, "fast_call", memo.call)
     for backend in (None, "cute"):
         y = api.rms_norm(x, w, EPS, backend=backend)
         assert y.grad_fn.name() == "RMSNormNativeBackward"

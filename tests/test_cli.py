@@ -194,9 +194,9 @@ def test_quantiles_are_ordered():
 def test_lab_names_must_carry_a_lab_prefix(monkeypatch):
     import types
 
-    fake = types.ModuleType("rmsnorm_lab.launch")
+    fake = types.ModuleType("rmsnorm_lab.bench.impls")
     fake.lab_impls = lambda op: {"cute.row": None, "fastest": None}
-    monkeypatch.setitem(sys.modules, "rmsnorm_lab.launch", fake)
+    monkeypatch.setitem(sys.modules, "rmsnorm_lab.bench.impls", fake)
     with pytest.raises(ValueError, match="fastest"):
         runner.lab_implementations("fwd")
     fake.lab_impls = lambda op: {"cute.row": len, "triton.row": len}

@@ -256,14 +256,14 @@ def test_back_to_back_backwards_under_pdl(mode, capture_on_side_stream):
     back in one CUDA graph, each reading the dx of the one before as its dy, must each match
     the reference on the dy it actually read (outputs start as NaN)."""
     from rmsnorm_lab import settings
-    from rmsnorm_lab.cute import backward_runner, runner
+    from rmsnorm_lab.cute import backward_runner, compile
     from rmsnorm_lab.cute.backward_plan import backward_uses_pdl
 
     steps = 6
     dy, x, w, rstd = inputs((4096, 4096), torch.bfloat16, True)
     with settings.override(pdl=True):
-        entry = backward_runner.entry_for(dy, x, w, "llama", mode)
-        assert all(p.pdl for p in entry.plans) == backward_uses_pdl(runner.target_arch(x.device))
+        entry = backward_runner.entry_for(dy, x, w, "llama", mode, True)
+        assert all(p.pdl for p in entry.plans) == backward_uses_pdl(compile.target_arch(x.device))
 
         def chain():
             outs = [(dy, None)]

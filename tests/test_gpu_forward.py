@@ -73,7 +73,7 @@ def test_forward_matches_reference(impl, dtype, mode, shape):
 
 @pytest.mark.parametrize("variant", ["row", "persistent", "warp", "fallback"])
 def test_rstd_is_stored_in_fp32(variant):
-    from rmsnorm_lab.launch import forward
+    from rmsnorm_lab.dispatch import forward
     x = fresh((300, 2048), torch.bfloat16)
     w = fresh((2048,), torch.bfloat16)
     with settings.override(forward_variant=variant):
@@ -140,14 +140,15 @@ def test_chained_launches_read_complete_outputs(variant, N, in_graph, capture_on
     launched back to back: every step must match the reference on the input it actually read
     (outputs start as NaN, so a read that came early shows up)."""
     from rmsnorm_lab.cute import runner
+    from rmsnorm_lab.cute.compile import target_arch
     from rmsnorm_lab.cute.plan import PDL_ARCHS
 
     M, steps = 16384, 8
     x = fresh((M, N), torch.bfloat16)
     w = (1 + 0.1 * fresh((N,), torch.float32)).to(torch.bfloat16)
     with settings.override(forward_variant=variant, pdl=True):
-        if runner.target_arch(x.device) in PDL_ARCHS and variant == "row":
-            assert runner.entry_for(x, w, "llama", False, variant).plan.pdl
+        if target_arch(x.device) in PDL_ARCHS and variant == "row":
+            assert runner.entry_for(x, w, "llama", False, variant, True).plan.pdl
 
         def chain():
             ys = [x]

@@ -91,7 +91,7 @@ def test_awkward_incoming_gradients(kind):
 
 
 def test_nvtx_ranges_on():
-    from rmsnorm_lab import native_node
+    from rmsnorm_lab.native import build as native_node
     assert native_node.load().has_nvtx()  # a GPU machine has NVTX's headers
     x, w, dy = fresh((64, 2048), torch.bfloat16), fresh((2048,), torch.bfloat16), \
         fresh((64, 2048), torch.bfloat16)
@@ -131,7 +131,7 @@ def test_repeated_calls_are_served_by_the_call_memo(monkeypatch):
     """The second training call of a shape runs from the C++ call memo: neither the argument
     checks nor the planner run, and y, dx, dW are bitwise those of the first call."""
     from rmsnorm_lab import api
-    from rmsnorm_lab.cute import native_launch
+    from rmsnorm_lab.native import launch as native_launch
     x, w, dy = fresh((257, 4096), torch.bfloat16), fresh((4096,), torch.bfloat16), \
         fresh((257, 4096), torch.bfloat16)
     first = run("native", x, w, dy)
@@ -153,11 +153,11 @@ def test_inference_through_the_memo_equals_the_python_launch(variant, monkeypatc
     """An inference call goes through the extension too (its own launch: the forward without
     rstd, no backward compiled); repeated, it is served by the memo. Bitwise equal to the
     Python launch path's y, with the allocator poisoned first."""
-    from rmsnorm_lab import api, launch
-    from rmsnorm_lab.cute import native_launch
+    from rmsnorm_lab import api, dispatch
+    from rmsnorm_lab.native import launch as native_launch
     x, w = fresh((3, 33, 4096), torch.bfloat16), fresh((4096,), torch.bfloat16)
     with settings.override(forward_variant=variant):
-        expected = launch.forward(x, w, EPS, 0.0, "llama", "cute", False)[0]
+        expected = dispatch.forward(x, w, EPS, 0.0, "llama", "cute", False)[0]
         poison_allocator()
         first = rms_norm(x, w, EPS)
         monkeypatch.setattr(api, "validate", lambda *a: pytest.fail("the Python path ran"))

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from rmsnorm_lab.cute.plan import plan_forward  # noqa: E402
-from rmsnorm_lab.layout_plot import draw_row_layout, row_layout  # noqa: E402
+from rmsnorm_lab.viz.layout import draw_row_layout, row_layout  # noqa: E402
 
 BF16, F32 = torch.bfloat16, torch.float32
 

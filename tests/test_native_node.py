@@ -8,6 +8,7 @@ checked against float64 autograd without a GPU. tests/test_gpu_native_node.py ru
 kernels.
 """
 
+import dataclasses
 import gc
 import warnings
 
@@ -17,8 +18,9 @@ import torch
 tvm_ffi = pytest.importorskip("tvm_ffi")
 
 from native_standins import EPS, StandIns, functions, make_launch  # noqa: E402
-from rmsnorm_lab import native_node, settings  # noqa: E402
-from rmsnorm_lab.cute.native_launch import ffi_handle  # noqa: E402
+from rmsnorm_lab import settings  # noqa: E402
+from rmsnorm_lab.native import build as native_node  # noqa: E402
+from rmsnorm_lab.native.launch import ffi_handle  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,18 +160,16 @@ def test_launch_and_inputs_must_agree(native):
         native.apply(torch.randn(3, 8), None, make_launch(native, fns, x, False))
     with pytest.raises(RuntimeError, match="cannot record a training call"):
         native.apply(x.requires_grad_(), None, make_launch(native, fns, x, False, training=False))
-    common = dict(no_weight=torch.empty(0), no_partials=torch.empty(1, 1), no_rstd=torch.empty(0),
-                  forward_name="row", backward_name="fused", aligned=True, rows=2, row_stride=8,
-                  forward_grid=2, backward_int=2, eps=EPS, offset=0.0, nvtx=False)
-    f, b = ffi_handle(fns["forward"]), ffi_handle(fns["backward"])
-    with pytest.raises(RuntimeError, match="need a reduction kernel"):
-        native.Launch(f, b, 0, 0, weighted=True, partial_rows=2, **common)
+    spec = make_launch(native, fns, x, True, spec_only=True)
     with pytest.raises(RuntimeError, match="a weight needs dW partial rows"):
-        native.Launch(f, b, 0, 0, weighted=True, partial_rows=0, **common)
+        native.Launch(dataclasses.replace(spec, partial_rows=0))
     with pytest.raises(RuntimeError, match="only a weight of a training launch"):
-        native.Launch(f, 0, 0, ffi_handle(fns["reduce"]), weighted=True, partial_rows=2, **common)
-    with pytest.raises(RuntimeError, match="a forward kernel is required"):
-        native.Launch(0, b, 0, 0, weighted=False, partial_rows=0, **common)
+        native.Launch(dataclasses.replace(spec, backward=()))
+    with pytest.raises(RuntimeError, match="no forward kernel"):
+        native.Launch(dataclasses.replace(spec, forward=0))
+    with pytest.raises(RuntimeError, match="a step has no kernel"):
+        native.Launch(dataclasses.replace(spec, backward=(dataclasses.replace(
+            spec.backward[0], kernel=0),)))
 
 
 def test_inference_launch_skips_rstd_and_the_tape(native):
@@ -243,35 +243,31 @@ def test_build_failure_warns_once_and_falls_back(monkeypatch):
 
 
 def test_autograd_node_setting():
-    assert settings.autograd_node == "native"
+    assert settings.experiments.autograd_node == "native"
     with settings.override(autograd_node="python"):
-        assert settings.autograd_node == "python"
+        assert settings.experiments.autograd_node == "python"
     with pytest.raises(ValueError, match="autograd_node"):
-        settings.autograd_node = "cpp"
+        settings.experiments.autograd_node = "cpp"
 
 
-def test_real_kernels_are_reached_through_the_c_abi(native, monkeypatch):
+def test_real_kernels_are_reached_through_the_c_abi(native):
     """The CuTe compilations themselves (for sm_90a, no GPU needed) called by the node: they
     decode every argument the node passes and refuse CPU tensors with their own message, which
-    the node surfaces. The forward through ``native_launch``; the fused backward and the dW
+    the node surfaces. The forward through ``native.launch``; the fused backward and the dW
     reduction behind a stand-in forward."""
-    from rmsnorm_lab import launch
-    from rmsnorm_lab.cute import native_launch
-    monkeypatch.setattr(launch, "sm_count", lambda index: 132)
+    from rmsnorm_lab.native import launch as native_launch
     x = torch.randn(64, 4096, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(4096, dtype=torch.bfloat16, requires_grad=True)
-    with settings.override(backward="fused"):
-        with pytest.raises(RuntimeError, match=r"gX: Tensor\(\[n0, 4096\], bfloat16\).*"
-                                               r"offset: float32.*expected device_type=cuda"):
-            native_launch.rms_norm(native, x, w, EPS, 0.0, "llama")
-        launch = native_launch.memo(native).find(x, w, EPS, 0.0, "llama")
-    assert launch.forward_grid == 64 and launch.backward_int == launch.partial_rows > 0
-    (_, fused, _, reduce), = native_launch._FUNCTIONS.values()
+    snap = native_launch.Snapshot("auto", "fused", True, False, 0)
+    spec = native_launch.plan_launch(x, w, EPS, 0.0, "llama", 132, True, snap)
+    launch = native.Launch(spec)
+    assert launch.forward_grid == 64 and launch.steps == 2 and launch.partial_rows > 0
+    with pytest.raises(RuntimeError, match=r"gX: Tensor\(\[n0, 4096\], bfloat16\).*"
+                                           r"offset: float32.*expected device_type=cuda"):
+        native.apply(x, w, launch)
     k = StandIns()
     fns = functions(k)
-    fns["reduce"] = reduce
-    mixed = make_launch(native, fns, x, True, grid=launch.forward_grid,
-                        count=launch.partial_rows, backward=fused)
-    y = native.apply(x, w, mixed)
+    stand_in_forward = dataclasses.replace(spec, forward=ffi_handle(fns["forward"]))
+    y = native.apply(x, w, native.Launch(stand_in_forward))
     with pytest.raises(RuntimeError, match=r"gDy: Tensor.*gDwP: Tensor.*device_type=cuda"):
         y.backward(torch.randn(64, 4096, dtype=torch.bfloat16))

@@ -121,12 +121,13 @@ def test_auto_entry_follows_the_row_count():
     from rmsnorm_lab.cute import runner
     from rmsnorm_lab.cute.plan import AUTO_PERSISTENT_MAX_ROWS as most
     w = torch.randn(4096, dtype=BF16)
-    few = runner.entry_for(torch.randn(most, 4096, dtype=BF16), w, "llama", False, "auto")
-    many = runner.entry_for(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, "auto")
+    few = runner.entry_for(torch.randn(most, 4096, dtype=BF16), w, "llama", False, "auto", True)
+    many = runner.entry_for(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, "auto",
+                            True)
     assert few.plan.variant == "persistent" and many.plan.variant == "row"
     assert runner.entry_for(torch.randn(9000, 4096, dtype=BF16), w, "llama", False,
-                            "auto") is many
-    row = runner.entry_for(torch.randn(8, 4096, dtype=BF16), w, "llama", False, "row")
+                            "auto", True) is many
+    row = runner.entry_for(torch.randn(8, 4096, dtype=BF16), w, "llama", False, "row", True)
     assert row.plan.variant == "row"
 
 

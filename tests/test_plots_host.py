@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from rmsnorm_lab import nsys_trace as nt  # noqa: E402
-from rmsnorm_lab import plots_host as ph  # noqa: E402
+from rmsnorm_lab.profiling import trace as nt  # noqa: E402
+from rmsnorm_lab.viz import host as ph  # noqa: E402
 from rmsnorm_lab import results  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,8 +88,8 @@ def test_split_impl():
 
 
 def test_default_impl_is_the_settings_default():
-    from rmsnorm_lab.settings import Settings
-    assert ph.DEFAULT_IMPL == f"cute.auto@{Settings().launch_path}"
+    from rmsnorm_lab.settings import Experiments
+    assert ph.DEFAULT_IMPL == f"cute.auto@{Experiments().launch_path}"
 
 
 def test_host_table_has_three_workloads_in_order(frame):

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_lab import profiling
-from rmsnorm_lab.profiling import (KernelTime, RangeKernel, RangeTime, normalize_range,
-                                   parse_kern_sum, parse_nvtx_kern_sum, parse_nvtx_sum, summarize)
+from rmsnorm_lab.profiling import nsys, workload
+from rmsnorm_lab.profiling.nsys import (KernelTime, RangeKernel, RangeTime, normalize_range,
+                                        parse_kern_sum, parse_nvtx_kern_sum, parse_nvtx_sum,
+                                        summarize)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,7 +79,7 @@ def test_parsers_take_other_time_units_and_a_preamble(tmp_path):
 
 
 def test_parser_names_the_file_when_the_report_is_wrong():
-    with pytest.raises(profiling.NsysError, match="fixture_cuda_gpu_kern_sum.csv.*NVTX Range"):
+    with pytest.raises(nsys.NsysError, match="fixture_cuda_gpu_kern_sum.csv.*NVTX Range"):
         parse_nvtx_kern_sum(KERN_SUM)
 
 
@@ -138,24 +139,24 @@ def test_summarize_keeps_kernel_only_ranges_without_wall():
                                         "k")])
     assert (row.range, row.instances, row.wall_avg_ns, row.overhead_ns) == \
         ("reduce split", 5, None, None)
-    assert "-" in profiling.format_table([row]).splitlines()[-1]
+    assert "-" in nsys.format_table([row]).splitlines()[-1]
 
 
 # --- finding and producing the CSVs ------------------------------------------------------------
 
 def test_find_csvs_by_report_suffix(tmp_path):
-    found = profiling.find_csvs(DATA)
+    found = nsys.find_csvs(DATA)
     assert found == {"nvtx_sum": NVTX_SUM, "cuda_gpu_kern_sum": KERN_SUM,
                      "nvtx_kern_sum": NVTX_KERN_SUM}
-    assert profiling.find_csvs(DATA, "fixture") == found
-    with pytest.raises(profiling.NsysError, match="no other_nvtx_sum.csv"):
-        profiling.find_csvs(DATA, "other")
+    assert nsys.find_csvs(DATA, "fixture") == found
+    with pytest.raises(nsys.NsysError, match="no other_nvtx_sum.csv"):
+        nsys.find_csvs(DATA, "other")
     for f in found.values():  # a second capture in the same folder: ambiguous without a name
         (tmp_path / f.name).write_bytes(f.read_bytes())
         (tmp_path / f.name.replace("fixture", "run2")).write_bytes(f.read_bytes())
-    with pytest.raises(profiling.NsysError, match="several nvtx_sum CSVs"):
-        profiling.find_csvs(tmp_path)
-    assert profiling.find_csvs(tmp_path, "run2")["nvtx_kern_sum"].name == "run2_nvtx_kern_sum.csv"
+    with pytest.raises(nsys.NsysError, match="several nvtx_sum CSVs"):
+        nsys.find_csvs(tmp_path)
+    assert nsys.find_csvs(tmp_path, "run2")["nvtx_kern_sum"].name == "run2_nvtx_kern_sum.csv"
 
 
 FAKE_NSYS = """#!{python}
@@ -255,7 +256,7 @@ class Recorder:
             self.log.append(name)
             yield
 
-        return profiling.Hooks(start=lambda: self.log.append("START"),
+        return workload.Hooks(start=lambda: self.log.append("START"),
                                stop=lambda: self.log.append("STOP"),
                                sync=lambda: None, iter_range=lambda: rng("iter"),
                                warmup_range=lambda: rng("warmup"))
@@ -266,7 +267,8 @@ def spy_rms_norm(calls, grads):
     from rmsnorm_lab.settings import settings
 
     def f(x, w, eps, backend):
-        calls.append((settings.nvtx, settings.launch_path, backend, x.requires_grad))
+        calls.append((settings.nvtx, settings.experiments.launch_path, backend,
+                      x.requires_grad))
         y = rms_norm(x, w, eps, backend=backend)
         if x.requires_grad:
             y.register_hook(lambda g: grads.append(g.shape))
@@ -277,9 +279,9 @@ def spy_rms_norm(calls, grads):
 @pytest.mark.parametrize("op", ["fwd", "full"])
 def test_profile_loop_warms_up_outside_the_capture(op):
     rec, calls, grads = Recorder(), [], []
-    cfg = profiling.ProfileConfig(op=op, backend="torch", launch_path="cached", M=8, N=64,
+    cfg = workload.ProfileConfig(op=op, backend="torch", launch_path="cached", M=8, N=64,
                                   dtype="fp32", iters=5, warmup=3)
-    result = profiling.run_profile(cfg, device="cpu", hooks=rec.hooks(),
+    result = workload.run_profile(cfg, device="cpu", hooks=rec.hooks(),
                                    rms_norm=spy_rms_norm(calls, grads))
     assert rec.log == ["warmup"] * 3 + ["START"] + ["iter"] * 5 + ["STOP"]
     assert calls == [(True, "cached", "torch", op == "full")] * 8  # NVTX on, toggles applied
@@ -291,9 +293,9 @@ def test_profile_loop_warms_up_outside_the_capture(op):
 
 def test_profile_include_compile_starts_before_the_warmup():
     rec = Recorder()
-    cfg = profiling.ProfileConfig(backend="torch", M=4, N=32, dtype="fp32", iters=2, warmup=1,
+    cfg = workload.ProfileConfig(backend="torch", M=4, N=32, dtype="fp32", iters=2, warmup=1,
                                   include_compile=True)
-    profiling.run_profile(cfg, device="cpu", hooks=rec.hooks())
+    workload.run_profile(cfg, device="cpu", hooks=rec.hooks())
     assert rec.log == ["START", "warmup", "iter", "iter", "STOP"]
 
 
@@ -304,14 +306,14 @@ def test_profile_full_without_autograd_fails_clearly():
         with torch.no_grad():
             return x * 2
 
-    cfg = profiling.ProfileConfig(op="full", backend="triton", M=4, N=32, dtype="fp32", iters=2,
+    cfg = workload.ProfileConfig(op="full", backend="triton", M=4, N=32, dtype="fp32", iters=2,
                                   warmup=2)
-    with pytest.raises(profiling.ProfileError, match="backend='triton'.*no grad_fn.*--op fwd"):
-        profiling.run_profile(cfg, device="cpu", hooks=rec.hooks(), rms_norm=no_autograd)
+    with pytest.raises(workload.ProfileError, match="backend='triton'.*no grad_fn.*--op fwd"):
+        workload.run_profile(cfg, device="cpu", hooks=rec.hooks(), rms_norm=no_autograd)
     assert "START" not in rec.log and "STOP" not in rec.log
 
 
 def test_profile_refuses_to_compile_inside_the_capture_by_accident():
-    cfg = profiling.ProfileConfig(backend="torch", warmup=0)
-    with pytest.raises(profiling.ProfileError, match="--include-compile"):
-        profiling.run_profile(cfg, device="cpu", hooks=Recorder().hooks())
+    cfg = workload.ProfileConfig(backend="torch", warmup=0)
+    with pytest.raises(workload.ProfileError, match="--include-compile"):
+        workload.run_profile(cfg, device="cpu", hooks=Recorder().hooks())

@@ -11,7 +11,9 @@ import re
 import pandas as pd
 import pytest
 
-from rmsnorm_lab import plots, provenance, results
+from rmsnorm_lab import results
+from rmsnorm_lab.results import provenance
+from rmsnorm_lab.viz import sweeps as plots
 from rmsnorm_lab.results import COLUMNS, ResultsError
 
 SYNTHETIC_GPU = "testgpu"
@@ -211,7 +213,7 @@ def test_collect_answers_every_provenance_column_without_a_gpu():
     stamp = datetime.datetime.fromisoformat(prov["timestamp"])
     assert stamp.utcoffset() == datetime.timedelta(0)
     # a row made of it passes validation
-    results._check_row({**row(), **prov}, "collect()", None)
+    results.store._check_row({**row(), **prov}, "collect()", None)
 
 
 # --- plots and tables (synthetic data) -----------------------------------------------------

@@ -59,8 +59,8 @@ def test_backward_mode_override_restores():
 
 
 def test_fused_strips_toggle_is_auto_by_default_and_refuses_negatives():
-    assert from_environ({}).fused_strips == 0
-    assert from_environ({"RMSNORM_LAB_FUSED_STRIPS": "264"}).fused_strips == 264
+    assert from_environ({}).experiments.fused_strips == 0
+    assert from_environ({"RMSNORM_LAB_FUSED_STRIPS": "264"}).experiments.fused_strips == 264
     with pytest.raises(ValueError, match="fused_strips"):
         from_environ({"RMSNORM_LAB_FUSED_STRIPS": "-1"})
     with pytest.raises(ValueError, match="integer"):

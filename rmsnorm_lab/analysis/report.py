@@ -10,8 +10,9 @@ from typing import List, Tuple
 
 import pandas as pd
 
-from ..plots import markdown_table
-from . import compiled, figures, model
+from ..viz.sweeps import markdown_table
+from ..viz import gpus as figures
+from . import compiled, model
 from .reported import load_reported
 from .specs import bandwidth_table
 

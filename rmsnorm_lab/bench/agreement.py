@@ -21,8 +21,9 @@ from typing import Dict, List
 
 import torch
 
-from .. import provenance, reference
+from .. import reference
 from .. import results as results_io
+from ..results import provenance
 
 SHAPES = [(131, 4096), (4096, 4096), (16384, 4096), (1000, 8192), (16384, 1024), (16384, 2048)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -45,7 +46,7 @@ def compare(M: int, N: int, dtype: torch.dtype, casting_mode: str = "llama",
             seed: int = 0) -> Dict[str, object]:
     """One row of the table: fused and split on the same fresh inputs and the same rstd."""
     from ..cute.backward_runner import backward
-    from ..launch import sm_count
+    from ..common.device import sm_count
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(M, N, device="cuda", generator=g).to(dtype)

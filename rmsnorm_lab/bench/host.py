@@ -26,8 +26,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .. import provenance
 from .. import results as results_io
+from ..results import provenance
 from ..settings import LAUNCH_PATHS, settings
 from . import peers as peers_mod
 from .runner import EPS, Outcome, make_row, output_path

@@ -24,7 +24,7 @@ import torch
 from ..api import rms_norm
 from .. import autograd
 from ..cute import runner
-from ..launch import forward as launch_forward
+from ..dispatch import forward as launch_forward
 from ..settings import settings
 from .timing import HostTask, interleaved_host_time_us
 
@@ -50,7 +50,7 @@ def tasks() -> dict:
     extension, native_launch = native
     fast_call = autograd.fast_call
     launch = native_launch.memo(extension).find(xg, wg, EPS, 0.0, "llama")
-    entry = runner.entry_for(x, w, "llama", False, "auto")
+    entry = runner.entry_for(x, w, "llama", False, "auto", True)
     kernel = entry.ffi_kernel
     y, rstd = torch.empty_like(x), entry.empty_rstd
     return {
@@ -74,7 +74,7 @@ def tasks() -> dict:
 
 
 def main() -> None:
-    from .. import provenance
+    from ..results import provenance
     print(json.dumps({"provenance": provenance.collect()}, default=str))
     timed = interleaved_host_time_us(
         {name: HostTask(fn, 200, settings.override) for name, fn in tasks().items()},

@@ -25,7 +25,7 @@ The sweep is the same for every op:
 3. host enqueue µs per call at ``HOST_SHAPE``;
 4. the copy ceilings, in the same run.
 
-Lab implementations come from ``rmsnorm_lab.launch.lab_impls(op)`` (imported lazily, so this
+Lab implementations come from ``rmsnorm_lab.bench.impls.lab_impls(op)`` (imported lazily, so this
 module imports without it); peers from ``peers``.
 """
 
@@ -41,8 +41,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import provenance, reference
+from .. import reference
 from .. import results as results_io
+from ..results import provenance
 from . import peers as peers_mod
 from .timing import (Quantiles, eager_time_us, graph_time_us, host_time_us, peak_mem_mib,
                      rotating, rotation_count)
@@ -258,9 +259,9 @@ def make_row(prov: dict, op: str, impl: str, path: str, M: int, N: int, dtype: t
 def lab_implementations(op: str) -> Tuple[Dict[str, Impl], Optional[str]]:
     """``(impls, problem)``: the lab's implementations of ``op``, or ``{}`` and why not."""
     try:
-        from rmsnorm_lab.launch import lab_impls
+        from rmsnorm_lab.bench.impls import lab_impls
     except ImportError as e:
-        return {}, f"lab kernels unavailable (rmsnorm_lab.launch.lab_impls: {e})"
+        return {}, f"lab kernels unavailable (rmsnorm_lab.bench.impls.lab_impls: {e})"
     impls = dict(lab_impls(op))
     bad = [name for name in impls if not name.startswith(LAB_PREFIXES)]
     if bad:

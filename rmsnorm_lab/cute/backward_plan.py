@@ -36,11 +36,12 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..registry import BACKWARD_MODES
 from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, PDL_ARCHS, NotEligible, RowTilePlan,
                    _ELEM_BYTES, chunked, elems_in_registers, resident_ctas, row_threads)
 
 KINDS = ("fused", "dx", "dw")
-MODES = ("fused", "split", "auto")
+MODES = BACKWARD_MODES + ("auto",)
 # The dW kernel's CTA: one warp across the columns (32 x 16 bytes: a 512-byte coalesced segment of
 # one row per warp-wide load) and DW_ROW_LANES warps on different rows of the group.
 DW_COL_THREADS = 32

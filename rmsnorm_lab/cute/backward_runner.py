@@ -23,7 +23,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from .. import nvtx_ranges
+from ..common import nvtx
 from ..reference import check_casting_mode
 from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDW
@@ -31,7 +31,7 @@ from .backward_plan import (MODES, BackwardPlan, auto_mode, backward_uses_pdl, d
                             fused_strips, plan_backward, plan_split)
 from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
-from .runner import compile_tvm_ffi, target_arch
+from .compile import compile_tvm_ffi, target_arch
 
 _COMPILED: Dict[Tuple, object] = {}
 _ENTRIES: Dict[Tuple, "_Entry"] = {}
@@ -154,7 +154,7 @@ class _Entry:
         return self.reduce
 
 
-def entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
+def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool) -> _Entry:
     """The launch entry for these inputs (dx, freshly allocated and contiguous, is aligned
     whenever the plan's vector width divides N, which the plan checks)."""
     M, N = x2.shape
@@ -163,7 +163,7 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
     aligned = ((ptrs | strides) & 15) == 0
     w_dtype = weight.dtype if weight is not None else None
     # auto_mode decides from what the key holds (not from M), so one entry serves every M
-    key = (mode, N, x2.dtype, w_dtype, casting_mode, aligned, x2.get_device(), settings.pdl)
+    key = (mode, N, x2.dtype, w_dtype, casting_mode, aligned, x2.get_device(), pdl)
     entry = _ENTRIES.get(key)
     if entry is None:
         if mode not in MODES:
@@ -176,19 +176,73 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str) -> _Entry:
         else:
             plans = tuple(p for p in plan_split(N, x2.dtype, w_dtype, casting_mode, aligned)
                           if p is not None)
-        if settings.pdl and backward_uses_pdl(target_arch(x2.device)):
+        if pdl and backward_uses_pdl(target_arch(x2.device)):
             plans = tuple(dataclasses.replace(p, pdl=True) for p in plans)
         entry = _ENTRIES[key] = _Entry(chosen, plans, x2.device, x2.dtype)
     return entry
+
+
+# What a backward step passes, by what each argument is. The native node (native/native_node.cpp)
+# builds its argument lists from the same codes, so the order of the kernels and of their
+# arguments is decided here only.
+DY, X, W, RSTD, DX, PARTIALS, NO_PARTIALS, DW, COUNT, OFFSET = range(10)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One kernel call of a backward: the compiled kernel, its arguments as codes, the integer
+    passed as ``COUNT`` (the fused strips, or split's M) and its NVTX range."""
+    kernel: object
+    args: Tuple[int, ...]
+    count: int = 0
+    stage: str = "launch"
+    name: str = ""
+    on_partials: bool = False  # the NVTX shape is (partial rows, N) rather than (M, N)
+
+
+def backward_steps(entry: _Entry, M: int, sms: int, w_dtype: Optional[torch.dtype],
+                   strips: Optional[int] = None) -> Tuple[Tuple[Step, ...], int]:
+    """``(steps, partial_rows)``: the kernel calls of a backward over M rows, in order, and the
+    rows of fp32 dW partials they write (0 without a weight). ``strips``: the fused grid
+    (default ``settings.experiments.fused_strips``, whose 0 means the plan's CTAs per SM times
+    ``sms``) or, for split, the dW kernel's row groups (default ``dw_row_groups``)."""
+    weighted = w_dtype is not None
+    if entry.mode == "fused":
+        grid = fused_strips(M, sms, entry.plans[0],
+                            strips or settings.experiments.fused_strips or None)
+        partial_rows = grid if weighted else 0
+        steps = [Step(entry.kernel(0), (DY, X, W, RSTD, DX, PARTIALS if weighted else NO_PARTIALS,
+                                        COUNT, OFFSET), grid, name="fused")]
+    else:
+        steps = [Step(entry.kernel(0), (DY, X, W, RSTD, DX, NO_PARTIALS, COUNT, OFFSET), M,
+                      name="split")]
+        partial_rows = 0
+        if weighted:
+            partial_rows = (dw_row_groups(M, entry.plans[1], sms) if strips is None
+                            else max(1, min(strips, M)))
+            steps.append(Step(entry.kernel(1), (DY, X, RSTD, PARTIALS), name="split"))
+    if weighted:
+        steps.append(Step(entry.dw_reduce(w_dtype), (PARTIALS, DW), stage="reduce",
+                          name=entry.mode, on_partials=True))
+    return tuple(steps), partial_rows
+
+
+def run_steps(steps: Tuple[Step, ...], values: tuple, offset: float, shape: Tuple[int, int],
+              partial_rows: int) -> None:
+    """Call each step's kernel with ``values`` (indexed by the argument codes up to DW)."""
+    for step in steps:
+        args = [values[c] if c < COUNT else (step.count if c == COUNT else offset)
+                for c in step.args]
+        rows = partial_rows if step.on_partials else shape[0]
+        with nvtx.range(step.stage, step.name, (rows, shape[1])):
+            step.kernel(*args)
 
 
 def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor],
              rstd: torch.Tensor, offset: float, casting_mode: str, mode: str, sms: int,
              strips: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(dx, dw)`` for 2-D ``dy2``/``x2`` (last-dim stride 1) and fp32 ``rstd`` of shape (M,).
-    ``mode``: fused | split | auto. ``strips``: the fused grid (default: ``settings.fused_strips``,
-    whose 0 means the plan's CTAs per SM times ``sms``) or, for split, the dW kernel's row groups
-    (default from ``dw_row_groups``)."""
+    ``mode``: fused | split | auto; ``strips`` as in ``backward_steps``."""
     _check_inputs(dy2, x2, weight, rstd)
     M, N = x2.shape
     dx = torch.empty_like(x2, memory_format=torch.contiguous_format)  # cheaper than torch.empty
@@ -197,32 +251,12 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
         return dx, dw
     if weight is not None and weight.stride(0) != 1:
         weight = weight.contiguous()
-    entry = entry_for(dy2, x2, weight, casting_mode, mode)
-    w = weight if weight is not None else entry.no_w
-    dw_partial = None
-    if entry.mode == "fused":
-        plan = entry.plans[0]
-        grid = fused_strips(M, sms, plan, strips or settings.fused_strips or None)
-        if weight is not None:
-            dw_partial = x2.new_empty((grid, N), dtype=torch.float32)
-        with nvtx_ranges.range("launch", "fused", x2.shape):
-            entry.kernel(0)(dy2, x2, w, rstd, dx,
-                            dw_partial if dw_partial is not None else entry.no_part, grid, offset)
-    else:
-        with nvtx_ranges.range("launch", "split", x2.shape):
-            entry.kernel(0)(dy2, x2, w, rstd, dx, entry.no_part, M, offset)
-            if weight is not None:
-                dw_plan = entry.plans[1]
-                groups = dw_row_groups(M, dw_plan, sms) if strips is None \
-                    else max(1, min(strips, M))
-                dw_partial = x2.new_empty((groups, N), dtype=torch.float32)
-                entry.kernel(1)(dy2, x2, rstd, dw_partial)
-    if dw_partial is None:
-        return dx, None
-    reduce = entry.reduce
-    if reduce is None:
-        reduce = entry.dw_reduce(weight.dtype)
-    dw = torch.empty_like(weight)
-    with nvtx_ranges.range("reduce", entry.mode, dw_partial.shape):
-        reduce(dw_partial, dw)
+    entry = entry_for(dy2, x2, weight, casting_mode, mode, settings.pdl)
+    w_dtype = weight.dtype if weight is not None else None
+    steps, partial_rows = backward_steps(entry, M, sms, w_dtype, strips)
+    partials = x2.new_empty((partial_rows, N), dtype=torch.float32) if partial_rows else None
+    dw = torch.empty_like(weight) if partial_rows else None
+    values = (dy2, x2, weight if weight is not None else entry.no_w, rstd, dx, partials,
+              entry.no_part, dw)
+    run_steps(steps, values, offset, (M, N), partial_rows)
     return dx, dw

@@ -20,7 +20,8 @@ from typing import Optional
 
 import torch
 
-VARIANTS = ("row", "persistent", "warp", "fallback")
+from ..common.rows import INT32_LIMIT
+from ..registry import FORWARD_VARIANTS as VARIANTS
 COPY_BYTES = 16
 # Threads per row for the row/persistent variants: about 2 copies in flight per thread, at most
 # 256 threads. Measured on the H200 (bf16, graph replay; results/NOTES.md, "thread mapping"):
@@ -135,9 +136,6 @@ def uses_pdl(variant: str, threads: int, arch: Optional[str]) -> bool:
     """Does a forward kernel of ``variant`` with CTAs of ``threads`` launch with PDL on ``arch``
     (when ``settings.pdl`` allows it)?"""
     return arch in PDL_ARCHS and variant in PDL_VARIANTS and threads >= PDL_MIN_THREADS
-
-
-INT32_LIMIT = 2**31
 
 
 def check_int32_addressable(M: int, row_stride: int, N: int) -> None:

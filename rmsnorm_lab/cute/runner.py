@@ -2,7 +2,7 @@
 
 What the kernel bakes in (dtypes, N, casting mode, thread mapping, target architecture) is the
 compile-cache key; M and the row strides are runtime values, so one compilation serves them all.
-How torch tensors reach the compiled kernel is the launch path (``settings.launch_path``), the
+How torch tensors reach the compiled kernel is the launch path (``settings.experiments.launch_path``), the
 subject of notebooks/03_host_overhead.ipynb:
 
 ``tvm_ffi``  compiled with ``--enable-tvm-ffi``; torch tensors are passed as they are and the
@@ -16,9 +16,8 @@ subject of notebooks/03_host_overhead.ipynb:
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -26,8 +25,9 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
-from .. import nvtx_ranges
+from ..common import nvtx
 from ..settings import settings
+from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
 from .forward import TORCH_TO_CUTE, RMSNormForward
 from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_variant,
                    check_int32_addressable, plan_forward)
@@ -36,21 +36,6 @@ from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_vari
 _COMPILED: Dict[Tuple, object] = {}
 _HANDLES: "OrderedDict[Tuple, object]" = OrderedDict()
 _ENTRIES: Dict[Tuple, "_Entry"] = {}
-_ARCH: Dict[int, str] = {}
-
-
-def target_arch(device: Optional[torch.device] = None) -> str:
-    """``sm_90a`` on an H100/H200, ``sm_100a`` on a B200; without a GPU, ``CUTE_DSL_ARCH``."""
-    if device is not None and device.type == "cuda":
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        arch = _ARCH.get(idx)
-        if arch is None:
-            major, minor = torch.cuda.get_device_capability(idx)
-            arch = _ARCH[idx] = f"sm_{major}{minor}a"
-        return arch
-    return os.environ.get("CUTE_DSL_ARCH", "sm_100a")
-
-
 def _align(plan: ForwardPlan, dtype: Optional[torch.dtype] = None) -> int:
     """Byte alignment the kernel may assume for a tensor of ``dtype`` (default: x's): 16 on the
     vector path (checked by the plan's eligibility), one element on the fallback."""
@@ -74,23 +59,6 @@ def _fake_args(plan: ForwardPlan):
                             assumed_align=4)
     return (x, w, y, rstd, cutlass.Int32(1), cutlass.Float32(1e-6), cutlass.Float32(0.0),
             make_fake_stream(use_tvm_ffi_env_stream=True))
-
-
-def compile_tvm_ffi(cache: Dict, key, arch: str, label: str, build: Callable[[], tuple],
-                    keep_ptx_dir: Optional[str] = None):
-    """``cache[key]``, compiled on a miss (or always, to keep the PTX in ``keep_ptx_dir``) with
-    TVM-FFI for ``arch``: ``build()`` returns the kernel object and its typed stand-in arguments.
-    Every CuTe kernel of the lab compiles through here, inside an NVTX ``compile`` range."""
-    fn = cache.get(key)
-    if fn is None or keep_ptx_dir is not None:
-        options = f"--gpu-arch {arch} --enable-tvm-ffi"
-        if keep_ptx_dir is not None:
-            options += f" --keep-ptx --dump-dir {keep_ptx_dir}"
-        kernel, args = build()
-        with nvtx_ranges.range("compile", label):
-            fn = cute.compile(kernel, *args, options=options)
-        cache[key] = fn
-    return fn
 
 
 def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
@@ -151,7 +119,7 @@ class _Entry:
 
 
 def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
-              need_rstd: bool, variant: str) -> _Entry:
+              need_rstd: bool, variant: str, pdl: bool) -> _Entry:
     """The launch entry for x2 and weight. y is not looked at: the caching allocator hands out
     contiguous outputs 512-byte aligned, so only the inputs decide the alignment."""
     M, N = x2.shape
@@ -160,12 +128,12 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
     w_dtype = weight.dtype if weight is not None else None
     few_rows = variant == "auto" and M <= AUTO_PERSISTENT_MAX_ROWS  # auto's only use of M
     key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
-           few_rows, settings.pdl)
+           few_rows, pdl)
     entry = _ENTRIES.get(key)
     if entry is None:
         chosen = auto_variant(N, aligned, x2.dtype, M) if variant == "auto" else variant
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
-                            arch=target_arch(x2.device), pdl=settings.pdl)
+                            arch=target_arch(x2.device), pdl=pdl)
         entry = _ENTRIES[key] = _Entry(plan, x2.device)
     return entry
 
@@ -179,16 +147,16 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     # on the H200's host
     y = torch.empty_like(x2, memory_format=torch.contiguous_format)
     rstd = x2.new_empty((M,), dtype=torch.float32) if need_rstd else None
-    entry = entry_for(x2, weight, casting_mode, need_rstd, variant)
+    entry = entry_for(x2, weight, casting_mode, need_rstd, variant, settings.pdl)
     plan = entry.plan
     w = weight if weight is not None else entry.empty_w
     r = rstd if rstd is not None else entry.empty_rstd
     grid = plan.grid(M, sms)
-    if settings.launch_path == "tvm_ffi":
+    if settings.experiments.launch_path == "tvm_ffi":
         kernel = entry.ffi_kernel
         if kernel is None:
             kernel = entry.ffi()
-        with nvtx_ranges.range("launch", plan.variant, x2.shape):
+        with nvtx.range("launch", plan.variant, x2.shape):
             kernel(x2, w, y, r, grid, eps, offset)
     else:
         _launch_marshaled(entry, x2, w, y, r, grid, eps, offset)
@@ -197,25 +165,25 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
 
 def _launch_marshaled(entry: _Entry, x2, w, y, r, grid: int, eps: float, offset: float) -> None:
     """The ``cached``, ``compiled`` and ``jit`` paths: CuTe tensor handles from from_dlpack."""
-    plan, path = entry.plan, settings.launch_path
+    plan, path = entry.plan, settings.experiments.launch_path
     align, w_align = _align(plan), _align(plan, w.dtype)
     stream = cuda.CUstream(torch.cuda.current_stream(x2.device).cuda_stream)
-    with nvtx_ranges.range("marshal", plan.variant, x2.shape):
+    with nvtx.range("marshal", plan.variant, x2.shape):
         if path == "cached":
-            cap = settings.tensor_cache_cap
+            cap = settings.experiments.tensor_cache_cap
             args = [_cached_handle(t, a, cap) for t, a in ((x2, align), (w, w_align),
                                                             (y, align), (r, 4))]
         else:
             args = [_marshal(x2, align), _marshal(w, w_align), _marshal(y, align), _marshal(r, 4)]
-    if path == "jit":
-        with nvtx_ranges.range("launch", plan.variant, x2.shape):
+    if path == "jit":  # CuTe DSL's own cache, which may compile: under the compile lock
+        with COMPILE_LOCK, nvtx.range("launch", plan.variant, x2.shape):
             RMSNormForward(plan)(*args, grid, eps, offset, stream)
         return
     kernel = entry.dlpack_kernel
     if kernel is None:
-        with nvtx_ranges.range("compile", plan.variant):
-            kernel = entry.dlpack_kernel = cute.compile(
-                RMSNormForward(plan), *args, cutlass.Int32(grid), cutlass.Float32(eps),
-                cutlass.Float32(offset), stream, options=f"--gpu-arch {entry.arch}")
-    with nvtx_ranges.range("launch", plan.variant, x2.shape):
+        kernel = entry.dlpack_kernel = compile_locked(
+            RMSNormForward(plan), *args, cutlass.Int32(grid), cutlass.Float32(eps),
+            cutlass.Float32(offset), stream, options=f"--gpu-arch {entry.arch}",
+            label=plan.variant)
+    with nvtx.range("launch", plan.variant, x2.shape):
         kernel(*args, grid, eps, offset, stream)

@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from .cute.backward_plan import dw_row_groups, fused_strips, plan_backward, plan_split
+from ..cute.backward_plan import dw_row_groups, fused_strips, plan_backward, plan_split
 
 MB = 1e6
 Step = Tuple[str, List[str], List[str]]  # (kernel, tensors read, tensors written)

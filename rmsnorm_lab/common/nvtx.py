@@ -1,26 +1,25 @@
 """NVTX ranges of the ``rmsnorm_lab`` domain, visible in ``nsys profile -t cuda,nvtx``.
 
 Ranges: ``compile``, ``marshal``, ``launch`` and ``reduce`` (the dW partial reduction), each named
-with the implementation and shape (``launch row 128x4096``) and coloured per implementation.
+with the kernel variant and shape (``launch row 128x4096``) and coloured as the registry says.
 With ``settings.nvtx`` off, ``range`` returns one shared no-op context manager: the disabled cost
-is an attribute load and a call, measured in notebooks/03_host_overhead.ipynb.
+is an attribute load and a call (notebooks/03_host_overhead.ipynb measures it).
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from .settings import settings
+from ..registry import nvtx_argb
+from ..settings import settings
 
 DOMAIN = "rmsnorm_lab"
-COLORS = {"row": "blue", "persistent": "purple", "warp": "green", "fallback": "red",
-          "fused": "orange", "split": "yellow", "triton": "cyan"}
 _OFF = contextlib.nullcontext()
 
 
-def range(stage: str, impl: str, shape=None):  # noqa: A001 - reads as nvtx_ranges.range(...)
+def range(stage: str, impl: str, shape=None):  # noqa: A001 - reads as nvtx.range(...)
     if not settings.nvtx:
         return _OFF
     import nvtx
     text = f"{stage} {impl}" if shape is None else f"{stage} {impl} {'x'.join(map(str, shape))}"
-    return nvtx.annotate(text, color=COLORS.get(impl, "white"), domain=DOMAIN)
+    return nvtx.annotate(text, color=nvtx_argb(impl), domain=DOMAIN)

@@ -25,7 +25,8 @@ if sys.platform.startswith("linux") and not (os.environ.get("MPLBACKEND")
 
 import pandas as pd  # noqa: E402
 
-from .results import CEILINGS, latest  # noqa: E402
+from ..registry import impl, impl_order  # noqa: E402
+from ..results import CEILINGS, latest  # noqa: E402
 
 #: the ceiling each op is drawn against: the forward reads one tensor and writes one, the
 #: backward reads two (x, dy) and writes one (dx). ``full`` (forward then backward) has no single
@@ -42,14 +43,6 @@ def _one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
     elif gpu not in gpus:
         raise ValueError(f"no results for gpu {gpu!r}; have {gpus}")
     return latest(df[df["gpu"] == gpu]), gpu
-
-
-def impl_order(names) -> list:
-    """Lab kernels first (CuTe, then Triton), then peers, each group alphabetical."""
-    def key(name):
-        group = 0 if name.startswith("cute.") else 1 if name.startswith("triton.") else 2
-        return group, name
-    return sorted(set(names), key=key)
 
 
 def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[float]:
@@ -92,10 +85,11 @@ def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax):
     d = d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
           & (d[fixed] == value) & ~d["impl"].isin(CEILINGS)]
     ax = _axes(ax)
-    for impl in impl_order(d["impl"]):
-        s = d[d["impl"] == impl].sort_values(x)
-        line, = ax.plot(s[x], s["p50"], marker="o", markersize=4, label=impl)
-        ax.fill_between(s[x], s["p20"], s["p80"], color=line.get_color(), alpha=0.15)
+    for name in impl_order(d["impl"]):
+        s = d[d["impl"] == name].sort_values(x)
+        style = impl(name).style
+        ax.plot(s[x], s["p50"], markersize=4, **style)
+        ax.fill_between(s[x], s["p20"], s["p80"], color=style["color"], alpha=0.15)
     _draw_ceiling(ax, df, op, gpu)
     _log2_x(ax, d[x])
     ax.set_xlabel(x)

@@ -25,17 +25,17 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from .nsys_trace import Trace, launches, stage_order, window
-from .plots import _axes, _log2_x, _one_gpu, whisker_barh
-from .results import read_jsonl
-from .settings import LAUNCH_PATHS, Settings
+from ..profiling.trace import Trace, launches, stage_order, window
+from ..results import read_jsonl
+from ..settings import LAUNCH_PATHS, Experiments
+from .sweeps import _axes, _log2_x, _one_gpu, whisker_barh
 
 HOST_SHAPE = (128, 4096)
 CACHE_SHAPE = (16384, 4096)
 WORKLOADS = ("fwd", "fwd+autograd", "full")
 AUTOGRAD = "+autograd"
-#: the launch path a default ``Settings()`` uses, and its impl name in host.csv
-DEFAULT_PATH = Settings().launch_path
+#: the launch path of the default experiments, and its impl name in host.csv
+DEFAULT_PATH = Experiments().launch_path
 DEFAULT_IMPL = f"cute.auto@{DEFAULT_PATH}"
 #: what each toggle row measures, against DEFAULT_IMPL
 TOGGLES = {

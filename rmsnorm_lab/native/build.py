@@ -1,4 +1,4 @@
-"""Builds and loads the native tape node (``csrc/native_node.cpp``).
+"""Builds and loads the native tape node (``native_node.cpp`` and ``ffi.h`` beside this file).
 
 The node is a torch C++ extension compiled on first use with the machine's C++ compiler
 (``torch.utils.cpp_extension.load``; torch caches the build, so later processes only load it).
@@ -6,22 +6,27 @@ It links TVM-FFI's C library to call the compiled CuTe kernels, and NVTX's heade
 when its headers are found (the ``nvidia-nvtx`` wheel or the CUDA toolkit).
 
 ``load()`` returns the extension module or raises ``NativeNodeUnavailable`` saying why (no
-compiler, a build error). ``rms_norm`` with ``settings.autograd_node == "native"`` falls back to
-the Python node with one warning when the build fails; ``"python"`` never builds it.
+compiler, a build error). ``rms_norm`` with ``settings.experiments.autograd_node == "native"``
+falls back to the Python node with one warning when the build fails; ``"python"`` never builds it.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import pathlib
+import threading
 import warnings
 from typing import List, Optional
 
 import torch
 
-SOURCE = pathlib.Path(__file__).with_name("csrc") / "native_node.cpp"
+HERE = pathlib.Path(__file__).parent
+SOURCE = HERE / "native_node.cpp"
+HEADERS = (HERE / "ffi.h",)
 
+_LOCK = threading.Lock()  # one build per process, whichever thread asks first
 _MODULE = None
 _FAILURE: Optional[str] = None
 
@@ -64,6 +69,10 @@ def _build():
     # torch's build cache is keyed on the name and the sources, not on torch's version: put the
     # version in the name so an upgraded torch rebuilds rather than loads a stale binary
     tag = torch.__version__.replace(".", "_").replace("+", "_")
+    # torch rebuilds when the .cpp or the flags change, not when a header does: the headers'
+    # digest rides in the flags
+    digest = hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:12]
+    cflags.append(f"-DRMSNORM_LAB_HEADERS_{digest}")
     return load(name=f"rmsnorm_lab_native_{tag}", sources=[str(SOURCE)],
                 extra_include_paths=includes, extra_cflags=cflags,
                 extra_ldflags=[f"-L{lib_dir}", f"-l:{os.path.basename(lib)}",
@@ -72,6 +81,13 @@ def _build():
 
 def load():
     """The built extension (built on the first call of the process; cached by torch)."""
+    if _MODULE is not None:
+        return _MODULE
+    with _LOCK:
+        return _load_locked()
+
+
+def _load_locked():
     global _MODULE, _FAILURE
     if _MODULE is not None:
         return _MODULE
@@ -82,7 +98,7 @@ def load():
     except Exception as exc:  # compiler missing, build error, loader error: say which
         _FAILURE = (f"the native autograd node could not be built ({type(exc).__name__}: "
                     f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}); "
-                    "rmsnorm_lab.native_node.load() raises with the compiler's output; "
+                    "rmsnorm_lab.native.build.load() raises with the compiler's output; "
                     "RMSNORM_LAB_AUTOGRAD_NODE=python uses the Python node without trying")
         raise NativeNodeUnavailable(_FAILURE) from exc
     return _MODULE

@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .. import plots as _plots  # noqa: F401 (selects a headless backend where needed)
-from . import MEASURED, MODELLED, REPORTED, model
-from .specs import measured_copy_bandwidth, spec
+from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
+from ..analysis import MEASURED, MODELLED, REPORTED, model
+from ..analysis.specs import measured_copy_bandwidth, spec
 
 STYLE = {
     MEASURED: dict(marker="o", linestyle="-", fillstyle="full"),

@@ -2,8 +2,8 @@ r"""A small workload for ``compute-sanitizer``: every CuTe kernel at the shapes 
 names, each launch checked against the reference.
 
     compute-sanitizer --tool memcheck --report-api-errors no \
-        python -m rmsnorm_lab.sanitize [fwd|bwd]
-    compute-sanitizer --tool racecheck python -m rmsnorm_lab.sanitize [fwd|bwd]
+        python -m rmsnorm_lab.profiling.sanitize [fwd|bwd]
+    compute-sanitizer --tool racecheck python -m rmsnorm_lab.profiling.sanitize [fwd|bwd]
 
 ``--report-api-errors no``: the CUDA driver bindings look up entry points with cuGetProcAddress
 while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from . import reference, rms_norm, settings
-from .launch import backward
+from .. import reference, rms_norm, settings
+from ..dispatch import backward
 
 # (3, 1023) only admits the forward fallback; (3, 1024) runs every variant on the same tiny grid.
 FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192)]

@@ -52,7 +52,7 @@ class ResultsError(ValueError):
 
 def results_dir() -> Path:
     """The repository's ``results/`` directory (beside the package)."""
-    return Path(__file__).resolve().parent.parent / "results"
+    return Path(__file__).resolve().parents[2] / "results"
 
 
 def _check_row(row: Mapping[str, object], file: object, line: Optional[int]) -> Dict[str, object]:

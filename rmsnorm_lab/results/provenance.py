@@ -18,7 +18,7 @@ from typing import Dict, Optional, Union
 import torch
 
 #: the repository that holds this package (its parent directory); ``git`` runs there
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Matched as whole words of the device name, so "gh200" is not read as "h200".
 _KNOWN_GPUS = frozenset({"gb300", "gb200", "b300", "b200", "b100", "gh200", "h200", "h100", "h20",

@@ -41,8 +41,8 @@ from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from .nvtx_ranges import DOMAIN
-from .profiling import STAGES, normalize_range
+from ..common.nvtx import DOMAIN
+from .nsys import STAGES, normalize_range
 
 #: the trace reports, and the names nsys gives the NVTX one (newest first)
 NVTX_REPORTS = ("nvtx_pushpop_trace", "nvtx_trace")

@@ -1,0 +1,76 @@
+"""The lab's implementations as the benchmarks call them: ``fn(x, w) -> y``, one per kernel
+variant the registry lists, pinned with ``settings.override`` for the duration of a call."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+
+from .. import dispatch
+from ..api import rms_norm, validate
+from ..autograd import RMSNormFunction
+from ..registry import VARIANTS
+from ..settings import settings
+
+
+def lab_impls(op: str) -> Dict[str, Callable]:
+    """The lab's implementations of ``op``, named as in the results.
+
+    ``fwd``: ``cute.<variant>`` for every benchmarked forward variant, ``cute.auto``,
+    ``cute.auto-pdl`` (auto with ``settings.pdl`` off, to show what programmatic dependent launch
+    buys in the same run) and ``triton.row``. ``bwd`` and ``full``: the differentiable
+    ``rms_norm`` (the benchmark takes the gradient) with each backward pinned (``cute.fused``,
+    ``cute.split``, ``cute.auto``), ``cute.auto-pdl`` and ``triton.split``."""
+    if op == "fwd":
+        def cute_variant(variant: str, **toggles) -> Callable:
+            def run(x, w):
+                with settings.override(forward_variant=variant, **toggles):
+                    return rms_norm(x, w, backend="cute")
+            return run
+
+        names = [v.name for v in VARIANTS
+                 if v.backend == "cute" and v.op == "fwd" and v.benchmarked] + ["auto"]
+        impls = {f"cute.{v}": cute_variant(v) for v in names}
+        impls["cute.auto-pdl"] = cute_variant("auto", pdl=False)
+        impls["triton.row"] = lambda x, w: rms_norm(x, w, backend="triton")
+        return impls
+    if op in ("bwd", "full"):
+        names = [v.name for v in VARIANTS if v.backend == "cute" and v.op == "bwd"] + ["auto"]
+        impls = {f"cute.{mode}": pinned_backward(mode) for mode in names}
+        impls["cute.auto-pdl"] = pinned_backward("auto", pdl=False)
+        impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
+        return impls
+    raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full")
+
+
+def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:
+    """``fn(x, w) -> y``: ``rms_norm(x, w, backend=backend)`` whose backward runs with
+    ``settings.backward == mode``, on the tape node the library itself would use. The native
+    node fixes its backward at the forward, so the forward runs under ``settings.override``; the
+    Python node reads the toggle when its backward runs, so there ``RMSNormFunction`` is
+    subclassed only to wrap its backward in the override. ``toggles`` (other settings, e.g.
+    ``pdl=False``) hold for the forward and the backward alike."""
+
+    class Pinned(RMSNormFunction):
+        @staticmethod
+        def backward(ctx, dy):
+            with settings.override(backward=mode, **toggles):
+                return RMSNormFunction.backward(ctx, dy)
+
+    Pinned.__name__ = Pinned.__qualname__ = f"RMSNormFunction_{mode}"
+
+    def run(x, w, eps: float = 1e-6):
+        if not (torch.is_grad_enabled()
+                and (x.requires_grad or (w is not None and w.requires_grad))):
+            with settings.override(**toggles):
+                return rms_norm(x, w, eps, backend=backend)  # no tape: a plain forward
+        with settings.override(**toggles):
+            native = dispatch.routed_to_native(backend) and dispatch.native_node() is not None
+        if native and x.numel():
+            with settings.override(backward=mode, **toggles):
+                return rms_norm(x, w, eps, backend=backend)
+        validate(x, w, "llama", backend)  # what rms_norm checks before taping
+        with settings.override(**toggles):  # the forward under the same toggles
+            return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
+    return run

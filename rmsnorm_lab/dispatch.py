@@ -1,0 +1,160 @@
+"""From validated arguments to a backend: the CuTe kernels (in Python or through the native
+node), the Triton kernels, or the reference.
+
+``forward`` and ``backward`` serve the Python paths (the ``torch.autograd.Function``, the custom
+ops, inference calls off the native node). ``native_forward`` is the native node's entry, and
+``fast_call`` the whole host path of a call the node has planned before (the extension's call
+memo; None while the settings route calls elsewhere or the node is not built).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from . import reference
+from .common import nvtx
+from .common.device import sm_count
+from .common.rows import as_rows, check_weight, grad_rows
+from .registry import BACKENDS
+from .settings import from_environ, on_change, settings
+
+_cute_runner = None  # imported on first use: CUTLASS takes seconds to import
+_cute_backward = None
+
+
+def per_call_settings_cost() -> None:
+    """What a launch path that consults the environment pays per call: parse and validate every
+    ``RMSNORM_LAB_*`` variable (not applied: ``settings`` stays authoritative). The experiment
+    ``settings_per_call`` measures this against reading once at import."""
+    from_environ(os.environ)
+
+
+def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
+            casting_mode: str, backend: str, need_rstd: bool
+            ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(y, rstd)``: y contiguous in x's shape and dtype, rstd fp32 ``x.shape[:-1]`` (None
+    unless ``need_rstd``)."""
+    if x.numel() == 0:
+        rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if need_rstd else None
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device), rstd
+    if backend == "torch":
+        y, rstd = reference.rms_norm_forward(x, weight, eps, offset, casting_mode)
+        return y.contiguous(), (rstd.contiguous() if need_rstd else None)
+    x2 = as_rows(x)
+    check_weight(weight, x2.shape[1])
+    if backend == "triton":
+        from .triton.forward import triton_rms_norm_forward
+        with nvtx.range("launch", "triton", x2.shape):
+            y, rstd = triton_rms_norm_forward(x2, weight, eps, offset, casting_mode, need_rstd)
+    else:
+        global _cute_runner
+        if _cute_runner is None:
+            from .cute import runner as _cute_runner
+        if settings.experiments.settings_per_call:
+            per_call_settings_cost()
+        y, rstd = _cute_runner.forward(x2, weight, eps, offset, casting_mode, need_rstd,
+                                       settings.forward_variant, sm_count(x2.get_device()))
+    if x.dim() == 2:  # already rows: no views to make on the hot path
+        return y, rstd
+    return y.view(x.shape), (rstd.view(x.shape[:-1]) if rstd is not None else None)
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+             rstd: torch.Tensor, offset: float, casting_mode: str, backend: str,
+             dx_out: Optional[torch.Tensor] = None
+             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(dx, dw)``: dx shaped like x in x's dtype, dw in weight's dtype (None without a
+    weight). ``rstd`` is the forward's fp32 ``x.shape[:-1]``.
+
+    With ``dx_out`` (a contiguous tensor of x's shape and dtype, in practice ``dy`` itself) dx is
+    written into its storage and ``dx_out`` is returned as dx. The Triton kernel writes it there
+    directly (a program reads a whole row of dy before it writes that row of dx); the CuTe
+    kernels and the reference compute dx in a buffer of their own and it is copied over.
+    """
+    if x.numel() == 0:
+        dx = dx_out if dx_out is not None else torch.empty(x.shape, dtype=x.dtype,
+                                                            device=x.device)
+        return dx, (torch.zeros_like(weight) if weight is not None else None)
+    x2 = as_rows(x)
+    M, N = x2.shape
+    dy2 = grad_rows(dy, N)
+    rstd1 = rstd if rstd.dim() == 1 else rstd.reshape(M)
+    check_weight(weight, N)
+    if backend == "cute":
+        global _cute_backward
+        if _cute_backward is None:
+            from .cute import backward_runner as _cute_backward
+        dx2, dw = _cute_backward.backward(dy2, x2, weight, rstd1, offset, casting_mode,
+                                          settings.backward, sm_count(x2.get_device()))
+    elif backend == "triton":
+        from .triton.backward import triton_rms_norm_backward
+        with nvtx.range("launch", "triton", x2.shape):
+            if dx_out is not None:
+                return dx_out, triton_rms_norm_backward(dy2, x2, weight, rstd1, offset,
+                                                        casting_mode, dx=dx_out.view(M, N))[1]
+            dx2, dw = triton_rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)
+    elif backend == "torch":
+        dx2, dw = reference.rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)
+        dx2 = dx2.contiguous()
+    else:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if dx_out is not None:
+        dx_out.view(M, N).copy_(dx2)
+        return dx_out, dw
+    return (dx2 if x2 is x else dx2.view(x.shape)), dw
+
+
+# ----------------------------------------------------------------------------- the native node
+
+def routed_to_native(backend: str) -> bool:
+    """Whether the settings send calls of ``backend`` to the native node."""
+    return (backend == "cute" and settings.experiments.autograd_node == "native"
+            and settings.experiments.launch_path == "tvm_ffi")
+
+
+_native = None  # (extension, native.launch) once loaded; False where it cannot be built
+
+#: ``fast_call(x, weight, eps, offset, casting_mode)``: the extension's ``CallMemo.call`` (y, on
+#: the tape for a training call; None when the memo does not know the call) while the settings
+#: route ``backend=None`` calls to the native node; else None. Kept current on every change of
+#: the settings.
+fast_call = None
+
+
+def _update_fast_call() -> None:
+    global fast_call
+    fast_call = None
+    if (routed_to_native(settings.backend) and not settings.experiments.settings_per_call
+            and _native):
+        extension, native_launch = _native
+        fast_call = native_launch.memo(extension).call
+
+
+def native_node():
+    """``(extension, native.launch)``, built on first use, or None (after one warning) where the
+    extension cannot be built."""
+    global _native
+    if _native is None:
+        from .native import build
+        extension = build.load_or_warn()
+        if extension is None:
+            _native = False
+        else:
+            from .native import launch as native_launch
+            _native = (extension, native_launch)
+            on_change(_update_fast_call)
+            _update_fast_call()
+    return _native or None
+
+
+def native_forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
+                   casting_mode: str) -> torch.Tensor:
+    """y through the native node (on its tape for a training call); ``native_node()`` must
+    have returned the node."""
+    extension, native_launch = _native
+    if settings.experiments.settings_per_call:
+        per_call_settings_cost()
+    return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)

@@ -1,0 +1,179 @@
+"""What the native node launches, decided in Python.
+
+Python decides what to launch, exactly as the Python paths do: the forward entry
+(``cute.runner.entry_for``), for a training call the backward's steps
+(``cute.backward_runner.backward_steps``), the forward grid and the rows of dW partials. The
+decision is handed to the extension as one ``LaunchSpec``, with plain values only; the extension
+(native_node.cpp) launches the forward and, for a training call, keeps what the backward needs on
+its tape node and runs the steps in order, in C++.
+
+The decision is memoized per call in the extension's ``CallMemo``: shape, strides, dtypes,
+devices, alignment, casting mode, eps, offset and a code of the settings a plan reads
+(``settings_code``). A call of a known key runs without entering this module
+(``dispatch.fast_call``). The settings are read once per plan, from one snapshot, and the launch
+is filed under that snapshot's code, so an override in another thread cannot file a launch under
+the wrong settings. A node holds its own reference to its Launch, and a Launch to its kernels;
+the compiled Python functions behind them are pinned in ``_FUNCTIONS`` for the life of the
+process, not dropped by the runners' ``clear_caches``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Dict, NamedTuple, Optional, Tuple
+
+import torch
+
+from ..common.rows import INT32_LIMIT, as_rows, check_weight
+from ..cute import backward_runner, runner
+from ..cute.plan import check_int32_addressable
+from ..registry import nvtx_argb
+from ..settings import on_change, settings
+
+#: (forward entry, backward entry, weight dtype) -> compiled functions; never cleared (see above)
+_FUNCTIONS: Dict[Tuple, Tuple] = {}
+#: the extension's CallMemo (call -> Launch), made with the first native call
+_memo = None
+_memo_lock = threading.Lock()
+LAUNCHES_CAP = 1024  # bounded under ever-changing shapes: a full memo starts over
+
+
+def ffi_handle(fn) -> int:
+    """The TVM-FFI object handle of a compiled CuTe function (the C ABI's function pointer)."""
+    obj = fn.__tvm_ffi_object__() if hasattr(fn, "__tvm_ffi_object__") else fn
+    return obj.__chandle__()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """One backward kernel call as the extension sees it (``backward_runner.Step`` with the
+    kernel as a TVM-FFI handle and the NVTX colour resolved)."""
+    kernel: int
+    args: Tuple[int, ...]
+    count: int
+    stage: str
+    name: str
+    argb: int
+    on_partials: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+    """Everything the extension's ``Launch`` is built from (its constructor reads these
+    attributes). A training launch has backward steps and its forward stores rstd; an inference
+    launch has none and runs the forward that does not."""
+    forward: int               # TVM-FFI handle: (x, w, y, rstd, grid, eps, offset)
+    forward_name: str          # NVTX: "row", "persistent", ...
+    forward_argb: int
+    forward_grid: int
+    rows: int                  # M: x seen as (M, N) rows
+    row_stride: int            # x's row stride as rows (leading dims collapsed)
+    weighted: bool
+    eps: float
+    offset: float
+    nvtx: bool
+    no_weight: torch.Tensor    # zero-length stand-in for an absent weight
+    no_rstd: torch.Tensor      # zero-length stand-in for the rstd an inference forward skips
+    no_partials: torch.Tensor  # stand-in for partials a kernel does not write
+    aligned: bool              # the backward kernels assume 16-byte aligned rows of dy
+    partial_rows: int          # rows of fp32 dW partials (0: no weight or no backward)
+    backward: Tuple[StepSpec, ...] = ()
+
+
+class Snapshot(NamedTuple):
+    """The settings a plan reads, read once: the plan and the memo key both use these values."""
+    forward_variant: str
+    backward: str
+    pdl: bool
+    nvtx: bool
+    fused_strips: int
+
+    @classmethod
+    def now(cls) -> "Snapshot":
+        return cls(settings.forward_variant, settings.backward, settings.pdl, settings.nvtx,
+                   settings.experiments.fused_strips)
+
+    @property
+    def code(self) -> int:
+        """The snapshot as one integer of the memo's keys."""
+        return hash(tuple(self))
+
+
+def _functions(fwd: "runner._Entry", bwd, M: int, sms: int, w_dtype: Optional[torch.dtype],
+               strips: int) -> Tuple[object, Tuple, int]:
+    """(forward, backward steps, partial rows): this configuration's compilations, compiled on
+    first use and pinned for the life of the process."""
+    if bwd is None:
+        return fwd.ffi(), (), 0
+    steps, partial_rows = backward_runner.backward_steps(bwd, M, sms, w_dtype, strips or None)
+    _FUNCTIONS.setdefault((fwd, bwd, w_dtype), (fwd.ffi(),) + tuple(s.kernel for s in steps))
+    return fwd.ffi(), steps, partial_rows
+
+
+def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
+                casting_mode: str, sms: int, training: bool, snap: Snapshot) -> LaunchSpec:
+    """The launch of a call under the settings ``snap``: a training launch (the forward that
+    stores rstd, and the backward's steps), or an inference one. Raises, like the Python paths,
+    on a layout the kernels cannot address."""
+    x2 = as_rows(x)
+    M, N = x2.shape
+    check_weight(weight, N)
+    if M * x2.stride(0) >= INT32_LIMIT:
+        check_int32_addressable(M, x2.stride(0), N)
+    fwd = runner.entry_for(x2, weight, casting_mode, training, snap.forward_variant, snap.pdl)
+    bwd = None
+    if training:
+        # dy is not known yet: x stands in for its alignment, and the node copies a gradient
+        # that arrives in another layout (common.rows.kernel_grad_rows)
+        bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, snap.backward, snap.pdl)
+    w_dtype = weight.dtype if weight is not None else None
+    forward, steps, partial_rows = _functions(fwd, bwd, M, sms, w_dtype, snap.fused_strips)
+    return LaunchSpec(
+        forward=ffi_handle(forward), forward_name=fwd.plan.variant,
+        forward_argb=nvtx_argb(fwd.plan.variant), forward_grid=fwd.plan.grid(M, sms), rows=M,
+        row_stride=x2.stride(0), weighted=weight is not None, eps=eps, offset=offset,
+        nvtx=snap.nvtx, no_weight=fwd.empty_w, no_rstd=fwd.empty_rstd,
+        no_partials=bwd.no_part if bwd is not None else fwd.empty_rstd,
+        aligned=bwd is not None and bwd.plans[0].vec > 1, partial_rows=partial_rows,
+        backward=tuple(StepSpec(ffi_handle(s.kernel), s.args, s.count, s.stage, s.name,
+                                nvtx_argb(s.name), s.on_partials) for s in steps))
+
+
+def settings_code() -> int:
+    """The settings every plan of this module reads, now, as one integer of the memo's keys."""
+    return Snapshot.now().code
+
+
+def memo(native):
+    """The extension's call memo (made on first use; its settings code follows every change)."""
+    global _memo
+    with _memo_lock:
+        if _memo is None:
+            memo = native.CallMemo(LAUNCHES_CAP)
+            memo.settings = settings_code()
+
+            def follow_settings():
+                memo.settings = settings_code()
+            on_change(follow_settings)
+            _memo = memo
+    return _memo
+
+
+def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
+             offset: float, casting_mode: str) -> torch.Tensor:
+    """y of ``x`` (any leading shape, validated by ``api.rms_norm``) through the native
+    extension: on the tape when grad mode is on and x or the weight requires grad. Planned once
+    per call key (``plan_launch``: ~8 µs of Python), then found in the memo."""
+    calls = memo(native)
+    launch = calls.find(x, weight, eps, offset, casting_mode)
+    if launch is None:
+        from ..common.device import sm_count
+        training = torch.is_grad_enabled() and (
+            x.requires_grad or (weight is not None and weight.requires_grad))
+        snap = Snapshot.now()  # what this plan reads; its launch is filed under the same code
+        spec = plan_launch(x, weight, eps, offset, casting_mode, sm_count(x.get_device()),
+                           training, snap)
+        launch = native.Launch(spec)
+        calls.insert(x, weight, eps, offset, casting_mode, launch, snap.code)
+    return native.apply(x, weight, launch)
