@@ -13,20 +13,28 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from torch.autograd import forward_ad
+
 from . import autograd, dispatch, reference
+from .common.rows import rows_without_copy
 from .registry import BACKENDS
 from .settings import settings
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 #: the paths a call can take (``choose_path``)
-PATHS = ("custom_op", "native", "python_node", "empty", "kernels")
+PATHS = ("reference", "custom_op", "native", "python_node", "empty", "kernels")
 
 
 def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
              backend: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    for name, t in (("x", x), ("weight", weight)):
+        if isinstance(t, torch.Tensor) and (t.layout != torch.strided or t.is_nested):
+            kind = "nested" if t.is_nested else str(t.layout)
+            raise TypeError(f"{name} must be a dense (strided) tensor, got a {kind} tensor; "
+                            f"convert it with .to_dense() or .to_padded_tensor()")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() == 0:
@@ -44,15 +52,55 @@ def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
     reference.check_casting_mode(casting_mode)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "torch" and not x.is_cuda:
+    if backend != "torch" and not (x.is_cuda or x.is_meta):
         raise ValueError(f"backend={backend!r} needs CUDA tensors, but x is on {x.device}; "
                          "use backend='torch' on the CPU")
 
 
-def choose_path(*, compiling: bool, native: bool, training: bool, empty: bool) -> str:
+def torch_machinery(x: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[str]:
+    """What torch must see of this call, if anything. ``"transform"``: a tensor a functorch
+    transform (vmap, grad, jvp) wrapped, or a forward-mode dual; the reference math then runs as
+    torch ops, which every transform and forward-mode AD understand. ``"dispatcher"``: a tensor
+    subclass (a FakeTensor, say), a meta tensor or an active dispatch mode; the custom op then
+    runs, so a mode sees one op and a fake tensor gets the op's fake implementation. None: a
+    plain call, for the kernels."""
+    for t in (x, weight):
+        if t is not None and (torch._C._functorch.is_functorch_wrapped_tensor(t)
+                              or forward_ad.unpack_dual(t).tangent is not None):
+            return "transform"
+    if torch._C._len_torch_dispatch_stack() > 0:
+        return "dispatcher"
+    for t in (x, weight):
+        if t is not None and (type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta
+                              or torch._is_functional_tensor(t)):
+            return "dispatcher"
+    return None
+
+
+_AUTOCAST_UPCASTS: Dict[str, bool] = {}
+
+
+def autocast_upcasts(device_type: str) -> bool:
+    """Does torch's own ``rms_norm`` compute in fp32 under autocast on ``device_type`` (its
+    autocast fp32 list names rms_norm from torch 2.12 on CUDA)? Asked of torch once, with a tiny
+    call, so the lab follows whatever the installed torch does."""
+    found = _AUTOCAST_UPCASTS.get(device_type)
+    if found is None:
+        probe = torch.ones(1, 2, dtype=torch.bfloat16, device=device_type)
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            out = torch.nn.functional.rms_norm(probe, (2,))
+        found = _AUTOCAST_UPCASTS[device_type] = out.dtype == torch.float32
+    return found
+
+
+def choose_path(*, compiling: bool, machinery: Optional[str], native: bool, training: bool,
+                empty: bool) -> str:
     """Which path serves a validated call:
 
-    ``custom_op``    under torch.compile: the ``torch.library`` op, one opaque graph node;
+    ``reference``    a functorch transform or forward-mode AD (``torch_machinery``): the
+                     reference math as torch ops;
+    ``custom_op``    under torch.compile, or when torch's dispatcher must see the call
+                     (``torch_machinery``): the ``torch.library`` op, one opaque graph node;
     ``native``       the native node (``native``: the settings route this backend there, the call
                      is not ``in_place``, x is not empty, and the extension is built);
     ``python_node``  a training call anywhere else: ``autograd.RMSNormFunction``;
@@ -60,7 +108,9 @@ def choose_path(*, compiling: bool, native: bool, training: bool, empty: bool) -
     ``kernels``      any other inference call: ``dispatch.forward`` (the backend's kernels, or
                      the reference for ``backend="torch"``).
     """
-    if compiling:
+    if machinery == "transform":
+        return "reference"
+    if compiling or machinery == "dispatcher":
         return "custom_op"
     if native:
         return "native"
@@ -74,6 +124,8 @@ def _kernels(x, weight, eps, offset, casting_mode, backend, in_place):
 
 
 _RUN: Dict[str, Callable] = {
+    "reference": lambda x, w, eps, off, mode, backend, in_place: reference.rms_norm(
+        x, w, eps, off, mode),
     "custom_op": autograd.rms_norm_compiled,
     "native": lambda x, w, eps, off, mode, backend, in_place: dispatch.native_forward(
         x, w, eps, off, mode),
@@ -112,12 +164,33 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         y = fast(x, weight, eps, offset, casting_mode)
         if y is not None:
             return y
-    backend = backend or settings.backend
+    if backend is None:  # the default backend; off CUDA, torch's math, as torch.nn.RMSNorm
+        backend = settings.backend
+        if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
+            backend = "torch"
     validate(x, weight, casting_mode, backend)
+    x, weight = _as_torch_would_compute(x, weight)
+    machinery = None if compiling else torch_machinery(x, weight)
     training = torch.is_grad_enabled() and (x.requires_grad
                                             or (weight is not None and weight.requires_grad))
-    native = (not compiling and not in_place and x.numel() > 0
+    native = (not compiling and machinery is None and not in_place and x.numel() > 0
               and dispatch.routed_to_native(backend) and dispatch.native_node() is not None)
-    path = choose_path(compiling=compiling, native=native, training=training,
-                       empty=x.numel() == 0)
+    path = choose_path(compiling=compiling, machinery=machinery, native=native,
+                       training=training, empty=x.numel() == 0)
     return _RUN[path](x, weight, eps, offset, casting_mode, backend, in_place)
+
+
+def _as_torch_would_compute(x: torch.Tensor, weight: Optional[torch.Tensor]):
+    """The inputs the kernels take, derived the way torch would: under an autocast that
+    upcasts rms_norm, fp32 copies (recorded by autograd like any cast); a last dimension that is
+    not unit-stride, or leading dimensions that cannot be seen as rows, a contiguous copy (row
+    strides alone need none); a strided weight, a contiguous one."""
+    if (x.dtype != torch.float32 and x.device.type == "cuda"
+            and torch.is_autocast_enabled("cuda") and autocast_upcasts("cuda")):
+        x = x.float()
+        weight = weight.float() if weight is not None else None
+    if x.dim() and not rows_without_copy(x):
+        x = x.contiguous()
+    if weight is not None and weight.dim() == 1 and weight.shape[0] > 1 and weight.stride(0) != 1:
+        weight = weight.contiguous()
+    return x, weight

@@ -3,8 +3,8 @@
 
 * **Eager, CuTe on the tvm_ffi path** (the default): the native node (rmsnorm_lab/native/), a
   hand-written C++ autograd node whose backward runs without Python, as torch's own RMSNorm
-  does (results/NOTES.md, "the native node"). ``dispatch`` routes calls there; this module is
-  not involved.
+  does (results/NOTES.md, "The native tape node"). ``dispatch`` routes calls there; this
+  module is not involved.
 * **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function`` (the
   custom op below costs more per training call through its dispatcher and autograd wrapper).
   ``settings.experiments.autograd_node = "python"`` puts CuTe calls here too, to measure the
@@ -56,10 +56,12 @@ def forward_impl(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
 
 
 def backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, offset: float,
-                  casting_mode: str, backend: str, dx_out: Optional[Tensor] = None
-                  ) -> Tuple[Tensor, Optional[Tensor]]:
-    """``(dx, dw)``; dx is ``dx_out`` when given (written into its storage)."""
-    return dispatch.backward(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dx_out)
+                  casting_mode: str, backend: str, dx_out: Optional[Tensor] = None,
+                  need_dw: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(dx, dw)``; dx is ``dx_out`` when given (written into its storage); dw is None when
+    ``need_dw`` is off."""
+    return dispatch.backward(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dx_out,
+                             need_dw=need_dw)
 
 
 def check_in_place(dy: Tensor, x: Tensor) -> None:
@@ -125,20 +127,23 @@ def _rms_norm_bwd_inplace_fake(dy, x, weight, rstd, offset, casting_mode, backen
 # ----------------------------------------------------------------------------- autograd
 
 def _backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, offset: float,
-              casting_mode: str, backend: str, in_place: bool, use_ops: bool):
-    """The backward body both wrappers share: ``(dx, dw or None)``."""
+              casting_mode: str, backend: str, in_place: bool, use_ops: bool,
+              need_dw: bool = True):
+    """The backward body both wrappers share: ``(dx, dw or None)``; the eager path computes no
+    dW where none is needed (the ops always return it: the compiler drops what is unused)."""
     if in_place:
         check_in_place(dy, x)
         if use_ops:
             dw = rms_norm_bwd_inplace(dy, x, weight, rstd, offset, casting_mode, backend)
             dw = dw if weight is not None else None
         else:
-            _, dw = backward_impl(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dy)
+            _, dw = backward_impl(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dy,
+                                  need_dw=need_dw)
         return dy, dw
     if use_ops:
         dx, dw = rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, backend)
         return dx, (dw if weight is not None else None)
-    return backward_impl(dy, x, weight, rstd, offset, casting_mode, backend)
+    return backward_impl(dy, x, weight, rstd, offset, casting_mode, backend, need_dw=need_dw)
 
 
 def _setup_context(ctx, inputs, output):
@@ -174,7 +179,8 @@ class RMSNormFunction(torch.autograd.Function):
             raise RuntimeError("rms_norm has no double backward: its backward cannot run under "
                                "backward(create_graph=True)")
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _backward(dy, x, weight, rstd, *ctx.args, use_ops=False)
+        dx, dw = _backward(dy, x, weight, rstd, *ctx.args, use_ops=False,
+                           need_dw=ctx.needs_input_grad[1])
         return dx, dw, None, None, None, None, None
 
 

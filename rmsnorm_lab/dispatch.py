@@ -64,10 +64,11 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
 
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
              rstd: torch.Tensor, offset: float, casting_mode: str, backend: str,
-             dx_out: Optional[torch.Tensor] = None
+             dx_out: Optional[torch.Tensor] = None, need_dw: bool = True
              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(dx, dw)``: dx shaped like x in x's dtype, dw in weight's dtype (None without a
-    weight). ``rstd`` is the forward's fp32 ``x.shape[:-1]``.
+    weight, or when ``need_dw`` is off: the CuTe backend then runs the dx kernel alone).
+    ``rstd`` is the forward's fp32 ``x.shape[:-1]``.
 
     With ``dx_out`` (a contiguous tensor of x's shape and dtype, in practice ``dy`` itself) dx is
     written into its storage and ``dx_out`` is returned as dx. The Triton kernel writes it there
@@ -88,7 +89,8 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
         if _cute_backward is None:
             from .cute import backward_runner as _cute_backward
         dx2, dw = _cute_backward.backward(dy2, x2, weight, rstd1, offset, casting_mode,
-                                          settings.backward, sm_count(x2.get_device()))
+                                          settings.backward, sm_count(x2.get_device()),
+                                          need_dw=need_dw)
     elif backend == "triton":
         from .triton.backward import triton_rms_norm_backward
         with nvtx.range("launch", "triton", x2.shape):
@@ -101,6 +103,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
         dx2 = dx2.contiguous()
     else:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    dw = dw if need_dw else None
     if dx_out is not None:
         dx_out.view(M, N).copy_(dx2)
         return dx_out, dw

@@ -7,8 +7,8 @@ import torch
 import tvm_ffi
 
 from rmsnorm_lab.cute.backward_runner import (COUNT, DW, DX, DY, NO_PARTIALS, OFFSET, PARTIALS,
-                                              RSTD, W, X)
-from rmsnorm_lab.native.launch import LaunchSpec, StepSpec, ffi_handle
+                                              RSTD, W, X, RowsRule)
+from rmsnorm_lab.native.launch import BackwardSpec, LaunchSpec, StepSpec, ffi_handle
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EPS = 1e-6
@@ -87,32 +87,34 @@ def functions(k: StandIns) -> dict:
 def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, count=2,
                 eps=EPS, offset=0.0, backward=None, training=True, spec_only=False):
     """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels, its
-    backward steps as ``backward_runner.backward_steps`` would order them; an inference launch
-    (no steps, no partials) with ``training=False``; its LaunchSpec with ``spec_only``."""
+    three backwards (dx and dW, dx alone, dW alone) as ``backward_runner.backward_steps`` orders
+    them; ``grid`` and ``count`` are the forward grid and the strips or row groups (capped at
+    M); an inference launch (no backwards) with ``training=False``; its LaunchSpec with
+    ``spec_only``."""
     n = x.shape[-1]
-    m = x.numel() // n
-    part = PARTIALS if with_weight else NO_PARTIALS
-    steps = []
-    partial_rows = 0
+    back = backward or fns["backward"]
+    groups = RowsRule(1, count)
+    dx_alone = (_step(back, (DY, X, W, RSTD, DX, NO_PARTIALS, COUNT, OFFSET), RowsRule(),
+                      "split"),)
+    reduce = _step(fns["reduce"], (PARTIALS, DW), None, "split" if split else "fused",
+                   stage="reduce", on_partials=True)
+    dw_alone = (_step(fns["dw"], (DY, X, RSTD, PARTIALS), None, "split"), reduce)
+    if split:
+        both = dx_alone + dw_alone if with_weight else dx_alone
+    else:
+        both = (_step(back, (DY, X, W, RSTD, DX, PARTIALS if with_weight else NO_PARTIALS,
+                             COUNT, OFFSET), groups, "fused"),) + ((reduce,) if with_weight else ())
+    backwards = ()
     if training:
-        if split:
-            steps.append(_step(backward or fns["backward"], (DY, X, W, RSTD, DX, NO_PARTIALS,
-                                                              COUNT, OFFSET), m, "split"))
-            if with_weight:
-                steps.append(_step(fns["dw"], (DY, X, RSTD, PARTIALS), 0, "split"))
-        else:
-            steps.append(_step(backward or fns["backward"], (DY, X, W, RSTD, DX, part, COUNT,
-                                                              OFFSET), count, "fused"))
-        if with_weight:
-            partial_rows = count
-            steps.append(_step(fns["reduce"], (PARTIALS, DW), 0, "split" if split else "fused",
-                               stage="reduce", on_partials=True))
+        rows = groups if with_weight else None
+        backwards = (BackwardSpec(both, rows), BackwardSpec(dx_alone, None),
+                     BackwardSpec(dw_alone if with_weight else dx_alone, rows))
     spec = LaunchSpec(
         forward=ffi_handle(fns["forward"]), forward_name="row", forward_argb=0xFF0000FF,
-        forward_grid=grid, rows=m, row_stride=n, weighted=with_weight, eps=eps, offset=offset,
-        nvtx=False, no_weight=torch.empty(0, dtype=x.dtype), no_rstd=torch.empty(0),
-        no_partials=torch.empty(1, 1), aligned=aligned, partial_rows=partial_rows,
-        backward=tuple(steps))
+        forward_grid=RowsRule(1, grid), row_stride=n, weighted=with_weight, eps=eps,
+        offset=offset, nvtx=False, no_weight=torch.empty(0, dtype=x.dtype),
+        no_rstd=torch.empty(0), no_partials=torch.empty(1, 1), aligned=aligned,
+        backward=backwards)
     return spec if spec_only else native.Launch(spec)
 
 

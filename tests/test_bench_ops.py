@@ -533,6 +533,38 @@ def test_host_tasks_key_each_workload_and_name_failures(monkeypatch):
     assert not settings.nvtx
 
 
+def test_varying_m_workload_changes_the_row_count_every_call(monkeypatch):
+    """The varying-M host workload: the default path and torch's F.rms_norm get a forward and a
+    forward + backward task whose calls walk one seeded sequence of row counts in 1..8192, every
+    row count called once before the timing."""
+    from rmsnorm_lab.bench import host
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(host, "HOST_SHAPE", (4, 8))
+    monkeypatch.setattr(host, "DTYPE", torch.float32)
+    monkeypatch.setattr(host, "VARYING_M_MAX", 64)
+    monkeypatch.setattr(host, "VARYING_M_CALLS", 50)
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: torch.rand(*a, **k))
+    Ms = host.varying_m_sequence(50, 64)
+    assert Ms == host.varying_m_sequence(50, 64) and min(Ms) >= 1 and max(Ms) <= 64
+    assert len(set(Ms)) > 20
+    seen = []
+
+    def spy(x, w):
+        seen.append(x.shape[0])
+        return reference.rms_norm(x, w, EPS)
+    impls = {"torch.native": (spy, {}), "other": (spy, {})}
+    tasks, failures = host.host_tasks(impls, calls=3)
+    assert not failures
+    assert {k for k in tasks if k[1].endswith("+varying_m")} == {
+        ("fwd", "torch.native+varying_m"), ("full", "torch.native+varying_m")}
+    for op in ("fwd", "full"):  # one cycle of calls walks the whole sequence, in order
+        seen.clear()
+        for _ in range(50):
+            tasks[(op, "torch.native+varying_m")].fn()
+        start = Ms.index(seen[0])
+        assert sorted(seen) == sorted(Ms) and seen[1] in (Ms[(start + 1) % 50], seen[0])
+
+
 def test_sample_size_ignores_slow_first_calls(monkeypatch):
     """A call slow only on its first two invocations (a compile, then a lazily loaded gradient
     accumulation kernel) still gets full-size samples; one slow every time gets ~50 ms ones."""

@@ -25,7 +25,7 @@ def native():
 
 @pytest.fixture
 def memo(native):
-    m = native.CallMemo(16)
+    m = native.CallMemo(16, 2048)
     m.settings = 7
     return m
 
@@ -58,9 +58,9 @@ def test_every_input_of_a_plan_is_in_the_key(native, memo):
     planned(native, memo, x, w)
     storage = torch.randn(6 * 8 + 1)
     others = {
-        "shape": (torch.randn(3, 16, requires_grad=True), w),
-        "leading shape": (torch.randn(2, 3, 8, requires_grad=True), w),
-        "strides": (torch.randn(6, 16)[:, :8].requires_grad_(), w),
+        "width": (torch.randn(3, 16, requires_grad=True), w),
+        "row stride": (torch.randn(6, 16)[:, :8].requires_grad_(), w),
+        "many rows": (torch.randn(2049, 8, requires_grad=True), w),  # auto's one M threshold
         "dtype": (x.detach().double().requires_grad_(), w),
         "weight dtype": (x, w.detach().half().requires_grad_()),
         "no weight": (x, None),
@@ -81,6 +81,67 @@ def test_every_input_of_a_plan_is_in_the_key(native, memo):
     assert memo.find(x.detach(), w.detach(), EPS, 0.0, "llama") is None  # not a training call
     with torch.no_grad():
         assert memo.find(x, w, EPS, 0.0, "llama") is None
+
+
+def test_the_row_count_is_not_in_the_key(native, memo):
+    """A Launch serves every M on the same side of the plan's one M threshold: calls whose
+    leading shape changes every call (packed batches, serving) stay in C++."""
+    w = torch.randn(8, requires_grad=True)
+    k, _ = planned(native, memo, torch.randn(6, 8, requires_grad=True), w)
+    for shape in ((1, 8), (3, 8), (2, 5, 8), (2048, 8)):
+        x = torch.randn(shape, requires_grad=True)
+        y = memo.call(x, w, EPS, 0.0, "llama")
+        assert y is not None and y.shape == x.shape, shape
+        y.backward(torch.ones_like(y))
+        y64, dx64, _ = _reference(x, w)
+        torch.testing.assert_close(y.double(), y64, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x.grad.double(), dx64, rtol=1e-5, atol=1e-5)
+    rows = [c["x"]["shape"][0] for c in k.calls("forward")]
+    assert rows == [1, 3, 10, 2048]
+    assert [c["count"] for c in k.calls("backward")] == [1, 2, 2, 2]  # strips: min(2, M)
+    sliced = torch.randn(6, 16)[:, :8]  # a 2-D row-strided view: its row stride is in the key
+    planned(native, memo, sliced.requires_grad_(), w)
+    assert memo.find(torch.randn(40, 16)[:, :8].requires_grad_(), w, EPS, 0.0, "llama")
+
+
+def _reference(x, w):
+    x64 = x.detach().double().requires_grad_()
+    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * w.detach().double()
+    y.backward(torch.ones_like(y))
+    return y.detach(), x64.grad, None
+
+
+def test_tensors_and_modes_torch_must_see_are_not_served(native, memo):
+    """Fake and meta tensors, forward-mode duals, functorch's wrapped tensors, an active
+    dispatch mode and autocast all need torch's dispatcher: the memo leaves them to Python."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.autograd import forward_ad
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    planned(native, memo, x, w)
+    assert memo.find(x, w, EPS, 0.0, "llama") is not None
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        assert memo.find(fx, w, EPS, 0.0, "llama") is None
+    assert memo.find(torch.empty(6, 8, device="meta", requires_grad=True), w, EPS, 0.0,
+                     "llama") is None
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x.detach(), torch.randn(6, 8)).requires_grad_()
+        assert memo.find(dual, w, EPS, 0.0, "llama") is None
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Passthrough():
+        assert memo.find(x, w, EPS, 0.0, "llama") is None
+    with torch.autocast("cpu"):
+        assert memo.find(x, w, EPS, 0.0, "llama") is None
+    seen = []
+    torch.func.vmap(lambda row: seen.append(memo.find(row, w, EPS, 0.0, "llama")) or row)(x)
+    assert seen == [None]
+    assert memo.find(x, w, EPS, 0.0, "llama") is not None
 
 
 def test_calls_it_does_not_serve_go_back_to_python(native, memo):
@@ -139,9 +200,10 @@ def test_settings_a_plan_reads_change_the_memo_code(native):
 
 
 def test_api_takes_the_gate_first_and_only_where_it_may(native, memo, monkeypatch):
-    """``rms_norm`` on CPU tensors would be refused for backend 'cute'; with a CPU Launch in the
-    memo behind the gate, a training call is served by it, and the calls the gate must not
-    take (another backend, in_place, nothing requiring grad) are not."""
+    """With a CPU Launch in the memo behind the gate, a training call with the default or the
+    CuTe backend is served by it; the calls the gate must not take (another backend, in_place,
+    another key) are not: with the default backend those run torch's math on the CPU, with
+    ``backend="cute"`` they are refused (CuTe needs CUDA tensors)."""
     x = torch.randn(4, 8, requires_grad=True)
     w = torch.randn(8, requires_grad=True)
     k, _ = planned(native, memo, x, w)
@@ -154,7 +216,9 @@ def test_api_takes_the_gate_first_and_only_where_it_may(native, memo, monkeypatc
     assert y.grad_fn.name() != "RMSNormNativeBackward"
     for kw in (dict(in_place=True), dict(casting_mode="gemma"), dict(offset=1.0)):
         with pytest.raises(ValueError, match="needs CUDA tensors"):  # not in the memo
-            api.rms_norm(x, w, EPS, **kw)
+            api.rms_norm(x, w, EPS, backend="cute", **kw)
+        y = api.rms_norm(x, w, EPS, **kw)  # the default backend off CUDA: the reference
+        assert "Native" not in y.grad_fn.name()
     with pytest.raises(ValueError, match="needs CUDA tensors"):
-        api.rms_norm(x.detach(), w.detach(), EPS)
+        api.rms_norm(x.detach(), w.detach(), EPS, backend="cute")
     assert len(k.calls("forward")) == 2

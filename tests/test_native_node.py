@@ -156,20 +156,20 @@ def test_launch_and_inputs_must_agree(native):
         native.apply(x, torch.randn(8, requires_grad=True), make_launch(native, fns, x, False))
     with pytest.raises(RuntimeError, match="planned with a weight"):
         native.apply(x, None, make_launch(native, fns, x, True))
-    with pytest.raises(RuntimeError, match="planned for 2 rows of 8"):
-        native.apply(torch.randn(3, 8), None, make_launch(native, fns, x, False))
     with pytest.raises(RuntimeError, match="cannot record a training call"):
         native.apply(x.requires_grad_(), None, make_launch(native, fns, x, False, training=False))
     spec = make_launch(native, fns, x, True, spec_only=True)
+    both = spec.backward[0]
     with pytest.raises(RuntimeError, match="a weight needs dW partial rows"):
-        native.Launch(dataclasses.replace(spec, partial_rows=0))
-    with pytest.raises(RuntimeError, match="only a weight of a training launch"):
-        native.Launch(dataclasses.replace(spec, backward=()))
+        native.Launch(dataclasses.replace(spec, backward=(dataclasses.replace(
+            both, partial_rows=None),) + spec.backward[1:]))
+    with pytest.raises(RuntimeError, match="three backwards"):
+        native.Launch(dataclasses.replace(spec, backward=spec.backward[:1]))
     with pytest.raises(RuntimeError, match="no forward kernel"):
         native.Launch(dataclasses.replace(spec, forward=0))
     with pytest.raises(RuntimeError, match="a step has no kernel"):
         native.Launch(dataclasses.replace(spec, backward=(dataclasses.replace(
-            spec.backward[0], kernel=0),)))
+            both, steps=(dataclasses.replace(both.steps[0], kernel=0),)),) + spec.backward[1:]))
 
 
 def test_inference_launch_skips_rstd_and_the_tape(native):
@@ -261,7 +261,7 @@ def test_real_kernels_are_reached_through_the_c_abi(native):
     snap = native_launch.Snapshot("auto", "fused", True, False, 0)
     spec = native_launch.plan_launch(x, w, EPS, 0.0, "llama", 132, True, snap)
     launch = native.Launch(spec)
-    assert launch.forward_grid == 64 and launch.steps == 2 and launch.partial_rows > 0
+    assert launch.forward_grid(64) == 64 and launch.steps(0) == 2
     with pytest.raises(RuntimeError, match=r"gX: Tensor\(\[n0, 4096\], bfloat16\).*"
                                            r"offset: float32.*expected device_type=cuda"):
         native.apply(x, w, launch)
@@ -271,3 +271,45 @@ def test_real_kernels_are_reached_through_the_c_abi(native):
     y = native.apply(x, w, native.Launch(stand_in_forward))
     with pytest.raises(RuntimeError, match=r"gDy: Tensor.*gDwP: Tensor.*device_type=cuda"):
         y.backward(torch.randn(64, 4096, dtype=torch.bfloat16))
+
+
+def test_only_the_gradients_asked_for_are_computed(native):
+    """A frozen weight, or autograd.grad for x alone, runs the dx kernel only; a gradient for the
+    weight alone runs the dW kernel and the reduction, not the dx kernel."""
+    x = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    dy = torch.randn(6, 8)
+    _, dx64, dw64 = reference_grads(x, w, dy)
+    k = StandIns()
+    y, _ = call(native, k, x, w)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    assert [n for n, _ in k.log] == ["forward", "backward"]
+    assert k.calls("backward")[0]["part_rows"] == 1  # the dx kernel: no partials
+    torch.testing.assert_close(dx.double(), dx64, rtol=1e-5, atol=1e-5)
+    k = StandIns()
+    y, _ = call(native, k, x, w)
+    (dw,) = torch.autograd.grad(y, w, dy)
+    assert [n for n, _ in k.log] == ["forward", "dw", "reduce"]
+    torch.testing.assert_close(dw.double(), dw64, rtol=1e-5, atol=1e-5)
+    k = StandIns()
+    frozen = w.detach()
+    y, _ = call(native, k, x, frozen)  # planned with a weight, which needs no gradient
+    y.backward(dy)
+    assert [n for n, _ in k.log] == ["forward", "backward"]
+
+
+def test_saved_tensor_replaced_through_data_is_refused(native):
+    x = torch.randn(6, 8, requires_grad=True)
+    y, _ = call(native, StandIns(), x, None)
+    x.data = torch.randn(3, 8)
+    with pytest.raises(RuntimeError, match="no longer has the forward's 6 rows of 8"):
+        y.backward(torch.ones(6, 8))
+
+
+def test_compiled_autograd_is_refused_clearly(native):
+    from torch._dynamo import compiled_autograd
+    x = torch.randn(6, 8, requires_grad=True)
+    y, _ = call(native, StandIns(), x, None)
+    with pytest.raises(RuntimeError, match="does not support compiled autograd"):
+        with compiled_autograd._enable(lambda gm: gm):
+            y.sum().backward()

@@ -58,8 +58,8 @@ PARITY = 0.05
 CALL_MODELS = ("do_bench", "pipelined")
 #: triton.testing.do_bench's L2 flush buffer (zeroed before every timed call)
 FLUSH_BYTES = 256 * 2**20
-#: copy / datasheet on the calibration GPU when its copy ceiling is not in the results
-#: (H200: 4277 / 4800 GB/s, results/h200/fwd.csv)
+#: copy / datasheet on the calibration GPU when its copy ceiling is not in the results (the
+#: H200's measured copy over its datasheet 4800 GB/s: results/NOTES.md, "The two numbers")
 DEFAULT_COPY_EFFICIENCY = 0.89
 
 
@@ -182,10 +182,10 @@ def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd") ->
     rows of ``gpu`` (host.csv's ``cute.auto@<path>`` rows and the forward sweep's plain names),
     ablation rows (``+nvtx``, ``-sm_count_cache``, ``+autograd``) left out.
 
-    Host costs drift between runs far more than device times (Liger-Kernel Triton's forward:
-    72.5 to 116.8 µs per call over five runs on one H200 host), so each implementation's cost is
-    the median over every recorded run of that run's median, not the newest run alone; ``p20``
-    and ``p80`` are the smallest and largest run medians, ``runs`` their count.
+    Host costs drift between runs far more than device times
+    (results/NOTES.md, "Numbers moved out of code comments"), so each implementation's cost is the
+    median over every recorded run of that run's median, not the newest run alone; ``p20`` and
+    ``p80`` are the smallest and largest run medians, ``runs`` their count.
     Columns: impl, device_impl, M, N, host_us, p20, p80, runs."""
     cols = ["impl", "device_impl", "M", "N", "host_us", "p20", "p80", "runs"]
     if df.empty:

@@ -7,10 +7,14 @@ Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
   garbage collector off inside each) for ``cute.auto@<launch path>``, ``triton.row`` and
   every installed peer; op ``fwd`` (inference), op ``fwd`` with impl suffix ``+autograd`` (inputs
   require grad, so the autograd graph is built), op ``full`` (forward + backward).
-  ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on, ``-sm_count_cache`` with
-  the SM count asked of the driver per call, ``+settings_per_call`` re-reading the environment,
+  ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on, ``+settings_per_call``
+  re-reading the environment,
   ``+python_node`` with the Python launch path and autograd node instead of the C++ extension
   (the other launch paths always take those).
+* ``path=host`` with impl suffix ``+varying_m``: the same per-call host µs when every call has
+  another row count, M drawn from 1..VARYING_M_MAX (a fixed seeded sequence; the rows of one
+  preallocated tensor, as packed batches or a server's varying lengths give), op ``fwd`` and
+  ``full``, for the default path and torch's ``F.rms_norm``; the row's M is VARYING_M_MAX.
 * ``path=graph``: device µs of ``cute.auto@tvm_ffi`` (L2-warm) for the CROSSOVER_M sweep, to find
   the M at which device time overtakes each path's host time.
 * op ``full`` at CACHE_SHAPE with impl ``cute.auto@cached:<cap>`` (``:unbounded`` for no cap),
@@ -40,6 +44,10 @@ CROSSOVER_M = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 CACHE_SHAPE = (16384, 4096)
 CACHE_CAPS = (0, 4, 8, 16, -1)
 LAYERS = 12
+VARYING_M_MAX = 8192
+VARYING_M_CALLS = 3000
+#: the implementations timed with a row count that changes every call
+VARYING_M_IMPLS = ("cute.auto@tvm_ffi", "torch.native")
 
 
 def _lab(backend: str) -> Callable:
@@ -53,7 +61,6 @@ def host_impls() -> Dict[str, tuple]:
     impls = {f"cute.auto@{p}": (_lab("cute"), {"launch_path": p}) for p in LAUNCH_PATHS}
     # one saving at a time, each against the default path
     impls["cute.auto@tvm_ffi+nvtx"] = (_lab("cute"), {"nvtx": True})
-    impls["cute.auto@tvm_ffi-sm_count_cache"] = (_lab("cute"), {"sm_count_cache": False})
     impls["cute.auto@tvm_ffi+settings_per_call"] = (_lab("cute"), {"settings_per_call": True})
     # the default path on the Python launch path and autograd node instead of the C++ extension
     impls["cute.auto@tvm_ffi+python_node"] = (_lab("cute"), {"autograd_node": "python"})
@@ -74,6 +81,42 @@ def _calls(fn: Callable, M: int, N: int):
         fn(xg, wg).backward(dy)
     return {("fwd", ""): lambda: fn(x, w), ("fwd", "+autograd"): lambda: fn(xg, wg),
             ("full", ""): full}
+
+
+def varying_m_sequence(calls: int = VARYING_M_CALLS, most: int = VARYING_M_MAX) -> List[int]:
+    """The row counts of the varying-M workload: ``calls`` draws from 1..most, seeded, so every
+    implementation and every run sees the same sequence."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(1, most + 1, (calls,), generator=g).tolist()
+
+
+def _varying_m_calls(fn: Callable, N: int):
+    """The varying-M workloads of one implementation: each call takes the next row count of
+    ``varying_m_sequence`` (cycling), x being the first M rows of one preallocated tensor.
+    Every row count is called once here, so whatever a first call of a shape costs (a plan)
+    is paid before the timing."""
+    Ms = varying_m_sequence(VARYING_M_CALLS, VARYING_M_MAX)
+    x = torch.randn(VARYING_M_MAX, N, device="cuda", dtype=DTYPE)
+    w = torch.randn(N, device="cuda", dtype=DTYPE)
+    xg = x.clone().requires_grad_()
+    wg = w.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    at = [0]
+
+    def next_m() -> int:
+        at[0] = (at[0] + 1) % len(Ms)
+        return Ms[at[0]]
+
+    def fwd():
+        return fn(x[:next_m()], w)
+
+    def full():
+        m = next_m()
+        fn(xg[:m], wg).backward(dy[:m])
+    for _ in Ms:
+        fwd()
+        full()
+    return {("fwd", "+varying_m"): fwd, ("full", "+varying_m"): full}
 
 
 def _step(fn: Callable, M: int, N: int) -> Callable:
@@ -98,8 +141,9 @@ def _calls_per_sample(call: Callable, calls: int) -> int:
     Sized from the fastest of three calls after three warm-up calls: the first call compiles,
     and the second of a ``full`` task is the first to *accumulate* into ``x.grad``, which can
     load that kernel lazily (milliseconds). Sized from the second call alone, the first
-    implementation timed got 2-call samples, and its ``full`` row read 344-379 µs against 155-172
-    for the same code path under neutral toggles (results/NOTES.md §19)."""
+    implementation timed got 2-call samples dominated by per-sample overhead, and its ``full`` row
+    read far above the same code path under neutral toggles
+    (results/NOTES.md, "The call memo")."""
     import time
     for _ in range(3):
         call()
@@ -123,7 +167,11 @@ def host_tasks(impls: Dict[str, tuple], calls: int = 200,
     after each (a progress bar)."""
     tasks, failures = {}, []
     for name, (fn, overrides) in impls.items():
-        for (op, suffix), call in _calls(fn, *HOST_SHAPE).items():
+        workloads = dict(_calls(fn, *HOST_SHAPE))
+        if name in VARYING_M_IMPLS:
+            with settings.override(**overrides):
+                workloads.update(_varying_m_calls(fn, HOST_SHAPE[1]))
+        for (op, suffix), call in workloads.items():
             context = functools.partial(settings.override, **overrides)
             try:
                 with context():
@@ -151,7 +199,7 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
         rows.append(make_row(prov, op, impl, path, M, N, DTYPE, metric, q))
 
     impls = host_impls()
-    with tqdm(total=len(impls) * 3 + len(CROSSOVER_M) + len(CACHE_CAPS) + 1,
+    with tqdm(total=len(impls) * 3 + 2 * len(VARYING_M_IMPLS) + len(CROSSOVER_M) + len(CACHE_CAPS) + 1,
               desc="bench host") as bar:
         # every implementation x workload sampled once per round, rounds interleaved (see
         # interleaved_host_time_us: the host's speed drifts between a sequential run's rows)
@@ -160,7 +208,8 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
         bar.set_postfix_str(f"{repeats} interleaved rounds")
         timed = interleaved_host_time_us(tasks, repeats=repeats)
         for (op, impl), q in timed.items():
-            row(op, impl, "host", *HOST_SHAPE, "host", q)
+            M = VARYING_M_MAX if impl.endswith("+varying_m") else HOST_SHAPE[0]
+            row(op, impl, "host", M, HOST_SHAPE[1], "host", q)
         default = _lab("cute")
         for M in CROSSOVER_M:
             x = torch.randn(M, HOST_SHAPE[1], device="cuda", dtype=DTYPE)

@@ -9,8 +9,9 @@ Tasks, outermost first: ``lab fwd+autograd`` (``rms_norm`` on inputs that requir
 ``fast_call`` (the extension's call memo: the key read off the arguments in C++, the Launch
 found, the native call) -> ``ext.apply`` (the native node alone: allocation, launch, tape) ->
 ``tvm_ffi kernel call`` (the compiled forward called from Python on preallocated outputs).
-``native_launch.rms_norm`` is the path a call takes when the gate is closed (the memo probed
-from Python); ``fast_call inference`` the memo serving an inference call (``lab fwd``).
+``native_launch.rms_norm`` (``rmsnorm_lab/native/launch.py``) is the path a call takes when the
+gate is closed (the memo probed from Python); ``fast_call inference`` the memo serving an inference
+call (``lab fwd``); ``launch.forward`` is ``dispatch.forward`` (the task keeps its recorded name).
 ``empty_like`` and ``torch.add`` give the scale of one allocation and of one small torch op on
 the same host.
 """
@@ -45,8 +46,9 @@ def tasks() -> dict:
     lab(x, w)
     native = autograd._native_path()
     if native is None or autograd.fast_call is None:
-        raise RuntimeError("the native node is not available here (see rmsnorm_lab.native_node)"
-                           " or the settings route training calls elsewhere")
+        raise RuntimeError("the native node is not available here (see "
+                           "rmsnorm_lab.native.build) or the settings route training calls "
+                           "elsewhere")
     extension, native_launch = native
     fast_call = autograd.fast_call
     launch = native_launch.memo(extension).find(xg, wg, EPS, 0.0, "llama")

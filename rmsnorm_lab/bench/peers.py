@@ -14,8 +14,8 @@ one (a fresh dX buffer per call, as every other implementation allocates).
 Ceilings are SM kernels streaming tensors of at least 1 GiB (far beyond L2), timed by CUDA-graph
 replay in the same run as the kernels they bound:
 ``copy`` reads one tensor and writes one (the forward's pattern), ``copy2r1w`` reads two and writes
-one (the backward's). A graph memcpy node is not used: on the H200 it ran at ~2.7 TB/s where SM
-kernels reached ~4.3 TB/s, so it would understate the ceiling.
+one (the backward's). A graph memcpy node is not used: on the H200 it ran well below what SM
+kernels reached, so it would understate the ceiling.
 """
 
 from __future__ import annotations

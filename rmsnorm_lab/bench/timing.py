@@ -130,11 +130,10 @@ def host_time_us(fn: Callable[[], object], *, n: int = 200, repeats: int = 15,
 
 def _host_sample(fn: Callable[[], object], n: int) -> float:
     """µs per call over ``n`` calls, with Python's garbage collector off while they run (as
-    ``timeit`` does): a training call allocates enough Python objects to trigger collections
-    (343 in 55 samples of 200 forward + backward calls on an H200's host), and a collection
-    lands on whichever function is timed when it falls due. (Collecting before every sample
-    instead cost ~0.7 s per collection with the peers' modules loaded: the benchmark ran past
-    its time limit.)"""
+    ``timeit`` does): a training call allocates enough Python objects to trigger collections,
+    and a collection lands on whichever function is timed when it falls due. (Collecting before
+    every sample instead was slow with the peers' modules loaded: the benchmark ran past its time
+    limit; results/NOTES.md, "Host timing method".)"""
     torch.cuda.synchronize()
     enabled = gc.isenabled()
     gc.disable()
@@ -161,10 +160,9 @@ def interleaved_host_time_us(tasks: Dict[Hashable, HostTask], *, repeats: int = 
                              on_round: Optional[Callable[[int], None]] = None
                              ) -> Dict[Hashable, Quantiles]:
     """``host_time_us`` for several functions, their samples interleaved: round r takes one
-    sample of each. A shared host's speed drifts by tens of percent within a minute (the same
-    path measured 131 and 185 µs per call in one sequential run on an H200's host); interleaving
-    exposes every function to the same drift, so their ratios hold where the absolute numbers
-    move."""
+    sample of each. A shared host's speed drifts by tens of percent within a minute
+    (results/NOTES.md, "The native tape node"); interleaving exposes every function to the same
+    drift, so their ratios hold where the absolute numbers move."""
     for task in tasks.values():
         with task.context():
             for _ in range(warmup if task.n > 2 else 1):

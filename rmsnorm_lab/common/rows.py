@@ -10,6 +10,20 @@ import torch
 INT32_LIMIT = 2**31
 
 
+def rows_without_copy(x: torch.Tensor) -> bool:
+    """Can a row kernel address x as it is (``as_rows`` succeeds)? A unit last stride, and
+    leading dimensions that collapse into one row index."""
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        return False
+    if x.dim() <= 2:
+        return True
+    try:
+        x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return False
+    return True
+
+
 def as_rows(x: torch.Tensor, name: str = "x") -> torch.Tensor:
     """x as an (M, N) view without copying; refuses layouts a row kernel cannot address."""
     if x.dim() == 2 and x.stride(1) == 1:  # already rows: a view would cost ~1 µs of the call

@@ -49,15 +49,16 @@ DW_ROW_LANES = 8
 # A row group never holds fewer rows than this (each CTA of the dW kernel pays a shared-memory
 # reduction and writes a partial row; below ~32 rows per group those costs dominate).
 DW_MIN_ROWS_PER_GROUP = 32
-# dW CTAs to aim for per SM: what fits at once. ptxas -v gives the unrolled kernel 98-118
-# registers at 256 threads (N=4096 bf16, sm_90a/sm_100a), so two CTAs are resident per SM;
+# dW CTAs to aim for per SM: what fits at once. ptxas -v gives the unrolled kernel more than 64
+# and at most 128 registers at 256 threads (N=4096 bf16), so two CTAs are resident per SM;
 # 512 threads x 2 x DW_UNROLL 16-byte loads is 64 KB in flight per SM. Not yet tuned on a GPU.
 DW_CTAS_PER_SM = 2
 # Rows each dW row lane keeps in flight: the loop over its rows is unrolled this many times, so
 # a thread issues 2 x DW_UNROLL 16-byte loads (x and dy) before it needs the first result.
 DW_UNROLL = 4
 # A cap on the fused kernel's strips per SM: every strip writes (and the dW reduction reads) one
-# fp32 partial row of N. On the H200 8/SM was the best at N=1024 (results/NOTES.md, section 10).
+# fp32 partial row of N. On the H200 8/SM was the best at N=1024
+# (results/NOTES.md, "Fused backward strips per SM").
 MAX_FUSED_CTAS_PER_SM = 8
 # Shared memory: what one SM offers CTAs on sm_90/sm_100 (228 KB less 1 KB reserved per CTA), and
 # the most a wide fused row's fp32 dW accumulator may take (N <= 40960).
@@ -65,8 +66,8 @@ SM_SMEM_BYTES = 227 * 1024
 FUSED_SMEM_BYTES = 160 * 1024
 WIDE_FUSED_CTAS_PER_SM = 2
 # Register bytes per row element beyond the loaded values: with the row in registers, the fp32
-# x_hat and m computed before the row reduction stay live until dx is formed after it (ptxas -v:
-# without this term the fused plan at N=16384 bf16 "none" used 255 registers and spilled 200 B).
+# x_hat and m computed before the row reduction stay live until dx is formed after it (without
+# this term the fused plan at N=16384 bf16 "none" ran out of registers and spilled, in ptxas -v).
 FP32_LIVE = 8
 
 
@@ -226,8 +227,8 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
     max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
     # Two CTAs per SM where shared memory allows, the kernel's launch bound holding ptxas to
-    # the 128 registers that takes (left to itself it took 184 at N=16384 bf16: one CTA per SM,
-    # 626 µs at 16384x16384 on the H200).
+    # the 128 registers that takes (left to itself it took more, leaving one CTA per SM, which
+    # was slower: results/NOTES.md, "Backward sweep with peers").
     plan = BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                         chunks=chunks, ctas_per_sm=WIDE_FUSED_CTAS_PER_SM, **common)
     dw_smem = plan.dw_smem_bytes  # 0 without a weight: nothing to accumulate
@@ -254,14 +255,11 @@ def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], cas
 def backward_uses_pdl(arch: Optional[str]) -> bool:
     """Do the backward kernels (fused or dx + dw) and the dW reduction launch with programmatic
     dependent launch on ``arch`` (when ``settings.pdl`` allows it)? Each kernel then overlaps
-    its launch with the previous one's drain (plan.py, ``uses_pdl``). H200, bf16, fused + reduce
-    back to back in one CUDA graph, two repetitions, us without -> with
-    (results/NOTES.md 25): 4096x4096 32.4 -> 31.2-31.6, 16384x4096 107.6-108.0 -> 106.2-107.0,
-    65536x4096 405.5-407.5 -> 404.8-406.6, 16384x1024 35.8 -> 34.6, 16384x8192 215.8-217.0 ->
-    214.8-215.6, 16384x16384 (dW in shared memory) 474.0-475.8 -> 474.1-476.4 (no change); split
-    (dx, dw, reduce) 4096x4096 53.5-53.9 -> 51.3, 16384x4096 191.1-191.8 -> 190.1-190.3. The
-    reduction alone on PDL gained nothing: the kernel before it must release it early too.
-    Measured on Hopper only."""
+    its launch with the previous one's drain (plan.py, ``uses_pdl``). Back to back in one CUDA
+    graph, fused + reduce and split's three kernels both got faster, except the wide fused row
+    (dW in shared memory), which is long enough for the gaps not to matter; the reduction alone on
+    PDL gained nothing: the kernel before it must release it early too
+    (results/NOTES.md, "PDL on the backward"). Measured on Hopper only."""
     return arch in PDL_ARCHS
 
 
@@ -269,9 +267,9 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
               casting_mode: str, aligned: bool) -> str:
     """``fused`` whenever there is a weight and a fused plan exists (the row in registers, or in
     column chunks with dW in shared memory): it reads x and dy once where split reads them twice.
-    On the H200 (bf16, results/h200/bwd.csv) fused beat split at every shape of the sweep, by
-    1.19x at 1024x4096 to 1.83x at 32768x4096 (1.67x at 16384x16384). Without a weight there is
-    no dW to accumulate, and ``split`` is the dx kernel alone (one CTA per row)."""
+    On the H200 (bf16, results/h200/bwd.csv) fused beat split at every shape of the sweep
+    (results/NOTES.md, "Backward sweep with peers"). Without a weight there is no dW to
+    accumulate, and ``split`` is the dx kernel alone (one CTA per row)."""
     if w_dtype is None:
         return "split"
     try:

@@ -27,8 +27,8 @@ from ..common import nvtx
 from ..reference import check_casting_mode
 from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDW
-from .backward_plan import (MODES, BackwardPlan, auto_mode, backward_uses_pdl, dw_row_groups,
-                            fused_strips, plan_backward, plan_split)
+from .backward_plan import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
+                            auto_mode, backward_uses_pdl, plan_backward, plan_split)
 from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
 from .compile import compile_tvm_ffi, target_arch
@@ -126,31 +126,40 @@ def _check_inputs(dy2, x2, weight, rstd):
 
 
 class _Entry:
-    """One configuration's mode, plans, kernels (compiled on first launch) and the stand-ins
+    """One configuration's mode and plans (the chosen family's, and the split pair that serves a
+    backward needing dx alone or dW alone), kernels compiled on first use, and the stand-ins
     passed for tensors a kernel does not read (no weight; no dW partials)."""
-    __slots__ = ("mode", "plans", "kernels", "arch", "no_w", "no_part", "reduce")
+    __slots__ = ("mode", "fused", "dx", "dw", "kernels", "arch", "no_w", "no_part", "reduce")
 
-    def __init__(self, mode: str, plans, device: torch.device, x_dtype: torch.dtype):
+    def __init__(self, mode: str, fused: Optional[BackwardPlan], dx: BackwardPlan,
+                 dw: Optional[BackwardPlan], device: torch.device, x_dtype: torch.dtype):
         self.mode = mode
-        self.plans = plans
-        self.kernels = [None] * len(plans)
+        self.fused, self.dx, self.dw = fused, dx, dw
+        self.kernels: Dict[str, object] = {}
         self.arch = target_arch(device)
         self.no_w = torch.empty((0,), dtype=x_dtype, device=device)
         self.no_part = torch.empty((1, 1), dtype=torch.float32, device=device)
         self.reduce = None  # the dW partial reduction, compiled on first use
 
-    def kernel(self, i: int):
-        k = self.kernels[i]
+    @property
+    def plans(self) -> Tuple[BackwardPlan, ...]:
+        """The chosen family's plans: (fused,) or (dx, dw) (dx alone without a weight)."""
+        if self.mode == "fused":
+            return (self.fused,)
+        return (self.dx,) if self.dw is None else (self.dx, self.dw)
+
+    def kernel(self, kind: str):
+        """The compiled kernel of plan ``kind`` (fused | dx | dw)."""
+        k = self.kernels.get(kind)
         if k is None:
-            k = self.kernels[i] = compile_backward(self.plans[i], self.arch)
+            k = self.kernels[kind] = compile_backward(getattr(self, kind), self.arch)
         return k
 
     def dw_reduce(self, w_dtype: torch.dtype):
         """The partial-row reduction into ``w_dtype`` (the key's weight dtype), compiled on
         first use."""
         if self.reduce is None:
-            self.reduce = compile_dw_reduce(self.plans[0].N, w_dtype, self.arch,
-                                            pdl=self.plans[0].pdl)
+            self.reduce = compile_dw_reduce(self.dx.N, w_dtype, self.arch, pdl=self.dx.pdl)
         return self.reduce
 
 
@@ -171,14 +180,14 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool) -> _Entr
         check_casting_mode(casting_mode)
         chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned) \
             if mode == "auto" else mode
+        fused = None
         if chosen == "fused":
-            plans = (plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned),)
-        else:
-            plans = tuple(p for p in plan_split(N, x2.dtype, w_dtype, casting_mode, aligned)
-                          if p is not None)
+            fused = plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned)
+        dx, dw = plan_split(N, x2.dtype, w_dtype, casting_mode, aligned)
         if pdl and backward_uses_pdl(target_arch(x2.device)):
-            plans = tuple(dataclasses.replace(p, pdl=True) for p in plans)
-        entry = _ENTRIES[key] = _Entry(chosen, plans, x2.device, x2.dtype)
+            fused, dx, dw = (dataclasses.replace(p, pdl=True) if p is not None else None
+                             for p in (fused, dx, dw))
+        entry = _ENTRIES[key] = _Entry(chosen, fused, dx, dw, x2.device, x2.dtype)
     return entry
 
 
@@ -189,39 +198,57 @@ DY, X, W, RSTD, DX, PARTIALS, NO_PARTIALS, DW, COUNT, OFFSET = range(10)
 
 
 @dataclasses.dataclass(frozen=True)
+class RowsRule:
+    """An integer that follows the row count M: ``max(1, min(cap, ceil(M / per)))`` (cap 0: no
+    cap). Grids, strip counts and partial rows are such rules, so one launch decision serves
+    every M (the native node evaluates them per call)."""
+    per: int = 1
+    cap: int = 0
+
+    def of(self, M: int) -> int:
+        n = -(-M // self.per)
+        return max(1, min(n, self.cap) if self.cap else n)
+
+
+@dataclasses.dataclass(frozen=True)
 class Step:
-    """One kernel call of a backward: the compiled kernel, its arguments as codes, the integer
-    passed as ``COUNT`` (the fused strips, or split's M) and its NVTX range."""
+    """One kernel call of a backward: the compiled kernel, its arguments as codes, the rule of
+    the integer passed as ``COUNT`` (the fused strips, or split's M) and its NVTX range."""
     kernel: object
     args: Tuple[int, ...]
-    count: int = 0
+    count: Optional[RowsRule] = None
     stage: str = "launch"
     name: str = ""
     on_partials: bool = False  # the NVTX shape is (partial rows, N) rather than (M, N)
 
 
-def backward_steps(entry: _Entry, M: int, sms: int, w_dtype: Optional[torch.dtype],
-                   strips: Optional[int] = None) -> Tuple[Tuple[Step, ...], int]:
-    """``(steps, partial_rows)``: the kernel calls of a backward over M rows, in order, and the
-    rows of fp32 dW partials they write (0 without a weight). ``strips``: the fused grid
-    (default ``settings.experiments.fused_strips``, whose 0 means the plan's CTAs per SM times
-    ``sms``) or, for split, the dW kernel's row groups (default ``dw_row_groups``)."""
-    weighted = w_dtype is not None
-    if entry.mode == "fused":
-        grid = fused_strips(M, sms, entry.plans[0],
-                            strips or settings.experiments.fused_strips or None)
-        partial_rows = grid if weighted else 0
-        steps = [Step(entry.kernel(0), (DY, X, W, RSTD, DX, PARTIALS if weighted else NO_PARTIALS,
-                                        COUNT, OFFSET), grid, name="fused")]
+def backward_steps(entry: _Entry, sms: int, w_dtype: Optional[torch.dtype],
+                   fused_strips: int = 0, dw_groups: int = 0, need_dx: bool = True,
+                   need_dw: bool = True) -> Tuple[Tuple[Step, ...], Optional[RowsRule]]:
+    """``(steps, partial_rows)``: the kernel calls of a backward, in order, and the rule of the
+    rows of fp32 dW partials they write (None: no dW). Only what is needed runs: without a
+    weight or without ``need_dw``, the dx kernel alone; without ``need_dx``, the dW kernel and
+    the reduction. ``fused_strips``: the fused grid (0: the plan's CTAs per SM times ``sms``);
+    ``dw_groups``: the dW kernel's row groups (0: ``backward_plan.dw_row_groups``)."""
+    dw_needed = w_dtype is not None and need_dw
+    if entry.mode == "fused" and need_dx and (dw_needed or w_dtype is None):
+        grid = RowsRule(1, fused_strips or sms * entry.fused.ctas_per_sm)
+        steps = [Step(entry.kernel("fused"), (DY, X, W, RSTD, DX,
+                                              PARTIALS if dw_needed else NO_PARTIALS,
+                                              COUNT, OFFSET), grid, name="fused")]
+        partial_rows = grid if dw_needed else None
     else:
-        steps = [Step(entry.kernel(0), (DY, X, W, RSTD, DX, NO_PARTIALS, COUNT, OFFSET), M,
-                      name="split")]
-        partial_rows = 0
-        if weighted:
-            partial_rows = (dw_row_groups(M, entry.plans[1], sms) if strips is None
-                            else max(1, min(strips, M)))
-            steps.append(Step(entry.kernel(1), (DY, X, RSTD, PARTIALS), name="split"))
-    if weighted:
+        steps = []
+        if need_dx or not dw_needed:
+            steps.append(Step(entry.kernel("dx"), (DY, X, W, RSTD, DX, NO_PARTIALS, COUNT,
+                                                   OFFSET), RowsRule(), name="split"))
+        partial_rows = None
+        if dw_needed:
+            want = -(-(sms * DW_CTAS_PER_SM) // entry.dw.col_blocks)
+            partial_rows = (RowsRule(1, dw_groups) if dw_groups
+                            else RowsRule(DW_MIN_ROWS_PER_GROUP, want))
+            steps.append(Step(entry.kernel("dw"), (DY, X, RSTD, PARTIALS), name="split"))
+    if dw_needed:
         steps.append(Step(entry.dw_reduce(w_dtype), (PARTIALS, DW), stage="reduce",
                           name=entry.mode, on_partials=True))
     return tuple(steps), partial_rows
@@ -230,30 +257,39 @@ def backward_steps(entry: _Entry, M: int, sms: int, w_dtype: Optional[torch.dtyp
 def run_steps(steps: Tuple[Step, ...], values: tuple, offset: float, shape: Tuple[int, int],
               partial_rows: int) -> None:
     """Call each step's kernel with ``values`` (indexed by the argument codes up to DW)."""
+    M, N = shape
     for step in steps:
-        args = [values[c] if c < COUNT else (step.count if c == COUNT else offset)
+        args = [values[c] if c < COUNT else (step.count.of(M) if c == COUNT else offset)
                 for c in step.args]
-        rows = partial_rows if step.on_partials else shape[0]
-        with nvtx.range(step.stage, step.name, (rows, shape[1])):
+        with nvtx.range(step.stage, step.name, (partial_rows if step.on_partials else M, N)):
             step.kernel(*args)
 
 
 def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor],
              rstd: torch.Tensor, offset: float, casting_mode: str, mode: str, sms: int,
-             strips: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+             strips: Optional[int] = None, need_dx: bool = True, need_dw: bool = True
+             ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(dx, dw)`` for 2-D ``dy2``/``x2`` (last-dim stride 1) and fp32 ``rstd`` of shape (M,).
-    ``mode``: fused | split | auto; ``strips`` as in ``backward_steps``."""
+    ``mode``: fused | split | auto. ``strips``: the fused grid or the dW kernel's row groups
+    (default: ``settings.experiments.fused_strips`` for the fused grid, the plans' rules
+    otherwise). ``need_dx``/``need_dw`` as in ``backward_steps``; what is not computed is
+    None."""
     _check_inputs(dy2, x2, weight, rstd)
     M, N = x2.shape
-    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)  # cheaper than torch.empty
     if M == 0:
-        dw = torch.zeros_like(weight) if weight is not None else None
-        return dx, dw
+        dx = torch.empty_like(x2, memory_format=torch.contiguous_format) if need_dx else None
+        return dx, (torch.zeros_like(weight) if weight is not None and need_dw else None)
     if weight is not None and weight.stride(0) != 1:
         weight = weight.contiguous()
     entry = entry_for(dy2, x2, weight, casting_mode, mode, settings.pdl)
     w_dtype = weight.dtype if weight is not None else None
-    steps, partial_rows = backward_steps(entry, M, sms, w_dtype, strips)
+    steps, rule = backward_steps(entry, sms, w_dtype,
+                                 strips or settings.experiments.fused_strips, strips or 0,
+                                 need_dx, need_dw)
+    writes_dx = any(DX in step.args for step in steps)
+    # empty_like: cheaper than torch.empty's argument parsing
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format) if writes_dx else None
+    partial_rows = rule.of(M) if rule is not None else 0
     partials = x2.new_empty((partial_rows, N), dtype=torch.float32) if partial_rows else None
     dw = torch.empty_like(weight) if partial_rows else None
     values = (dy2, x2, weight if weight is not None else entry.no_w, rstd, dx, partials,

@@ -54,8 +54,8 @@ class RMSNormForward(RowTiles):
         and the row strides' divisibility made known to the compiler."""
         p = self.plan
         # 32-bit sizes and strides (the launcher refuses tensors of 2^31 elements or more):
-        # TVM-FFI hands over 64-bit ones, and 64-bit index math took the N=4096 row kernel from
-        # 40 to 50 registers, 6 to 4 resident CTAs per SM, and 4144 to 3803 GB/s on the H200.
+        # TVM-FFI hands over 64-bit ones, and 64-bit index math costs the row kernel registers,
+        # resident CTAs per SM and bandwidth (results/NOTES.md, "Second forward sweep").
         M = Int32(gX.shape[0])
         # The launcher guarantees row strides divisible by the copy width (plan eligibility);
         # telling the compiler lets it prove every copy is 16-byte aligned.
@@ -123,7 +123,7 @@ class RMSNormForward(RowTiles):
         # its registers). The persistent variant loads it once and reuses it for every row it
         # visits; the others load it after the reduction, when x's fp32 copy from the sum of
         # squares is the only other large live value: loading it up front made warp-per-row at
-        # N=4096 bf16 spill (255 registers, 44 bytes of spill stores in ptxas -v).
+        # N=4096 bf16 spill (results/NOTES.md, "Warp-per-row register pressure").
         tWrW = None
         if cutlass.const_expr(self.w_type is not None and p.chunks == 1 and p.persistent):
             tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)

@@ -24,14 +24,13 @@ from ..common.rows import INT32_LIMIT
 from ..registry import FORWARD_VARIANTS as VARIANTS
 COPY_BYTES = 16
 # Threads per row for the row/persistent variants: about 2 copies in flight per thread, at most
-# 256 threads. Measured on the H200 (bf16, graph replay; results/NOTES.md, "thread mapping"):
-# at 65536x4096, 256 threads x 2 copies ran at 4165 GB/s, 128 x 4 at 4095, 512 x 1 at 3610;
-# at 16384x16384, 256 x 8 at 4148 and 1024 x 2 at 2571.
+# 256 threads. More threads with fewer copies each beat fewer threads with more copies, up to 256:
+# CTAs of 512 and 1024 threads lost (results/NOTES.md, "Thread mapping sweep").
 MAX_THREADS = 256
 COPIES_PER_THREAD = 2
-# At most this many 16-byte copies per thread per chunk on the row path: 26 (the register
-# model's bound at 256 threads) made ptxas spill 2.5 KB at N=262144 bf16; 8 covers N=16384 bf16
-# in one chunk and spills nothing.
+# At most this many 16-byte copies per thread per chunk on the row path: the register model's
+# own bound at 256 threads let ptxas spill on very wide rows; 8 covers N=16384 bf16 in one chunk
+# and spills nothing.
 MAX_COPIES_PER_CHUNK = 8
 # Register model for "does the row fit in registers": a CTA of T threads may use 65536/T registers
 # per thread (at most 255); about REG_OVERHEAD of them go to addresses, predicates and
@@ -96,23 +95,24 @@ class ForwardPlan(RowTilePlan):
 # Rows of exactly this many 16-byte copies (16 KB: N=8192 in bf16 or fp16) take a two-pass tile
 # on the row variant: 512 threads x 1 copy x 2 column chunks, each chunk's loads issued before the
 # previous chunk is used, and a launch bound of 4 CTAs per SM (ptxas then holds the kernel to 32
-# registers: 64 warps per SM). That is the shape of torch.compile's kernel at this width.
-# H200, 16384x8192 bf16, graph replay, one process (results/NOTES.md 22): 129.6-130.0 us against
-# 130.9-131.6 for the one-pass 256 x 4 tile (62 registers, 32 warps per SM); without the
-# pipelining 130.3-130.7; without the launch bound (44 registers, 2 CTAs) 162. Other widths keep
-# the one-pass tile: at N=4096 512 threads lost 16%, at N=16384 512 x 2 chunks lost 1%.
+# registers: 64 warps per SM). That is the shape of torch.compile's kernel at this width, and it
+# beats the one-pass tile there (which holds the whole row in registers, at half the warps per
+# SM); the launch bound is what makes it pay: without it ptxas takes more registers and fewer CTAs
+# fit. Other widths keep the one-pass tile, which stayed faster at N=4096 and N=16384
+# (results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows").
 TWO_PASS_ROW_COPIES = 1024
 TWO_PASS_THREADS = 512
 TWO_PASS_CTAS_PER_SM = 4
-# Measured on Hopper only; for sm_100a ptxas spilled 24 bytes under the same launch bound.
+# Measured on Hopper only; for sm_100a ptxas spills under the same launch bound.
 TWO_PASS_ARCHS = ("sm_90a",)
 
 
 def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str) -> bool:
     """Does ptxas fit the two-pass tile in the 32 registers its launch bound allows, without
     spilling? Yes for a weight no wider than x (or none) in the llama and gemma modes; an fp32
-    weight on bf16 x spilled 28 bytes, the none mode's extra roundings 24 (ptxas -v, sm_90a;
-    tests/test_cute_compile.py compiles every case)."""
+    weight on bf16 x, and the none mode's extra roundings, made it spill (ptxas -v, sm_90a;
+    tests/test_cute_compile.py compiles every case;
+    results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows")."""
     narrow_weight = w_dtype is None or _ELEM_BYTES[w_dtype] <= _ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 
@@ -120,13 +120,11 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # Programmatic dependent launch (PDL): the kernel is launched with programmatic stream
 # serialization, so its CTAs may become resident while the previous kernel on the stream drains;
 # they wait (griddepcontrol.wait) before touching global memory, and each triggers its own
-# dependents at once. What it saves is the gap between one grid's end and the next one's start.
-# H200, bf16, back-to-back launches in one CUDA graph, us without -> with (results/NOTES.md 24):
-# row kernel in the forward sweep 16384x4096 66.0 -> 64.5, 65536x4096 256.3 -> 256.0, 32768x4096
-# 129.7 -> 127.5, 4096x4096 18.5 -> 17.8, 16384x2048 34.4 -> 33.6, 16384x8192 129.7 -> 128.3. It
-# lost on the persistent grid (1024x4096: 5.29 -> 5.52 in a probe, every CTA resident from the
-# start), on 64-thread row CTAs (16384x1024: 17.8 -> 20.5) and on warp-per-row in the sweep
-# (16384x1024: 17.6 -> 18.2), so those launch as before. Measured on Hopper only.
+# dependents at once. What it saves is the gap between one grid's end and the next one's start,
+# which pays in back-to-back launches of the row kernel with CTAs of 128 threads or more. It lost
+# on the persistent grid (every CTA is resident from the start), on 64-thread row CTAs and on
+# warp-per-row, so those launch plainly (results/NOTES.md, "The gap between launches").
+# Measured on Hopper only.
 PDL_ARCHS = ("sm_90a",)
 PDL_VARIANTS = ("row",)
 PDL_MIN_THREADS = 128
@@ -139,8 +137,9 @@ def uses_pdl(variant: str, threads: int, arch: Optional[str]) -> bool:
 
 
 def check_int32_addressable(M: int, row_stride: int, N: int) -> None:
-    """The kernels index with 32-bit arithmetic (64-bit cost the N=4096 row kernel a third of its
-    resident CTAs); refuse, naming the way out, what that cannot address."""
+    """The kernels index with 32-bit arithmetic (64-bit index math costs registers, and so
+    resident CTAs: results/NOTES.md, "Second forward sweep"); refuse, naming the way out, what
+    that cannot address."""
     if M * max(row_stride, N) >= INT32_LIMIT:
         raise ValueError(f"x spans {M * max(row_stride, N)} elements; the CuTe kernels address "
                          f"at most 2^31 - 1 with 32-bit indices: use backend='triton', or split x")
@@ -220,8 +219,9 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
 
     if variant == "warp":
         vecs_per_thread = -(-n_vecs // 32)
-        # Rows per CTA: 2 for long rows, up to 8 for short ones (H200: 2 rows beat 4 and 8 at
-        # N=4096 bf16, 8 rows were best at N=1024).
+        # Rows per CTA: 2 for long rows, up to 8 for short ones (on the H200, 2 rows beat 4 and
+        # 8 at N=4096 bf16, and 8 rows were best at N=1024:
+        # results/NOTES.md, "Thread mapping sweep").
         rows = max(2, min(8, 32 // vecs_per_thread))
         if vecs_per_thread > max_vecs_of(32 * rows):
             raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
@@ -253,12 +253,11 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
 
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:
     """Do the chunked passes load chunk c+1 while chunk c is used? Where ptxas keeps the second
-    register copy within the CTAs already resident. H200, bf16 row kernel, graph replay
-    (results/NOTES.md 22): 256 threads x 8 copies over 4 chunks at 2048x65536, 163.6 vs 176.5 us
-    (120 vs 110 registers); over 8 chunks at 1024x131072, 204.1 vs 210.3; the two-pass tile of one
-    copy per chunk at 16384x8192, 129.7 vs 130.5. Over 2 chunks of 8 copies (4096x32768) ptxas
-    kept both chunks live across the passes, 200 vs 124 registers and one CTA per SM instead of
-    two: 147.4 vs 137.5 us. Such rows keep the plain chunk loop."""
+    register copy within the CTAs already resident: over 4 or 8 chunks, and on the two-pass tile
+    of one copy per chunk, pipelining won. Over 2 chunks of several copies (4096x32768: 8 copies)
+    ptxas kept both chunks live across the passes, which left room for one CTA per SM instead of
+    two, and it lost; such rows keep the plain chunk loop
+    (results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows")."""
     return chunks > 2 or (chunks == 2 and vecs_per_thread == 1)
 
 
@@ -275,24 +274,24 @@ def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int 
     return max(1, min(65536 // (regs * threads), 2048 // threads, most))
 
 
-# Rows of at most this many bytes go to warp-per-row under `auto`: at 16384x1024 bf16 it ran at
-# 3746 GB/s vs 3603 for CTA-per-row (results/h200/fwd.csv); at N=2048 CTA-per-row won (3877 vs
-# 3759), and from N=4096 up CTA-per-row was fastest or within 0.5%.
+# Rows of at most this many bytes go to warp-per-row under `auto`: in the H200 forward sweep
+# (results/h200/fwd.csv) warp-per-row won at N=1024 bf16, CTA-per-row at N=2048, and from N=4096
+# up CTA-per-row was fastest or as fast (results/NOTES.md, "Numbers moved out of code comments").
 AUTO_WARP_MAX_ROW_BYTES = 2048
 # At most this many rows go to the persistent variant under `auto`: with few rows a CTA per row
 # fills only a few waves, and the persistent grid's next-row prefetch keeps loads in flight
-# instead. H200, bf16, graph replay (results/h200/logs/fwd-small-m-probe-c3ab5be.jsonl): at
-# N=1024-8192 and M=128-2048 persistent was fastest or within 2.4% (1024x4096: 5.41 vs 5.91 us for
-# CTA-per-row), at M=3072 CTA-per-row won from N=4096 up (3072x4096: 14.03 vs 14.29), and at
-# M=4096-8192 CTA-per-row or warp-per-row won at every N except 4096x2048 (persistent by 1.7%).
+# instead. In the H200 probe persistent was fastest, or close, up to 2048 rows at every width
+# from N=1024 to 8192, and from about 3072 rows CTA-per-row (or warp-per-row) took over
+# (results/NOTES.md, "`auto` looks at M").
 AUTO_PERSISTENT_MAX_ROWS = 2048
 
 
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int) -> str:
     """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
-    (results/NOTES.md 21): persistent for at most AUTO_PERSISTENT_MAX_ROWS rows, else
-    warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES, else CTA-per-row. Persistent
-    trailed CTA-per-row by 4-19% at every larger shape of the sweep."""
+    (results/NOTES.md, "`auto` looks at M"): persistent for at most AUTO_PERSISTENT_MAX_ROWS rows,
+    else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES, else CTA-per-row. Persistent
+    trailed CTA-per-row at every larger shape of the sweep
+    (results/NOTES.md, "Persistent forward with prefetch")."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"

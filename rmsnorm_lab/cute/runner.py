@@ -2,8 +2,8 @@
 
 What the kernel bakes in (dtypes, N, casting mode, thread mapping, target architecture) is the
 compile-cache key; M and the row strides are runtime values, so one compilation serves them all.
-How torch tensors reach the compiled kernel is the launch path (``settings.experiments.launch_path``), the
-subject of notebooks/03_host_overhead.ipynb:
+How torch tensors reach the compiled kernel is the launch path
+(``settings.experiments.launch_path``), the subject of notebooks/03_host_overhead.ipynb:
 
 ``tvm_ffi``  compiled with ``--enable-tvm-ffi``; torch tensors are passed as they are and the
              kernel runs on torch's current stream (the TVM-FFI environment stream).
@@ -97,8 +97,8 @@ def clear_caches() -> None:
 
 class _Entry:
     """Everything a launch of one configuration needs, looked up with one dict probe per call:
-    building a plan costs ~5 us of Python and hashing the frozen plan ~2 us, so neither happens
-    on the hot path."""
+    building a plan and hashing the frozen plan each cost microseconds of Python (results/NOTES.md,
+    "Launch paths on the host"), so neither happens on the hot path."""
     __slots__ = ("plan", "arch", "ffi_kernel", "dlpack_kernel", "empty_w", "empty_rstd")
 
     def __init__(self, plan: ForwardPlan, device: torch.device):
@@ -143,8 +143,8 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     M, N = x2.shape
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
-    # empty_like skips torch.empty's device and dtype argument parsing: 3.7 vs 6.6 µs per call
-    # on the H200's host
+    # empty_like skips torch.empty's device and dtype argument parsing
+    # (results/NOTES.md, "Host path")
     y = torch.empty_like(x2, memory_format=torch.contiguous_format)
     rstd = x2.new_empty((M,), dtype=torch.float32) if need_rstd else None
     entry = entry_for(x2, weight, casting_mode, need_rstd, variant, settings.pdl)

@@ -1,4 +1,4 @@
-"""Builds and loads the native tape node (``native_node.cpp`` and ``ffi.h`` beside this file).
+"""Builds and loads the native tape node (``native_node.cpp`` and its headers beside this file).
 
 The node is a torch C++ extension compiled on first use with the machine's C++ compiler
 (``torch.utils.cpp_extension.load``; torch caches the build, so later processes only load it).
@@ -24,7 +24,7 @@ import torch
 
 HERE = pathlib.Path(__file__).parent
 SOURCE = HERE / "native_node.cpp"
-HEADERS = (HERE / "ffi.h",)
+HEADERS = (HERE / "ffi.h", HERE / "call_key.h")
 
 _LOCK = threading.Lock()  # one build per process, whichever thread asks first
 _MODULE = None

@@ -27,11 +27,13 @@ import torch
 
 from ..common.rows import INT32_LIMIT, as_rows, check_weight
 from ..cute import backward_runner, runner
+from ..cute.backward_runner import RowsRule
+from ..cute.plan import AUTO_PERSISTENT_MAX_ROWS
 from ..cute.plan import check_int32_addressable
 from ..registry import nvtx_argb
 from ..settings import on_change, settings
 
-#: (forward entry, backward entry, weight dtype) -> compiled functions; never cleared (see above)
+#: entries -> their compiled functions; never cleared (see above)
 _FUNCTIONS: Dict[Tuple, Tuple] = {}
 #: the extension's CallMemo (call -> Launch), made with the first native call
 _memo = None
@@ -51,7 +53,7 @@ class StepSpec:
     kernel as a TVM-FFI handle and the NVTX colour resolved)."""
     kernel: int
     args: Tuple[int, ...]
-    count: int
+    count: Optional[RowsRule]  # the rule of the COUNT argument (None: the step passes none)
     stage: str
     name: str
     argb: int
@@ -59,16 +61,23 @@ class StepSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class BackwardSpec:
+    """The steps of one backward and the rule of the rows of dW partials they write."""
+    steps: Tuple[StepSpec, ...]
+    partial_rows: Optional[RowsRule]  # None: no dW
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchSpec:
     """Everything the extension's ``Launch`` is built from (its constructor reads these
-    attributes). A training launch has backward steps and its forward stores rstd; an inference
-    launch has none and runs the forward that does not."""
+    attributes). Nothing in it depends on the row count M: the grid, strip counts and partial
+    rows are rules of M, evaluated per call. A training launch has backwards and its forward
+    stores rstd; an inference launch has none and runs the forward that does not."""
     forward: int               # TVM-FFI handle: (x, w, y, rstd, grid, eps, offset)
     forward_name: str          # NVTX: "row", "persistent", ...
     forward_argb: int
-    forward_grid: int
-    rows: int                  # M: x seen as (M, N) rows
-    row_stride: int            # x's row stride as rows (leading dims collapsed)
+    forward_grid: RowsRule
+    row_stride: int            # x's row stride as rows, for layouts the memo keys exactly
     weighted: bool
     eps: float
     offset: float
@@ -77,8 +86,8 @@ class LaunchSpec:
     no_rstd: torch.Tensor      # zero-length stand-in for the rstd an inference forward skips
     no_partials: torch.Tensor  # stand-in for partials a kernel does not write
     aligned: bool              # the backward kernels assume 16-byte aligned rows of dy
-    partial_rows: int          # rows of fp32 dW partials (0: no weight or no backward)
-    backward: Tuple[StepSpec, ...] = ()
+    #: (dx and dW, dx alone, dW alone): the node runs the one its inputs' gradients ask for
+    backward: Tuple[BackwardSpec, ...] = ()
 
 
 class Snapshot(NamedTuple):
@@ -100,44 +109,46 @@ class Snapshot(NamedTuple):
         return hash(tuple(self))
 
 
-def _functions(fwd: "runner._Entry", bwd, M: int, sms: int, w_dtype: Optional[torch.dtype],
-               strips: int) -> Tuple[object, Tuple, int]:
-    """(forward, backward steps, partial rows): this configuration's compilations, compiled on
-    first use and pinned for the life of the process."""
-    if bwd is None:
-        return fwd.ffi(), (), 0
-    steps, partial_rows = backward_runner.backward_steps(bwd, M, sms, w_dtype, strips or None)
-    _FUNCTIONS.setdefault((fwd, bwd, w_dtype), (fwd.ffi(),) + tuple(s.kernel for s in steps))
-    return fwd.ffi(), steps, partial_rows
+def _backward_spec(bwd, sms: int, w_dtype: Optional[torch.dtype], fused_strips: int,
+                   need_dx: bool, need_dw: bool) -> BackwardSpec:
+    steps, partial_rows = backward_runner.backward_steps(bwd, sms, w_dtype, fused_strips, 0,
+                                                         need_dx, need_dw)
+    _FUNCTIONS.setdefault((bwd, w_dtype, need_dx, need_dw), tuple(s.kernel for s in steps))
+    return BackwardSpec(tuple(StepSpec(ffi_handle(s.kernel), s.args, s.count, s.stage, s.name,
+                                       nvtx_argb(s.name), s.on_partials) for s in steps),
+                        partial_rows)
 
 
 def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
                 casting_mode: str, sms: int, training: bool, snap: Snapshot) -> LaunchSpec:
     """The launch of a call under the settings ``snap``: a training launch (the forward that
-    stores rstd, and the backward's steps), or an inference one. Raises, like the Python paths,
-    on a layout the kernels cannot address."""
+    stores rstd, and the backwards), or an inference one. Raises, like the Python paths, on a
+    layout the kernels cannot address."""
     x2 = as_rows(x)
     M, N = x2.shape
     check_weight(weight, N)
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
     fwd = runner.entry_for(x2, weight, casting_mode, training, snap.forward_variant, snap.pdl)
-    bwd = None
+    forward = fwd.ffi()
+    _FUNCTIONS.setdefault(fwd, (forward,))
+    w_dtype = weight.dtype if weight is not None else None
+    backward, aligned, no_partials = (), False, fwd.empty_rstd
     if training:
         # dy is not known yet: x stands in for its alignment, and the node copies a gradient
         # that arrives in another layout (common.rows.kernel_grad_rows)
         bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, snap.backward, snap.pdl)
-    w_dtype = weight.dtype if weight is not None else None
-    forward, steps, partial_rows = _functions(fwd, bwd, M, sms, w_dtype, snap.fused_strips)
+        backward = tuple(_backward_spec(bwd, sms, w_dtype, snap.fused_strips, dx, dw)
+                         for dx, dw in ((True, True), (True, False), (False, True)))
+        aligned, no_partials = bwd.dx.vec > 1, bwd.no_part
+    plan = fwd.plan
     return LaunchSpec(
-        forward=ffi_handle(forward), forward_name=fwd.plan.variant,
-        forward_argb=nvtx_argb(fwd.plan.variant), forward_grid=fwd.plan.grid(M, sms), rows=M,
+        forward=ffi_handle(forward), forward_name=plan.variant,
+        forward_argb=nvtx_argb(plan.variant),
+        forward_grid=RowsRule(plan.rows_per_cta, sms * plan.ctas_per_sm if plan.persistent else 0),
         row_stride=x2.stride(0), weighted=weight is not None, eps=eps, offset=offset,
-        nvtx=snap.nvtx, no_weight=fwd.empty_w, no_rstd=fwd.empty_rstd,
-        no_partials=bwd.no_part if bwd is not None else fwd.empty_rstd,
-        aligned=bwd is not None and bwd.plans[0].vec > 1, partial_rows=partial_rows,
-        backward=tuple(StepSpec(ffi_handle(s.kernel), s.args, s.count, s.stage, s.name,
-                                nvtx_argb(s.name), s.on_partials) for s in steps))
+        nvtx=snap.nvtx, no_weight=fwd.empty_w, no_rstd=fwd.empty_rstd, no_partials=no_partials,
+        aligned=aligned, backward=backward)
 
 
 def settings_code() -> int:
@@ -150,7 +161,8 @@ def memo(native):
     global _memo
     with _memo_lock:
         if _memo is None:
-            memo = native.CallMemo(LAUNCHES_CAP)
+            # the one use of M a plan makes: ``auto`` takes the persistent grid for few rows
+            memo = native.CallMemo(LAUNCHES_CAP, AUTO_PERSISTENT_MAX_ROWS)
             memo.settings = settings_code()
 
             def follow_settings():

@@ -1,8 +1,8 @@
 // The native tape node: rms_norm's autograd node written in C++.
 //
-// Why it exists (results/NOTES.md, "the native node"): with the kernels launched through TVM-FFI,
-// the host cost of a training call was dominated by the Python autograd.Function, whose backward
-// runs Python on autograd's device thread. torch's own RMSNorm keeps its tape in C++, and so does
+// Why it exists (results/NOTES.md, "The native tape node"): with the kernels launched through
+// TVM-FFI, the host cost of a training call was dominated by the Python autograd.Function, whose
+// backward runs Python on autograd's device thread. torch's own RMSNorm keeps its tape in C++, and so does
 // this node: the forward launch, the saved tensors and the backward's kernel calls run in C++.
 //
 // The kernels are the CuTe DSL compilations the Python path launches: TVM-FFI functions, called
@@ -14,6 +14,7 @@
 
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "call_key.h"
 #include "ffi.h"
 
 namespace {
@@ -33,31 +35,67 @@ using namespace rmsnorm_lab;
 // Argument codes of a backward step (rmsnorm_lab/cute/backward_runner.py: DY .. OFFSET).
 enum Arg : int64_t { kDy, kX, kW, kRstd, kDx, kPartials, kNoPartials, kDw, kCount, kOffset };
 
-// One kernel call of the backward, as Python planned it.
-struct Step {
-  FfiFunction kernel;
-  std::vector<int64_t> args;  // Arg codes, in the kernel's argument order
-  int64_t count = 0;          // the value passed for kCount
-  std::string stage, name;    // NVTX
-  uint32_t argb = 0;
-  bool on_partials = false;   // NVTX shape: (partial rows, N) instead of (M, N)
-};
-
 template <typename T>
 T attr(const py::handle& spec, const char* name) {
   return spec.attr(name).cast<T>();
 }
 
+// backward_runner.RowsRule: an integer that follows the row count, max(1, min(cap, ceil(M/per))).
+struct RowsRule {
+  RowsRule() = default;
+  explicit RowsRule(const py::handle& rule)
+      : per(attr<int64_t>(rule, "per")), cap(attr<int64_t>(rule, "cap")), set(true) {}
+  int64_t of(int64_t m) const {
+    const int64_t n = (m + per - 1) / per;
+    return std::max<int64_t>(1, cap > 0 ? std::min(n, cap) : n);
+  }
+  int64_t per = 1, cap = 0;
+  bool set = false;
+};
+
+// One kernel call of a backward, as Python planned it.
+struct Step {
+  FfiFunction kernel;
+  std::vector<int64_t> args;  // Arg codes, in the kernel's argument order
+  RowsRule count;             // the value passed for kCount
+  std::string stage, name;    // NVTX
+  uint32_t argb = 0;
+  bool on_partials = false;   // NVTX shape: (partial rows, N) instead of (M, N)
+};
+
+// The steps of one backward and the rule of its rows of dW partials (unset: no dW).
+struct Backward {
+  explicit Backward(const py::handle& spec) {
+    for (const py::handle step : spec.attr("steps")) {
+      Step s;
+      s.kernel = FfiFunction(attr<int64_t>(step, "kernel"));
+      s.args = attr<std::vector<int64_t>>(step, "args");
+      if (!step.attr("count").is_none()) s.count = RowsRule(step.attr("count"));
+      s.stage = attr<std::string>(step, "stage");
+      s.name = attr<std::string>(step, "name");
+      s.argb = attr<uint32_t>(step, "argb");
+      s.on_partials = attr<bool>(step, "on_partials");
+      TORCH_CHECK(static_cast<bool>(s.kernel), "rmsnorm_lab native node: a step has no kernel");
+      steps.push_back(std::move(s));
+    }
+    if (!spec.attr("partial_rows").is_none()) partial_rows = RowsRule(spec.attr("partial_rows"));
+  }
+  std::vector<Step> steps;
+  RowsRule partial_rows;
+};
+
 // Everything one call key launches, built from a rmsnorm_lab.native.launch.LaunchSpec and
-// shared by every node recorded for that key. A training launch has backward steps and its
-// forward stores rstd; an inference launch has none and never goes on the tape.
+// shared by every node recorded for that key. Nothing in it depends on the row count. A
+// training launch has three backwards (dx and dW, dx alone, dW alone) and its forward stores
+// rstd; an inference launch has none and never goes on the tape.
 struct Launch {
+  enum Need { kBoth = 0, kDxOnly = 1, kDwOnly = 2 };
+
   explicit Launch(const py::handle& spec)
       : forward(attr<int64_t>(spec, "forward")),
         forward_name(attr<std::string>(spec, "forward_name")),
         forward_argb(attr<uint32_t>(spec, "forward_argb")),
-        forward_grid(attr<int64_t>(spec, "forward_grid")),
-        rows(attr<int64_t>(spec, "rows")),
+        forward_grid(spec.attr("forward_grid")),
         row_stride(attr<int64_t>(spec, "row_stride")),
         weighted(attr<bool>(spec, "weighted")),
         eps(attr<double>(spec, "eps")),
@@ -66,24 +104,13 @@ struct Launch {
         no_weight(attr<at::Tensor>(spec, "no_weight")),
         no_rstd(attr<at::Tensor>(spec, "no_rstd")),
         no_partials(attr<at::Tensor>(spec, "no_partials")),
-        aligned(attr<bool>(spec, "aligned")),
-        partial_rows(attr<int64_t>(spec, "partial_rows")) {
-    for (const py::handle step : spec.attr("backward")) {
-      Step s;
-      s.kernel = FfiFunction(attr<int64_t>(step, "kernel"));
-      s.args = attr<std::vector<int64_t>>(step, "args");
-      s.count = attr<int64_t>(step, "count");
-      s.stage = attr<std::string>(step, "stage");
-      s.name = attr<std::string>(step, "name");
-      s.argb = attr<uint32_t>(step, "argb");
-      s.on_partials = attr<bool>(step, "on_partials");
-      TORCH_CHECK(static_cast<bool>(s.kernel), "rmsnorm_lab native node: a step has no kernel");
-      backward.push_back(std::move(s));
-    }
+        aligned(attr<bool>(spec, "aligned")) {
+    for (const py::handle b : spec.attr("backward")) backward.emplace_back(b);
     TORCH_CHECK(static_cast<bool>(forward), "rmsnorm_lab native node: no forward kernel");
-    TORCH_CHECK(training() ? (partial_rows > 0) == weighted : partial_rows == 0,
-                "rmsnorm_lab native node: a weight needs dW partial rows, and only a weight "
-                "of a training launch");
+    TORCH_CHECK(backward.empty() || backward.size() == 3,
+                "rmsnorm_lab native node: a training launch has three backwards");
+    TORCH_CHECK(!training() || backward[kBoth].partial_rows.set == weighted,
+                "rmsnorm_lab native node: a weight needs dW partial rows, and only a weight");
   }
 
   bool training() const { return !backward.empty(); }
@@ -91,26 +118,32 @@ struct Launch {
   FfiFunction forward;  // (x, w, y, rstd, grid, eps, offset)
   std::string forward_name;
   uint32_t forward_argb;
-  int64_t forward_grid;
-  int64_t rows;        // M: x seen as (M, N) rows
-  int64_t row_stride;  // x's row stride as rows (leading dims collapsed)
+  RowsRule forward_grid;
+  int64_t row_stride;  // x's row stride as rows, where the memo keys the layout exactly
   bool weighted;
   double eps, offset;
   bool nvtx;
   at::Tensor no_weight, no_rstd, no_partials;  // stand-ins for tensors a kernel does not use
-  bool aligned;          // the backward kernels assume 16-byte aligned rows of dy
-  int64_t partial_rows;  // rows of fp32 dW partials (0: no weight or no backward)
-  std::vector<Step> backward;
+  bool aligned;  // the backward kernels assume 16-byte aligned rows of dy
+  std::vector<Backward> backward;
 };
+
+// x's row stride as (M, n) rows: n when contiguous, the leading stride of a 2-D x, and the
+// planned one otherwise (such layouts are memoized by their exact sizes and strides).
+int64_t row_stride_of(const at::Tensor& x, const Launch& k) {
+  if (x.is_contiguous()) return x.size(-1);
+  if (x.dim() == 2) return x.stride(0);
+  return k.row_stride;
+}
 
 // The incoming gradient as rows the backward kernels can address. The common case, dy laid out
 // as x's contiguous rows, is taken here; any other layout (y.sum()'s stride-0 gradient, an offset
 // view) is Python's to decide, under the GIL.
-at::Tensor grad_rows(const at::Tensor& dy, const at::Tensor& x, const Launch& k) {
+at::Tensor grad_rows(const at::Tensor& dy, const at::Tensor& x, int64_t m, const Launch& k) {
   const int64_t n = x.size(-1);
   if (dy.is_contiguous() && dy.sizes() == x.sizes() &&
       (!k.aligned || (reinterpret_cast<uintptr_t>(dy.data_ptr()) & 15) == 0)) {
-    return dy.view({k.rows, n});
+    return dy.view({m, n});
   }
   py::gil_scoped_acquire gil;
   return py::module_::import("rmsnorm_lab.common.rows")
@@ -118,52 +151,64 @@ at::Tensor grad_rows(const at::Tensor& dy, const at::Tensor& x, const Launch& k)
       .cast<at::Tensor>();
 }
 
-// (dx, dw): the steps of the launch, each given the tensors its argument codes name.
-torch::autograd::variable_list run_backward(const Launch& k, const at::Tensor& x,
+// (dx, dw) of the forward over m rows: the steps of the backward the needed gradients select,
+// each given the tensors its argument codes name (what is not needed stays undefined).
+torch::autograd::variable_list run_backward(const Launch& k, int64_t m, const at::Tensor& x,
                                             const at::Tensor& weight, const at::Tensor& rstd,
-                                            const at::Tensor& dy) {
-  const int64_t n = x.size(-1), m = k.rows;
-  const at::Tensor dy2 = grad_rows(dy, x, k);
-  at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
-  at::Tensor partials, dw;
-  if (k.partial_rows > 0) {
-    partials = at::empty({k.partial_rows, n}, x.options().dtype(at::kFloat));
+                                            const at::Tensor& dy, bool need_dx, bool need_dw) {
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(x.numel() == m * n && rstd.numel() == m && dy.numel() == m * n,
+              "rmsnorm_lab native node: the saved x (", x.sizes(), ") or the gradient (",
+              dy.sizes(), ") no longer has the forward's ", m, " rows of ", n,
+              " (was a saved tensor's .data replaced?)");
+  const bool with_dw = need_dw && weight.defined();
+  const Backward& b = k.backward[with_dw ? (need_dx ? Launch::kBoth : Launch::kDwOnly)
+                                         : Launch::kDxOnly];
+  const at::Tensor dy2 = grad_rows(dy, x, m, k);
+  at::Tensor dx, partials, dw;
+  const int64_t partial_rows = b.partial_rows.set ? b.partial_rows.of(m) : 0;
+  for (const Step& step : b.steps) {
+    if (std::find(step.args.begin(), step.args.end(), kDx) != step.args.end()) {
+      dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    }
+  }
+  if (partial_rows > 0) {
+    partials = at::empty({partial_rows, n}, x.options().dtype(at::kFloat));
     dw = at::empty_like(weight);
   }
-  Rows r_x(x, m, n, k.row_stride), r_dx(dx, m, n, n);
+  Rows r_x(x, m, n, row_stride_of(x, k)), r_dx(dx.defined() ? dx : x, m, n, n);
   DLTensor d_dy = dl_view(dy2), d_w = dl_view(weight.defined() ? weight : k.no_weight),
            d_rstd = dl_view(rstd), d_none = dl_view(k.no_partials);
   DLTensor d_part = partials.defined() ? dl_view(partials) : d_none;
   DLTensor d_dw = dw.defined() ? dl_view(dw) : d_none;
   DLTensor* tensors[] = {&d_dy, &r_x.dl, &d_w, &d_rstd, &r_dx.dl, &d_part, &d_none, &d_dw};
   const EnvStream env(x);
-  for (const Step& step : k.backward) {
+  for (const Step& step : b.steps) {
     TVMFFIAny args[10];
     const int32_t count = static_cast<int32_t>(step.args.size());
     TORCH_CHECK(count <= 10, "rmsnorm_lab native node: a step has too many arguments");
     for (int32_t i = 0; i < count; ++i) {
       const int64_t code = step.args[i];
-      args[i] = code == kCount    ? any_int(step.count)
+      args[i] = code == kCount    ? any_int(step.count.of(m))
                 : code == kOffset ? any_float(k.offset)
                                   : any_tensor(tensors[code]);
     }
     Range range(k.nvtx, step.stage.c_str(), step.name, step.argb,
-                step.on_partials ? k.partial_rows : m, n);
+                step.on_partials ? partial_rows : m, n);
     invoke(step.kernel.get(), args, count);
   }
-  return {dx, dw};
+  return {need_dx ? dx : at::Tensor(), with_dw ? dw : at::Tensor()};
 }
 
 // The tape node, written like torch's generated ones rather than as a torch::autograd::Function,
 // whose generic input/output bookkeeping and saved_data map are per-call work this node does not
-// need (on the H200's host the native call went from 0.86x to 0.75x the time of torch's whole
-// F.rms_norm with autograd, each measured against torch in its own run; NOTES.md 17).
+// need (results/NOTES.md, "The native tape node").
 // `Base` is always torch::autograd::Node: a template only so that both of torch's ownership
 // models compile (std::shared_ptr<Node> up to 2.11, c10::intrusive_ptr<Node> after; record()).
 template <typename Base>
 struct RMSNormNativeBackward : public Base {
-  explicit RMSNormNativeBackward(std::shared_ptr<const Launch> launch)
-      : launch(std::move(launch)) {}
+  RMSNormNativeBackward(std::shared_ptr<const Launch> launch, int64_t rows)
+      : launch(std::move(launch)), rows(rows) {}
 
   std::string name() const override { return "RMSNormNativeBackward"; }
 
@@ -171,8 +216,18 @@ struct RMSNormNativeBackward : public Base {
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "rms_norm has no double backward: its backward cannot run under "
                 "backward(create_graph=True)");
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    return run_backward(*launch, x.unpack(), weight.unpack(), rstd.unpack(), grads[0]);
+    const bool need_dx = this->task_should_compute_output(0);
+    const bool need_dw = this->num_outputs() > 1 && this->task_should_compute_output(1);
+    if (!grads[0].defined() || !(need_dx || need_dw)) return {at::Tensor(), at::Tensor()};
+    return run_backward(*launch, rows, x.unpack(), weight.unpack(), rstd.unpack(), grads[0],
+                        need_dx, need_dw);
+  }
+
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
+    TORCH_CHECK(false, "rms_norm's native autograd node does not support compiled autograd; "
+                "run the model with RMSNORM_LAB_AUTOGRAD_NODE=python (the Python node, which "
+                "compiled autograd traces), or compile the forward with torch.compile, whose "
+                "graphs use the lab's custom ops");
   }
 
   void release_variables() override {
@@ -182,6 +237,7 @@ struct RMSNormNativeBackward : public Base {
   }
 
   std::shared_ptr<const Launch> launch;
+  int64_t rows;  // the forward's M: the saved tensors and the gradient are checked against it
   torch::autograd::SavedVariable x, weight, rstd;
 };
 
@@ -198,12 +254,12 @@ void attach(const Ptr& node, at::Tensor& y, const at::Tensor& x,
 // Puts y on the tape. The branch not taken is never instantiated.
 template <typename Base = torch::autograd::Node>
 void record(at::Tensor& y, const at::Tensor& x, const std::optional<at::Tensor>& weight,
-            const at::Tensor& rstd, std::shared_ptr<const Launch> launch) {
+            const at::Tensor& rstd, std::shared_ptr<const Launch> launch, int64_t rows) {
   using NodeT = RMSNormNativeBackward<Base>;
   if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, Base>) {
-    attach(c10::make_intrusive<NodeT>(std::move(launch)), y, x, weight, rstd);
+    attach(c10::make_intrusive<NodeT>(std::move(launch), rows), y, x, weight, rstd);
   } else {
-    attach(std::shared_ptr<NodeT>(new NodeT(std::move(launch)),
+    attach(std::shared_ptr<NodeT>(new NodeT(std::move(launch), rows),
                                   [](NodeT* node) { deleteNode(node); }),
            y, x, weight, rstd);
   }
@@ -212,9 +268,7 @@ void record(at::Tensor& y, const at::Tensor& x, const std::optional<at::Tensor>&
 at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                  const std::shared_ptr<const Launch>& launch) {
   const Launch& k = *launch;
-  const int64_t n = x.size(-1), m = k.rows;
-  TORCH_CHECK(x.numel() == m * n, "rmsnorm_lab native node: x has ", x.numel(),
-              " elements, its launch was planned for ", m, " rows of ", n);
+  const int64_t n = x.size(-1), m = x.numel() / n;
   TORCH_CHECK(weight.has_value() == k.weighted, "rmsnorm_lab native node: the launch was planned ",
               k.weighted ? "with" : "without", " a weight");
   const bool on_tape = at::GradMode::is_enabled() &&
@@ -223,128 +277,36 @@ at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
               "record a training call");
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   at::Tensor rstd = k.training() ? at::empty({m}, x.options().dtype(at::kFloat)) : k.no_rstd;
-  Rows r_x(x, m, n, k.row_stride), r_y(y, m, n, n);
+  Rows r_x(x, m, n, row_stride_of(x, k)), r_y(y, m, n, n);
   DLTensor d_w = dl_view(weight.has_value() ? *weight : k.no_weight), d_rstd = dl_view(rstd);
   TVMFFIAny args[] = {any_tensor(&r_x.dl), any_tensor(&d_w), any_tensor(&r_y.dl),
-                      any_tensor(&d_rstd), any_int(k.forward_grid), any_float(k.eps),
+                      any_tensor(&d_rstd), any_int(k.forward_grid.of(m)), any_float(k.eps),
                       any_float(k.offset)};
   {
     const EnvStream env(x);
     Range range(k.nvtx, "launch", k.forward_name, k.forward_argb, m, n);
     invoke(k.forward.get(), args, 7);
   }
-  if (on_tape) record(y, x, weight, rstd, launch);
+  if (on_tape) record(y, x, weight, rstd, launch, m);
   return y;
 }
 
 // ------------------------------------------------------------------------------- call memo
-// Everything a Launch was decided from, read off the call's arguments: shapes, strides, dtypes
-// and devices of x and the weight, the 16-byte alignment of their pointers, the casting mode,
-// eps and offset, and a code of the settings the plan read (native/launch.py, Snapshot), which
-// Python updates on every settings change.
-// A call whose x has more than kMaxDims dimensions is not memoized (it goes through Python).
-constexpr int kMaxDims = 8;
-
-struct CallKey {
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[kMaxDims] = {};
-  int32_t dims = 0;
-  int32_t x_dtype = 0;
-  int32_t x_device = 0;   // device type * 256 + index
-  int32_t w_dtype = -1;   // -1: no weight
-  int32_t w_device = 0;
-  int64_t w_size = 0, w_stride = 0, w_dims = 0;
-  bool aligned = false;
-  bool training = false;  // grad mode on and x or the weight requiring grad
-  double eps = 0.0, offset = 0.0;
-  int64_t settings = 0;
-  std::string casting_mode;
-
-  bool operator==(const CallKey& o) const {
-    return settings == o.settings && dims == o.dims && x_dtype == o.x_dtype &&
-           x_device == o.x_device && w_dtype == o.w_dtype && w_device == o.w_device &&
-           w_size == o.w_size && w_stride == o.w_stride && w_dims == o.w_dims &&
-           aligned == o.aligned && training == o.training && eps == o.eps &&
-           offset == o.offset && casting_mode == o.casting_mode &&
-           std::equal(sizes, sizes + dims, o.sizes) &&
-           std::equal(strides, strides + dims, o.strides);
-  }
-};
-
-struct CallKeyHash {
-  size_t operator()(const CallKey& k) const {
-    size_t h = std::hash<std::string>()(k.casting_mode);
-    auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-    for (int32_t i = 0; i < k.dims; ++i) mix(k.sizes[i]), mix(k.strides[i]);
-    mix(k.x_dtype), mix(k.x_device), mix(k.w_dtype), mix(k.w_size), mix(k.aligned);
-    mix(k.training), mix(static_cast<uint64_t>(k.settings));
-    return h;
-  }
-};
-
-int32_t device_code(const at::Tensor& t) {
-  return static_cast<int32_t>(t.device().type()) * 256 + t.device().index() + 1;
-}
-
-// The key of (x, weight, eps, offset, casting_mode), or false when the call is not one the memo
-// serves (not tensors, eps or offset not a Python number, mode not a str, too many dims).
-bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::handle offset,
-              py::handle mode, CallKey* key) {
-  if (!THPVariable_Check(x_obj.ptr())) return false;
-  const at::Tensor& x = THPVariable_Unpack(x_obj.ptr());
-  const int64_t dims = x.dim();
-  if (dims < 1 || dims > kMaxDims) return false;
-  if (!PyUnicode_Check(mode.ptr())) return false;
-  for (py::handle number : {eps, offset}) {
-    if (!PyFloat_Check(number.ptr()) && !PyLong_Check(number.ptr())) return false;
-  }
-  key->dims = static_cast<int32_t>(dims);
-  std::copy_n(x.sizes().data(), dims, key->sizes);
-  std::copy_n(x.strides().data(), dims, key->strides);
-  key->x_dtype = static_cast<int32_t>(x.scalar_type());
-  key->x_device = device_code(x);
-  auto ptrs = reinterpret_cast<uintptr_t>(x.data_ptr());
-  bool requires_grad = x.requires_grad();
-  if (!w_obj.is_none()) {
-    if (!THPVariable_Check(w_obj.ptr())) return false;
-    const at::Tensor& w = THPVariable_Unpack(w_obj.ptr());
-    key->w_dtype = static_cast<int32_t>(w.scalar_type());
-    key->w_device = device_code(w);
-    key->w_dims = w.dim();
-    if (w.dim() == 1) key->w_size = w.size(0), key->w_stride = w.stride(0);
-    ptrs |= reinterpret_cast<uintptr_t>(w.data_ptr());
-    requires_grad = requires_grad || w.requires_grad();
-  }
-  key->aligned = (ptrs & 15) == 0;
-  key->training = requires_grad && at::GradMode::is_enabled();
-  key->eps = PyFloat_AsDouble(eps.ptr());
-  key->offset = PyFloat_AsDouble(offset.ptr());
-  if (PyErr_Occurred()) {  // an int too large for a double
-    PyErr_Clear();
-    return false;
-  }
-  Py_ssize_t length = 0;
-  const char* text = PyUnicode_AsUTF8AndSize(mode.ptr(), &length);
-  if (text == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  key->casting_mode.assign(text, static_cast<size_t>(length));
-  return true;
-}
-
 // Launches by call key, filled by Python (rmsnorm_lab/native/launch.py) as it plans each new
-// call. `call` is a call's whole host path once its key is known (NOTES.md, "the call memo").
-// A key is only ever inserted after Python validated and planned that exact call, so a hit
-// needs no further checks.
+// call. `call` is a call's whole host path once its key is known (results/NOTES.md, "The call
+// memo").
+// A key is only ever inserted after Python validated and planned a call with that key, so a
+// hit needs no further checks. Python threads reach it holding the GIL, one at a time.
 class CallMemo {
  public:
-  explicit CallMemo(int64_t capacity) : capacity_(capacity) {}
+  CallMemo(int64_t capacity, int64_t few_rows_max)
+      : capacity_(capacity), few_rows_max_(few_rows_max) {}
 
   std::shared_ptr<const Launch> find(py::handle x, py::handle w, py::handle eps,
                                      py::handle offset, py::handle mode) const {
     CallKey key;
-    if (!key_of(x, w, eps, offset, mode, &key)) return nullptr;
+    key.settings = settings_;
+    if (!call_key(x, w, eps, offset, mode, few_rows_max_, &key)) return nullptr;
     const auto it = launches_.find(key);
     return it == launches_.end() ? nullptr : it->second;
   }
@@ -354,7 +316,7 @@ class CallMemo {
   bool insert(py::handle x, py::handle w, py::handle eps, py::handle offset, py::handle mode,
               std::shared_ptr<const Launch> launch, int64_t settings) {
     CallKey key;
-    if (!call_key(x, w, eps, offset, mode, &key)) return false;
+    if (!call_key(x, w, eps, offset, mode, few_rows_max_, &key)) return false;
     key.settings = settings;
     if (static_cast<int64_t>(launches_.size()) >= capacity_) launches_.clear();  // bounded
     launches_[std::move(key)] = std::move(launch);  // nodes hold their own reference
@@ -378,13 +340,8 @@ class CallMemo {
   int64_t settings_ = 0;  // the code of the settings now in force
 
  private:
-  bool key_of(py::handle x, py::handle w, py::handle eps, py::handle offset, py::handle mode,
-              CallKey* key) const {
-    key->settings = settings_;
-    return call_key(x, w, eps, offset, mode, key);
-  }
-
   int64_t capacity_;
+  int64_t few_rows_max_;  // M <= this is part of the key (cute/plan.py AUTO_PERSISTENT_MAX_ROWS)
   std::unordered_map<CallKey, std::shared_ptr<const Launch>, CallKeyHash> launches_;
 };
 
@@ -397,17 +354,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const py::handle&>(), py::arg("spec"),
            "a launch built from a rmsnorm_lab.native.launch.LaunchSpec")
       .def_property_readonly("training", &Launch::training)
-      .def_readonly("forward_grid", &Launch::forward_grid)
-      .def_readonly("partial_rows", &Launch::partial_rows)
-      .def_property_readonly("steps", [](const Launch& k) {
-        return static_cast<int64_t>(k.backward.size());
-      });
+      .def("forward_grid", [](const Launch& k, int64_t m) { return k.forward_grid.of(m); },
+           "the forward's grid for m rows")
+      .def("steps", [](const Launch& k, int64_t need) {
+        return static_cast<int64_t>(k.backward.at(need).steps.size());
+      }, "the kernel calls of backward `need` (0: dx and dW, 1: dx alone, 2: dW alone)");
   m.def("apply", &apply,
         "y = rms_norm(x, weight) as `launch` plans it; on the tape when x or weight requires "
         "grad (and grad mode is on; a training launch only)",
         py::arg("x"), py::arg("weight"), py::arg("launch"));
   py::class_<CallMemo>(m, "CallMemo")
-      .def(py::init<int64_t>(), py::arg("capacity"))
+      .def(py::init<int64_t, int64_t>(), py::arg("capacity"), py::arg("few_rows_max"))
       .def("find", &CallMemo::find, "the Launch planned for this call, or None", py::arg("x"),
            py::arg("weight"), py::arg("eps"), py::arg("offset"), py::arg("casting_mode"))
       .def("insert", &CallMemo::insert, py::arg("x"), py::arg("weight"), py::arg("eps"),

@@ -7,7 +7,8 @@ names, each launch checked against the reference.
 
 ``--report-api-errors no``: the CUDA driver bindings look up entry points with cuGetProcAddress
 while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
-an error (34 on the H200 with driver 580), though no kernel is involved. Memory errors in the
+an error, though no kernel is involved
+(results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows"). Memory errors in the
 kernels are still reported.
 """
 

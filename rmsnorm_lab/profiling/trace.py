@@ -1,7 +1,7 @@
 """Per-event Nsight Systems reports as DataFrames: the raw material of a timeline.
 
-``profiling.py`` reads the *summary* reports (one row per range or kernel name). This module reads
-the *trace* reports, one row per event, that ``nsys stats --format csv`` writes for::
+``profiling/nsys.py`` reads the *summary* reports (one row per range or kernel name). This module
+reads the *trace* reports, one row per event, that ``nsys stats --format csv`` writes for::
 
     nsys stats --report nvtx_pushpop_trace,cuda_gpu_trace,cuda_api_trace --format csv \\
         --output profile-fwd --force-export true profile-fwd.nsys-rep
@@ -300,7 +300,7 @@ def launches(trace: Trace) -> Optional[pd.DataFrame]:
 
 def range_durations(nvtx: pd.DataFrame) -> pd.DataFrame:
     """Per lab range name: instances and host µs per instance (median, p20, p80), ordered by
-    stage (``profiling.STAGES``)."""
+    stage (``profiling.nsys.STAGES``)."""
     if nvtx is None or nvtx.empty:
         return pd.DataFrame(columns=["instances", "p20 µs", "median µs", "p80 µs"])
     g = nvtx.groupby("range")["dur_ns"]

@@ -1,6 +1,6 @@
 """Figures and tables of the host-overhead study (notebooks/03_host_overhead.ipynb), drawn from
 ``results/<gpu>/host.csv`` (``rmsnorm_lab.bench.host``) and from nsys trace CSVs
-(``rmsnorm_lab.nsys_trace``).
+(``rmsnorm_lab.profiling.trace``).
 
 Impl names in host.csv carry the launch path after ``@`` and a toggle after it:
 ``cute.auto@tvm_ffi``, ``cute.auto@cached``, ``cute.auto@tvm_ffi+nvtx``,
@@ -43,9 +43,10 @@ TOGGLES = {
     "-sm_count_cache": "SM count asked of the driver per call (no SM-count cache)",
     "+settings_per_call": "RMSNORM_LAB_* environment re-read per call",
     "+python_node": "Python launch path and autograd node instead of the C++ extension "
-                    "(settings.autograd_node)",
+                    "(settings.experiments.autograd_node)",
 }
-#: the issue's budget for NVTX (µs per call)
+#: the most NVTX ranges may add to a forward call, µs: the target the notebook holds the
+#: measured cost of ranges on, and of ranges off, against
 NVTX_BUDGET_US = 0.5
 
 
