@@ -158,3 +158,11 @@ def test_pdl_only_where_measured_to_pay_and_only_when_asked():
     assert not pdl("row", 4096, arch="sm_100a")    # not measured on Blackwell
     assert not pdl("row", 4096, arch=None)         # target unknown
     assert uses_pdl("row", 128, "sm_90a") and not uses_pdl("row", 64, "sm_90a")
+
+
+def test_compile_target_for_every_architecture_torch_reports():
+    """The architecture-specific ``a`` target from Hopper on (where PDL, clusters and TMA live),
+    the plain one before: sm_80 and sm_89 have no ``a`` variant."""
+    from rmsnorm_lab.cute.compile import arch_name
+    assert [arch_name(*cc) for cc in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0))] \
+        == ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a"]

@@ -192,8 +192,10 @@ def test_latest_keeps_the_newest_measurement_of_each_key():
 
 @pytest.mark.parametrize("name, slug", [
     ("NVIDIA H200", "h200"),
-    ("NVIDIA H100 80GB HBM3", "h100"),
-    ("NVIDIA H100 PCIe", "h100"),
+    ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+    ("NVIDIA H100 PCIe", "h100_pcie"),
+    ("NVIDIA H100 NVL", "h100_nvl"),
+    ("NVIDIA H200 NVL", "h200_nvl"),
     ("NVIDIA B200", "b200"),
     ("NVIDIA GH200 480GB", "gh200"),
     ("NVIDIA A100-SXM4-80GB", "a100"),
@@ -207,7 +209,7 @@ def test_gpu_slug(name, slug):
 def test_collect_answers_every_provenance_column_without_a_gpu():
     prov = provenance.collect()
     assert tuple(prov) == results.PROVENANCE_COLUMNS
-    assert prov["gpu"] and re.fullmatch(r"[a-z0-9-]+", prov["gpu"])
+    assert prov["gpu"] and re.fullmatch(r"[a-z0-9_-]+", prov["gpu"])
     assert isinstance(prov["sm_count"], int)
     assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?|unknown", prov["commit"])
     stamp = datetime.datetime.fromisoformat(prov["timestamp"])

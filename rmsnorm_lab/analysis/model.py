@@ -95,7 +95,8 @@ def bytes_moved(op: str, M: int, N: int, dtype: str = "bf16") -> float:
 
 
 def spec_of(gpu: str, sm_count: Optional[int] = None) -> GPUSpec:
-    """The spec for a results slug; ``h100`` with 114 SMs is the PCIe card."""
+    """The spec for a results slug; a plain ``h100`` (results recorded before the form factor
+    was part of the slug) with 114 SMs is the PCIe card."""
     if gpu == "h100" and sm_count == 114:
         return spec("h100_pcie")
     return spec(gpu)

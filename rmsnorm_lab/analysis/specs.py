@@ -1,5 +1,11 @@
 """Datasheet figures of the GPUs the lab compares, each with the vendor page it came from.
 
+Adding a GPU is adding files: run the benchmarks on it (``python -m rmsnorm_lab bench --op fwd``,
+``--op bwd``, ``--op full``, ``--op host``), which write ``results/<slug>/*.csv`` with the slug
+``results.provenance.gpu_slug`` makes of the device name; then add its ``GPUSpec`` below under
+that slug, with the datasheet's bandwidth and the page it came from (SMs, L2 and clock with
+theirs). Every notebook and the report pick both up; nothing else names a GPU.
+
 ``measured_copy_bandwidth`` reads the copy ceiling that the lab's own benchmark measured on a GPU
 (``impl`` ``copy``: an SM kernel reading 1 GiB and writing 1 GiB, CUDA-graph replay). The ratio
 measured / datasheet is what the model in ``model.py`` carries from one GPU to another.
@@ -55,9 +61,8 @@ SPECS: Dict[str, GPUSpec] = {s.key: s for s in (
             "device-query values, treat as approximate"),
 )}
 
-#: aliases a results directory may use
-ALIASES = {"h100": "h100_sxm", "h100_80gb_hbm3": "h100_sxm", "h100_pcie": "h100_pcie",
-           "h200": "h200", "b200": "b200"}
+#: other names a caller may use for a spec (results directories use the keys themselves)
+ALIASES = {"h100": "h100_sxm"}
 
 
 def spec(gpu: str) -> GPUSpec:

@@ -18,12 +18,13 @@ import torch
 
 from .. import reference, rms_norm, settings
 from ..dispatch import backward
+from ..registry import BACKWARD_MODES, FORWARD_VARIANTS
 
 # (3, 1023) only admits the forward fallback; (3, 1024) runs every variant on the same tiny grid.
 FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192)]
-FWD_VARIANTS = ["row", "persistent", "warp", "fallback"]
+FWD_VARIANTS = list(FORWARD_VARIANTS)
 BWD_SHAPES = [(131, 4096), (1000, 8192), (131, 16384)]  # the last: chunked fused, dW in smem
-BWD_MODES = ["fused", "split"]
+BWD_MODES = list(BACKWARD_MODES)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -25,16 +25,26 @@ _KNOWN_GPUS = frozenset({"gb300", "gb200", "b300", "b200", "b100", "gh200", "h20
                          "a100", "a10g", "a10", "l40s", "l40", "l4", "v100", "t4"})
 
 
-def gpu_slug(name: str) -> str:
-    """A short lower-case name for a GPU, used as the results directory and the ``gpu`` column.
+#: form factors that differ in bandwidth under one chip name: the H100's PCIe card has 2.0 TB/s
+#: to the SXM part's 3.35, so their results must not share a directory
+_FORMS = {"h100": ("sxm", {"pcie": "pcie", "nvl": "nvl"}), "h200": ("", {"nvl": "nvl"})}
 
-    ``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``; an unknown name
-    becomes its own sanitized form (``"NVIDIA RTX 6000 Ada"`` -> ``"rtx-6000-ada"``).
+
+def gpu_slug(name: str) -> str:
+    """A short lower-case name for a GPU, used as the results directory and the ``gpu`` column
+    (and as the key of its datasheet figures, ``analysis.specs``).
+
+    ``"NVIDIA H200"`` -> ``"h200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"h100_sxm"``,
+    ``"NVIDIA H100 PCIe"`` -> ``"h100_pcie"``; an unknown name becomes its own sanitized form
+    (``"NVIDIA RTX 6000 Ada"`` -> ``"rtx-6000-ada"``).
     """
     low = name.lower().replace("nvidia", " ")
-    for tok in re.split(r"[^a-z0-9]+", low):
+    tokens = [t for t in re.split(r"[^a-z0-9]+", low) if t]
+    for tok in tokens:
         if tok in _KNOWN_GPUS:
-            return tok
+            default, forms = _FORMS.get(tok, ("", {}))
+            form = next((forms[t] for t in tokens if t in forms), default)
+            return f"{tok}_{form}" if form else tok
     slug = re.sub(r"[^a-z0-9]+", "-", low).strip("-")
     return slug or "unknown"
 
