@@ -199,8 +199,8 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
         rows.append(make_row(prov, op, impl, path, M, N, DTYPE, metric, q))
 
     impls = host_impls()
-    with tqdm(total=len(impls) * 3 + 2 * len(VARYING_M_IMPLS) + len(CROSSOVER_M) + len(CACHE_CAPS) + 1,
-              desc="bench host") as bar:
+    steps = len(impls) * 3 + 2 * len(VARYING_M_IMPLS) + len(CROSSOVER_M) + len(CACHE_CAPS) + 1
+    with tqdm(total=steps, desc="bench host") as bar:
         # every implementation x workload sampled once per round, rounds interleaved (see
         # interleaved_host_time_us: the host's speed drifts between a sequential run's rows)
         tasks, failures = host_tasks(impls, on_task=bar.update)

@@ -1,20 +1,22 @@
 """What the native node launches, decided in Python.
 
 Python decides what to launch, exactly as the Python paths do: the forward entry
-(``cute.runner.entry_for``), for a training call the backward's steps
-(``cute.backward_runner.backward_steps``), the forward grid and the rows of dW partials. The
-decision is handed to the extension as one ``LaunchSpec``, with plain values only; the extension
-(native_node.cpp) launches the forward and, for a training call, keeps what the backward needs on
-its tape node and runs the steps in order, in C++.
+(``cute.runner.entry_for``), for a training call the backwards' steps
+(``cute.backward_runner.backward_steps``: dx and dW, dx alone, dW alone), and the rules by which
+the forward grid, the strip counts and the rows of dW partials follow the row count. The decision
+is handed to the extension as one ``LaunchSpec`` of plain values; the extension (native_node.cpp)
+launches the forward and, for a training call, keeps what the backward needs on its tape node and
+runs the steps of the backward the inputs' gradients ask for, in C++.
 
-The decision is memoized per call in the extension's ``CallMemo``: shape, strides, dtypes,
-devices, alignment, casting mode, eps, offset and a code of the settings a plan reads
-(``settings_code``). A call of a known key runs without entering this module
-(``dispatch.fast_call``). The settings are read once per plan, from one snapshot, and the launch
-is filed under that snapshot's code, so an override in another thread cannot file a launch under
-the wrong settings. A node holds its own reference to its Launch, and a Launch to its kernels;
-the compiled Python functions behind them are pinned in ``_FUNCTIONS`` for the life of the
-process, not dropped by the runners' ``clear_caches``.
+The decision is memoized in the extension's ``CallMemo``, keyed on what a plan reads: the row
+width and layout, dtypes, devices, alignment, casting mode, eps, offset, which side of ``auto``'s
+few-rows threshold the row count is on, and a code of the settings (``Snapshot``); not on the row
+count itself, so calls whose leading shape changes every call share one Launch. A call of a known
+key runs without entering this module (``dispatch.fast_call``). The settings are read once per
+plan, from one snapshot, and the launch is filed under that snapshot's code, so an override in
+another thread cannot file a launch under the wrong settings. A node holds its own reference to
+its Launch, and a Launch to its kernels; the compiled Python functions behind them are pinned in
+``_FUNCTIONS`` for the life of the process, not dropped by the runners' ``clear_caches``.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ import torch
 from ..common.rows import INT32_LIMIT, as_rows, check_weight
 from ..cute import backward_runner, runner
 from ..cute.backward_runner import RowsRule
-from ..cute.plan import AUTO_PERSISTENT_MAX_ROWS
-from ..cute.plan import check_int32_addressable
+from ..cute.plan import AUTO_PERSISTENT_MAX_ROWS, check_int32_addressable
 from ..registry import nvtx_argb
 from ..settings import on_change, settings
 
@@ -159,6 +160,8 @@ def settings_code() -> int:
 def memo(native):
     """The extension's call memo (made on first use; its settings code follows every change)."""
     global _memo
+    if _memo is not None:
+        return _memo
     with _memo_lock:
         if _memo is None:
             # the one use of M a plan makes: ``auto`` takes the persistent grid for few rows
@@ -176,7 +179,7 @@ def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
              offset: float, casting_mode: str) -> torch.Tensor:
     """y of ``x`` (any leading shape, validated by ``api.rms_norm``) through the native
     extension: on the tape when grad mode is on and x or the weight requires grad. Planned once
-    per call key (``plan_launch``: ~8 µs of Python), then found in the memo."""
+    per call key (``plan_launch``), then found in the memo."""
     calls = memo(native)
     launch = calls.find(x, weight, eps, offset, casting_mode)
     if launch is None:

@@ -2,8 +2,9 @@
 //
 // Why it exists (results/NOTES.md, "The native tape node"): with the kernels launched through
 // TVM-FFI, the host cost of a training call was dominated by the Python autograd.Function, whose
-// backward runs Python on autograd's device thread. torch's own RMSNorm keeps its tape in C++, and so does
-// this node: the forward launch, the saved tensors and the backward's kernel calls run in C++.
+// backward runs Python on autograd's device thread. torch's own RMSNorm keeps its tape in C++,
+// and so does this node: the forward launch, the saved tensors and the backward's kernel calls
+// run in C++.
 //
 // The kernels are the CuTe DSL compilations the Python path launches: TVM-FFI functions, called
 // through TVM-FFI's C ABI with DLTensor views of the torch tensors on torch's current stream.
