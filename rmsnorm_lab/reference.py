@@ -27,6 +27,16 @@ Rounding points in the backward: ``gemma`` uses fp32 throughout. ``llama`` uses 
 ``m`` to x's dtype, as its forward did every product in that dtype. For fp32 inputs the three modes
 agree to fp32 rounding.
 
+The fused residual add (``rms_norm(x, w, residual=r)``, a decoder block's ``h = x + r; y =
+norm(h)``)::
+
+    h  = x + r                                  # fp32 sum rounded to x's dtype: the model's add
+    y  = norm(h)                                # as above, of the rounded h
+    dx = dr = dh + dx_norm                      # fp32 sum rounded to x's dtype
+
+where ``dh`` is the gradient arriving at the returned ``h`` (the next block's residual) and
+``dx_norm`` the norm's dx before its rounding; dW as above, of h.
+
 ``y`` has x's dtype; ``dw`` has w's dtype. Without a weight, ``w`` is taken as ones and there is no
 ``dw``. ``offset`` (e.g. 1.0 for Gemma, whose checkpoints store ``w - 1``) applies only with a
 weight.
@@ -92,8 +102,10 @@ def rms_norm_backward(
     rstd: torch.Tensor,
     offset: float = 0.0,
     casting_mode: str = "llama",
+    dh: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Returns ``(dx, dw)``: dx in x's dtype, dw in w's dtype (None without a weight)."""
+    """Returns ``(dx, dw)``: dx in x's dtype, dw in w's dtype (None without a weight). With
+    ``dh`` (the fused add's: see the module's docstring) dx is ``dh + dx`` before the rounding."""
     check_casting_mode(casting_mode)
     dtype = x.dtype
     n = x.shape[-1]
@@ -105,7 +117,10 @@ def rms_norm_backward(
         m = (dyf * ws.to(dtype).float()).to(dtype).float()
     else:
         m = dyf * ws
-    dx = (r * (m - x_hat * (m * x_hat).mean(dim=-1, keepdim=True))).to(dtype)
+    dx = r * (m - x_hat * (m * x_hat).mean(dim=-1, keepdim=True))
+    if dh is not None:
+        dx = dx + dh.float()
+    dx = dx.to(dtype)
     dw = None
     if weight is not None:
         x_hat_w = x_hat if casting_mode == "gemma" else x_hat.to(dtype).float()
@@ -116,3 +131,17 @@ def rms_norm_backward(
 def rms_norm(x, weight=None, eps=1e-6, offset=0.0, casting_mode="llama") -> torch.Tensor:
     """Forward only: ``y``."""
     return rms_norm_forward(x, weight, eps, offset, casting_mode)[0]
+
+
+def add_residual(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``h = x + residual``, summed in fp32 and rounded to x's dtype (what ``x + residual``
+    gives in torch for two tensors of one floating dtype)."""
+    return (x.float() + residual.float()).to(x.dtype)
+
+
+def fused_add_rms_norm_forward(x, residual, weight=None, eps=1e-6, offset=0.0,
+                               casting_mode="llama"):
+    """``(y, h, rstd)`` of the fused residual add: ``h = x + residual``, ``y = norm(h)``."""
+    h = add_residual(x, residual)
+    y, rstd = rms_norm_forward(h, weight, eps, offset, casting_mode)
+    return y, h, rstd

@@ -26,7 +26,7 @@ from triton.runtime import interpreter as triton_interpreter
 from rmsnorm_lab import reference as ref
 from rmsnorm_lab.triton import backward, forward
 from rmsnorm_lab.triton.backward import triton_rms_norm_backward
-from rmsnorm_lab.triton.forward import triton_rms_norm_forward
+from rmsnorm_lab.triton.forward import triton_fused_add_forward, triton_rms_norm_forward
 
 pytestmark = pytest.mark.interpret
 
@@ -212,6 +212,49 @@ def test_forward_two_pass_path(monkeypatch, dtype, mode, with_weight):
     x = fresh((3, 200), dtype)
     w = fresh((200,), dtype) if with_weight else None
     check_forward(x, w, 1.0, mode)
+
+
+# ---------------------------------------------------------------- the fused residual add
+
+@pytest.mark.parametrize("two_pass", [False, True])
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_forward_matches_reference(monkeypatch, dtype, mode, with_weight, two_pass):
+    """h = x + residual rounded to x's dtype (bit-exact: one fp32 add, one rounding), y its
+    norm; the two-pass path stores h in pass 1 and normalizes it in pass 2."""
+    if two_pass:
+        monkeypatch.setattr(forward, "MAX_FUSED_BLOCK", 64)
+        monkeypatch.setattr(forward, "LOOP_BLOCK", 32)
+        monkeypatch.setattr(forward, "_rms_norm_fwd_fused", None)
+    x = fresh((5, 200), dtype)
+    r = fresh((8, 256), dtype)[:5, :200]  # a row-strided residual
+    w = fresh((200,), dtype) if with_weight else None
+    y, h, rstd = triton_fused_add_forward(x, r, w, EPS, 1.0, mode, need_rstd=True)
+    y_ref, h_ref, rstd_ref = ref.fused_add_rms_norm_forward(x, r, w, EPS, 1.0, mode)
+    assert torch.equal(h, h_ref)
+    assert_y_close(y, y_ref)
+    assert_rstd_close(rstd, rstd_ref)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_with_the_fused_adds_gradient(dtype, mode):
+    x, w = fresh((6, 96), dtype), fresh((96,), dtype)
+    dy, dh = fresh((6, 96), dtype), fresh((6, 96), dtype)
+    rstd = ref.rstd_of(x, EPS)
+    dx, dw = triton_rms_norm_backward(dy, x, w, rstd, 0.5, mode, dh=dh)
+    dx_ref, dw_ref = ref.rms_norm_backward(dy, x, w, rstd, 0.5, mode, dh=dh)
+    assert_grads_close(dx, dw, dx_ref, dw_ref, w)
+
+
+def test_fused_add_refuses_a_residual_of_another_shape_or_dtype():
+    x = fresh((4, 32), torch.bfloat16)
+    with pytest.raises(ValueError, match="residual must have x's shape"):
+        triton_fused_add_forward(x, fresh((4, 32)), None, EPS, 0.0, "llama", False)
+    with pytest.raises(ValueError, match="residual"):
+        triton_fused_add_forward(x, fresh((3, 32), torch.bfloat16), None, EPS, 0.0, "llama",
+                                 False)
 
 
 # ---------------------------------------------------------------- backward

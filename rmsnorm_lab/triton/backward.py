@@ -38,9 +38,10 @@ def _num_programs(device: torch.device, m: int) -> int:
 
 
 @triton.jit
-def _rms_norm_bwd(DY, X, W, RSTD, DX, DW_PARTIAL,
-                  dy_row_stride, x_row_stride, M, N, rows_per_program, offset,
-                  BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+def _rms_norm_bwd(DY, X, W, RSTD, DX, DW_PARTIAL, DH,
+                  dy_row_stride, x_row_stride, dh_row_stride, M, N, rows_per_program, offset,
+                  BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                  HAS_DH: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -76,6 +77,8 @@ def _rms_norm_bwd(DY, X, W, RSTD, DX, DW_PARTIAL,
         # Masked lanes have x_hat = 0, so they add nothing to the sum; divide by the true N.
         c = tl.sum(m * x_hat, axis=0) / N
         dx = rstd * (m - x_hat * c)
+        if HAS_DH:  # the fused add: h's own gradient joins before the rounding
+            dx += tl.load(DH + row * dh_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + row * N + cols, dx.to(x.dtype), mask=mask)
 
     if HAS_WEIGHT:
@@ -90,8 +93,10 @@ def triton_rms_norm_backward(
     offset: float,
     casting_mode: str,
     dx: Optional[torch.Tensor] = None,
+    dh: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Gradients of RMSNorm over the rows of a 2-D ``x``: returns ``(dx, dw)``.
+    """Gradients of RMSNorm over the rows of a 2-D ``x``: returns ``(dx, dw)``. With ``dh`` (the
+    fused add's gradient at h, rows like dy) dx is ``dh + dx`` before its rounding.
 
     ``dx`` is a new contiguous ``(M, N)`` tensor of x's dtype, or the given ``dx`` (contiguous,
     x's shape and dtype), which may be ``dy`` itself: a program reads a whole row of dy before it
@@ -110,6 +115,11 @@ def triton_rms_norm_backward(
         raise ValueError(f"rstd must be float32 of shape ({M},), got {rstd.dtype} "
                          f"{tuple(rstd.shape)}")
     check_weight(weight, N, x.device)
+    if dh is not None:
+        check_rows("dh", dh, N)
+        if dh.shape[0] != M or dh.dtype != x.dtype:
+            raise ValueError(f"dh must be a {x.dtype} tensor of shape {(M, N)}, got {dh.dtype} "
+                             f"{tuple(dh.shape)}")
     block = triton.next_power_of_2(N)
     if block > MAX_BLOCK:
         raise NotImplementedError(f"the Triton backward holds a row in one block of at most "
@@ -131,10 +141,11 @@ def triton_rms_norm_backward(
     dw_partial = (torch.empty((programs, N), dtype=torch.float32, device=x.device)
                   if weight is not None else None)
     _rms_norm_bwd[(programs,)](
-        dy, x, weight, rstd.contiguous(), dx, dw_partial,
-        dy.stride(0), x.stride(0), M, N, rows_per_program, offset,
+        dy, x, weight, rstd.contiguous(), dx, dw_partial, dh,
+        dy.stride(0), x.stride(0), dh.stride(0) if dh is not None else 0, M, N,
+        rows_per_program, offset,
         BLOCK=block, CASTING_MODE=casting_mode, HAS_WEIGHT=weight is not None,
-        num_warps=num_warps_for(block),
+        HAS_DH=dh is not None, num_warps=num_warps_for(block),
     )
     dw = dw_partial.sum(0).to(weight.dtype) if weight is not None else None
     return dx, dw

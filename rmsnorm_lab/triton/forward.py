@@ -4,6 +4,9 @@ A row of up to ``MAX_FUSED_BLOCK`` elements is loaded once into registers, reduc
 normalized from those registers. A wider row cannot sit in one block's registers, so that kernel
 walks the row in ``LOOP_BLOCK``-wide chunks twice: once summing squares, once normalizing.
 
+With a residual (``HAS_RESIDUAL``) the row is first ``h = x + residual``, rounded to x's dtype
+and stored: the fused residual add of a decoder block, one pass over x, the residual and h.
+
 Rounding follows ``rmsnorm_lab.reference`` exactly; the shared pieces (``shifted_weight``) are also
 used by the backward.
 """
@@ -102,14 +105,27 @@ def _normalize(x, rstd, w, offset, CASTING_MODE: tl.constexpr, HAS_WEIGHT: tl.co
 
 
 @triton.jit
-def _rms_norm_fwd_fused(X, Y, W, RSTD, x_row_stride, N, eps, offset,
+def _add_residual(x, R, H, row, r_row_stride, N, cols, mask, HAS_RESIDUAL: tl.constexpr):
+    """``h = x + residual`` rounded to x's dtype, stored to H (the rows of x untouched without
+    a residual)."""
+    if HAS_RESIDUAL:
+        r = tl.load(R + row * r_row_stride + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(H + row * N + cols, x, mask=mask)
+    return x
+
+
+@triton.jit
+def _rms_norm_fwd_fused(X, Y, W, RSTD, R, H, x_row_stride, r_row_stride, N, eps, offset,
                         BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr,
-                        HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
+                        HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
+                        HAS_RESIDUAL: tl.constexpr):
     # int64 row index: row * stride overflows int32 once a tensor passes 2**31 elements.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     x = tl.load(X + row * x_row_stride + cols, mask=mask, other=0.0)
+    x = _add_residual(x, R, H, row, r_row_stride, N, cols, mask, HAS_RESIDUAL)
     xf = x.to(tl.float32)
     # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true N.
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
@@ -124,24 +140,30 @@ def _rms_norm_fwd_fused(X, Y, W, RSTD, x_row_stride, N, eps, offset,
 
 
 @triton.jit
-def _rms_norm_fwd_looped(X, Y, W, RSTD, x_row_stride, N, eps, offset,
+def _rms_norm_fwd_looped(X, Y, W, RSTD, R, H, x_row_stride, r_row_stride, N, eps, offset,
                          BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr,
-                         HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr):
+                         HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * x_row_stride
     y_row = Y + row * N
 
-    # Pass 1: per-lane partial sums of squares, reduced across lanes once at the end.
+    # Pass 1: per-lane partial sums of squares, reduced across lanes once at the end (and h
+    # stored, with a residual).
     sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        xf = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols, mask=cols < N, other=0.0)
+        x = _add_residual(x, R, H, row, r_row_stride, N, cols, cols < N, HAS_RESIDUAL)
+        xf = x.to(tl.float32)
         sum_sq += xf * xf
     rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
     if STORE_RSTD:
         tl.store(RSTD + row, rstd)
 
-    # Pass 2: re-read x (mostly from L2, which the first pass just filled) and normalize.
+    # Pass 2: re-read x, or h (mostly from L2, which the first pass just filled), and normalize.
+    if HAS_RESIDUAL:
+        x_row = H + row * N
     for start in range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < N
@@ -166,6 +188,31 @@ def triton_rms_norm_forward(
 
     ``y`` is a new contiguous ``(M, N)`` tensor of x's dtype; ``rstd`` is fp32 ``(M,)``.
     """
+    y, rstd, _ = _forward(x, None, weight, eps, offset, casting_mode, need_rstd)
+    return y, rstd
+
+
+def triton_fused_add_forward(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    need_rstd: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """The fused residual add over the rows of 2-D ``x`` and ``residual`` (same shape and
+    dtype): returns ``(y, h, rstd)`` with ``h = x + residual`` (rounded to x's dtype) and
+    ``y`` its RMSNorm; ``h`` and ``y`` new contiguous tensors."""
+    check_rows("residual", residual, x.shape[1] if x.dim() == 2 else None)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
+                         f"got {tuple(residual.shape)} {residual.dtype}")
+    y, rstd, h = _forward(x, residual, weight, eps, offset, casting_mode, need_rstd)
+    return y, h, rstd
+
+
+def _forward(x, residual, weight, eps, offset, casting_mode, need_rstd):
     check_casting_mode(casting_mode)
     check_rows("x", x)
     M, N = x.shape
@@ -175,8 +222,9 @@ def triton_rms_norm_forward(
 
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device) if need_rstd else None
+    h = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
     if M == 0:
-        return y, rstd
+        return y, rstd, h
 
     block = triton.next_power_of_2(N)
     if block <= MAX_FUSED_BLOCK:
@@ -185,9 +233,11 @@ def triton_rms_norm_forward(
         kernel, block = _rms_norm_fwd_looped, LOOP_BLOCK
     # Absent tensors are passed as None: Triton makes them constexpr, so no pointer is bound.
     kernel[(M,)](
-        x, y, weight, rstd, x.stride(0), N, eps, offset,
+        x, y, weight, rstd, residual, h, x.stride(0),
+        residual.stride(0) if residual is not None else 0, N, eps, offset,
         BLOCK=block, CASTING_MODE=casting_mode,
         HAS_WEIGHT=weight is not None, STORE_RSTD=need_rstd,
+        HAS_RESIDUAL=residual is not None,
         num_warps=num_warps_for(block),
     )
-    return y, rstd
+    return y, rstd, h
