@@ -10,8 +10,8 @@ __version__ = "0.1.0"
 from .settings import settings  # noqa: E402
 from .reference import CASTING_MODES  # noqa: E402
 from .api import rms_norm  # noqa: E402
-from .module import RMSNorm  # noqa: E402
+from .module import FusedAddRMSNorm, RMSNorm  # noqa: E402
 from .models import patch, unpatch  # noqa: E402
 
-__all__ = ["rms_norm", "RMSNorm", "patch", "unpatch", "settings", "CASTING_MODES",
-           "__version__"]
+__all__ = ["rms_norm", "RMSNorm", "FusedAddRMSNorm", "patch", "unpatch", "settings",
+           "CASTING_MODES", "__version__"]

@@ -135,11 +135,30 @@ _RUN: Dict[str, Callable] = {
 }
 
 
+def validate_residual(x: torch.Tensor, residual: torch.Tensor, in_place: bool) -> None:
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"residual must match x ({tuple(x.shape)} {x.dtype} on {x.device}), got "
+                         f"{tuple(residual.shape)} {residual.dtype} on {residual.device}")
+    if residual.layout != torch.strided or residual.is_nested:
+        raise TypeError("residual must be a dense (strided) tensor")
+    if in_place:
+        raise ValueError("in_place=True is not available with a residual (x and the residual "
+                         "share one gradient, which the fused add returns for both)")
+
+
 def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, *,
-             offset: float = 0.0, casting_mode: str = "llama",
-             backend: Optional[str] = None, in_place: bool = False) -> torch.Tensor:
+             residual: Optional[torch.Tensor] = None, offset: float = 0.0,
+             casting_mode: str = "llama", backend: Optional[str] = None,
+             in_place: bool = False):
     """RMSNorm over the last dimension of ``x`` (any leading shape); see ``reference`` for the
     exact rounding of each casting mode. ``backend`` defaults to ``settings.backend``.
+
+    With ``residual`` (a tensor like x) it is the fused residual add of a decoder block: it
+    returns ``(y, h)`` with ``h = x + residual`` (rounded to x's dtype, as the model's own add)
+    and ``y`` the RMSNorm of h, in one kernel that reads x and the residual once and writes h and
+    y; the backward gives x and the residual one gradient, h's incoming gradient plus the norm's.
 
     Differentiable: when grad mode is on and ``x`` or ``weight`` requires grad, the call is
     recorded for autograd (``rstd`` is saved, fp32); otherwise nothing beyond ``y`` is kept.
@@ -160,7 +179,8 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     """
     compiling = torch.compiler.is_compiling()
     fast = dispatch.fast_call  # a call planned before: all in C++
-    if fast is not None and backend in (None, "cute") and not in_place and not compiling:
+    if (fast is not None and backend in (None, "cute") and not in_place and not compiling
+            and residual is None):
         y = fast(x, weight, eps, offset, casting_mode)
         if y is not None:
             return y
@@ -169,18 +189,26 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
         if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
             backend = "torch"
     validate(x, weight, casting_mode, backend)
-    x, weight = _as_torch_would_compute(x, weight)
-    machinery = None if compiling else torch_machinery(x, weight)
-    training = torch.is_grad_enabled() and (x.requires_grad
-                                            or (weight is not None and weight.requires_grad))
+    if residual is not None:
+        validate_residual(x, residual, in_place)
+    x, weight, residual = _as_torch_would_compute(x, weight, residual)
+    machinery = None if compiling else (torch_machinery(x, weight)
+                                        or (residual is not None
+                                            and torch_machinery(residual, None)) or None)
+    training = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, residual))
     native = (not compiling and machinery is None and not in_place and x.numel() > 0
-              and dispatch.routed_to_native(backend) and dispatch.native_node() is not None)
+              and residual is None and dispatch.routed_to_native(backend)
+              and dispatch.native_node() is not None)
     path = choose_path(compiling=compiling, machinery=machinery, native=native,
                        training=training, empty=x.numel() == 0)
+    if residual is not None:
+        return autograd.fused_add(x, residual, weight, eps, offset, casting_mode, backend, path)
     return _RUN[path](x, weight, eps, offset, casting_mode, backend, in_place)
 
 
-def _as_torch_would_compute(x: torch.Tensor, weight: Optional[torch.Tensor]):
+def _as_torch_would_compute(x: torch.Tensor, weight: Optional[torch.Tensor],
+                            residual: Optional[torch.Tensor] = None):
     """The inputs the kernels take, derived the way torch would: under an autocast that
     upcasts rms_norm, fp32 copies (recorded by autograd like any cast); a last dimension that is
     not unit-stride, or leading dimensions that cannot be seen as rows, a contiguous copy (row
@@ -189,8 +217,11 @@ def _as_torch_would_compute(x: torch.Tensor, weight: Optional[torch.Tensor]):
             and torch.is_autocast_enabled("cuda") and autocast_upcasts("cuda")):
         x = x.float()
         weight = weight.float() if weight is not None else None
+        residual = residual.float() if residual is not None else None
     if x.dim() and not rows_without_copy(x):
         x = x.contiguous()
+    if residual is not None and residual.dim() and not rows_without_copy(residual):
+        residual = residual.contiguous()
     if weight is not None and weight.dim() == 1 and weight.shape[0] > 1 and weight.stride(0) != 1:
         weight = weight.contiguous()
-    return x, weight
+    return x, weight, residual

@@ -44,7 +44,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import dispatch
+from . import dispatch, reference
 
 
 # ----------------------------------------------------------------------------- the work
@@ -98,14 +98,16 @@ def _rms_norm_fwd_fake(x, weight, eps, offset, casting_mode, backend, in_place=F
 
 @torch.library.custom_op("rmsnorm_lab::rms_norm_bwd", mutates_args=())
 def rms_norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, offset: float,
-                 casting_mode: str, backend: str) -> Tuple[Tensor, Tensor]:
-    """``(dx, dw)``; dw is an empty tensor of x's dtype when there is no weight."""
-    dx, dw = backward_impl(dy, x, weight, rstd, offset, casting_mode, backend)
+                 casting_mode: str, backend: str, dh: Optional[Tensor] = None
+                 ) -> Tuple[Tensor, Tensor]:
+    """``(dx, dw)``; dw is an empty tensor of x's dtype when there is no weight. ``dh``: the
+    fused add's gradient at h (x is h), added to dx."""
+    dx, dw = dispatch.backward(dy, x, weight, rstd, offset, casting_mode, backend, dh=dh)
     return dx, (dw if dw is not None else _empty_dw(x))
 
 
 @rms_norm_bwd.register_fake
-def _rms_norm_bwd_fake(dy, x, weight, rstd, offset, casting_mode, backend):
+def _rms_norm_bwd_fake(dy, x, weight, rstd, offset, casting_mode, backend, dh=None):
     dw = weight.new_empty(weight.shape) if weight is not None else _empty_dw(x)
     return x.new_empty(x.shape), dw
 
@@ -182,6 +184,94 @@ class RMSNormFunction(torch.autograd.Function):
         dx, dw = _backward(dy, x, weight, rstd, *ctx.args, use_ops=False,
                            need_dw=ctx.needs_input_grad[1])
         return dx, dw, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------- the fused add
+
+@torch.library.custom_op("rmsnorm_lab::fused_add_rms_norm_fwd", mutates_args=())
+def fused_add_rms_norm_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
+                           offset: float, casting_mode: str, backend: str
+                           ) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(y, h, rstd)`` of the fused residual add."""
+    return dispatch.fused_add_forward(x, residual, weight, eps, offset, casting_mode, backend,
+                                      need_rstd=True)
+
+
+@fused_add_rms_norm_fwd.register_fake
+def _fused_add_fwd_fake(x, residual, weight, eps, offset, casting_mode, backend):
+    return (x.new_empty(x.shape), x.new_empty(x.shape),
+            x.new_empty(x.shape[:-1], dtype=torch.float32))
+
+
+def _fused_add_grads(dy, dh, h, weight, rstd, offset, casting_mode, backend, use_ops: bool):
+    """``(d, dw)``: the gradient of x and of the residual (one tensor: ``h = x + residual``)
+    and dW. An output that got no gradient (None) contributes nothing."""
+    if dy is None:  # y unused: h's gradient alone, and no dW
+        return dh, (torch.zeros_like(weight) if weight is not None else None)
+    if use_ops:
+        d, dw = rms_norm_bwd(dy, h, weight, rstd, offset, casting_mode, backend, dh)
+        return d, (dw if weight is not None else None)
+    return dispatch.backward(dy, h, weight, rstd, offset, casting_mode, backend, dh=dh)
+
+
+def _fused_add_setup_context(ctx, inputs, output):
+    _x, _residual, weight, _eps, offset, casting_mode, backend = inputs
+    _, h, rstd = output
+    ctx.save_for_backward(h, weight, rstd)
+    ctx.mark_non_differentiable(rstd)
+    ctx.args = (offset, casting_mode, backend)
+
+
+def _fused_add_op_backward(ctx, dy, dh, _drstd):
+    h, weight, rstd = ctx.saved_tensors
+    d, dw = _fused_add_grads(dy, dh, h, weight, rstd, *ctx.args, use_ops=True)
+    return d, d, dw, None, None, None, None
+
+
+fused_add_rms_norm_fwd.register_autograd(_fused_add_op_backward,
+                                         setup_context=_fused_add_setup_context)
+
+
+class FusedAddRMSNormFunction(torch.autograd.Function):
+    """The fused residual add on the eager tape: ``(y, h)`` from ``(x, residual)``; x and the
+    residual get one and the same gradient, ``dh + dx_norm``, computed in one backward pass."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset, casting_mode, backend):
+        y, h, rstd = dispatch.fused_add_forward(x, residual, weight, eps, offset, casting_mode,
+                                                backend, need_rstd=True)
+        ctx.save_for_backward(h, weight, rstd)
+        ctx.args = (offset, casting_mode, backend)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        if torch.is_grad_enabled():
+            raise RuntimeError("rms_norm has no double backward: its backward cannot run under "
+                               "backward(create_graph=True)")
+        h, weight, rstd = ctx.saved_tensors
+        d, dw = _fused_add_grads(dy, dh, h, weight, rstd, *ctx.args, use_ops=False)
+        if not ctx.needs_input_grad[2]:
+            dw = None
+        return d, d, dw, None, None, None, None
+
+
+def fused_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, offset: float,
+              casting_mode: str, backend: str, path: str) -> Tuple[Tensor, Tensor]:
+    """``(y, h)`` of the fused residual add along ``path`` (``api.choose_path``'s)."""
+    if path == "custom_op":
+        y, h, _ = fused_add_rms_norm_fwd(x, residual, weight, float(eps), float(offset),
+                                         casting_mode, backend)
+        return y, h
+    if path == "reference":
+        h = x + residual
+        return reference.rms_norm(h, weight, eps, offset, casting_mode), h
+    if path in ("python_node", "native"):
+        return FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, casting_mode,
+                                             backend)
+    y, h, _ = dispatch.fused_add_forward(x, residual, weight, eps, offset, casting_mode, backend,
+                                         need_rstd=False)
+    return y, h
 
 
 def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,

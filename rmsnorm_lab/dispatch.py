@@ -62,13 +62,48 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
     return y.view(x.shape), (rstd.view(x.shape[:-1]) if rstd is not None else None)
 
 
+def fused_add_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
+                      eps: float, offset: float, casting_mode: str, backend: str,
+                      need_rstd: bool
+                      ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """``(y, h, rstd)`` of the fused residual add: ``h = x + residual`` (x's shape and dtype,
+    rounded once), y its RMSNorm, rstd fp32 ``x.shape[:-1]`` (None unless ``need_rstd``)."""
+    if x.numel() == 0:
+        rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if need_rstd else None
+        return torch.empty_like(x), torch.empty_like(x), rstd
+    if backend == "torch":
+        y, h, rstd = reference.fused_add_rms_norm_forward(x, residual, weight, eps, offset,
+                                                          casting_mode)
+        return y.contiguous(), h.contiguous(), (rstd.contiguous() if need_rstd else None)
+    x2, r2 = as_rows(x), as_rows(residual, "residual")
+    check_weight(weight, x2.shape[1])
+    if backend == "triton":
+        from .triton.forward import triton_fused_add_forward
+        with nvtx.range("launch", "triton", x2.shape):
+            y, h, rstd = triton_fused_add_forward(x2, r2, weight, eps, offset, casting_mode,
+                                                  need_rstd)
+    else:
+        global _cute_runner
+        if _cute_runner is None:
+            from .cute import runner as _cute_runner
+        y, h, rstd = _cute_runner.fused_add_forward(x2, r2, weight, eps, offset, casting_mode,
+                                                    need_rstd, settings.forward_variant,
+                                                    sm_count(x2.get_device()))
+    if x.dim() == 2:
+        return y, h, rstd
+    return (y.view(x.shape), h.view(x.shape),
+            rstd.view(x.shape[:-1]) if rstd is not None else None)
+
+
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
              rstd: torch.Tensor, offset: float, casting_mode: str, backend: str,
-             dx_out: Optional[torch.Tensor] = None, need_dw: bool = True
+             dx_out: Optional[torch.Tensor] = None, need_dw: bool = True,
+             dh: Optional[torch.Tensor] = None
              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(dx, dw)``: dx shaped like x in x's dtype, dw in weight's dtype (None without a
     weight, or when ``need_dw`` is off: the CuTe backend then runs the dx kernel alone).
-    ``rstd`` is the forward's fp32 ``x.shape[:-1]``.
+    ``rstd`` is the forward's fp32 ``x.shape[:-1]``. ``dh``: the fused add's gradient at h (x
+    is then h), added to dx before its rounding.
 
     With ``dx_out`` (a contiguous tensor of x's shape and dtype, in practice ``dy`` itself) dx is
     written into its storage and ``dx_out`` is returned as dx. The Triton kernel writes it there
@@ -82,6 +117,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     x2 = as_rows(x)
     M, N = x2.shape
     dy2 = grad_rows(dy, N)
+    dh2 = grad_rows(dh, N) if dh is not None else None
     rstd1 = rstd if rstd.dim() == 1 else rstd.reshape(M)
     check_weight(weight, N)
     if backend == "cute":
@@ -90,16 +126,19 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
             from .cute import backward_runner as _cute_backward
         dx2, dw = _cute_backward.backward(dy2, x2, weight, rstd1, offset, casting_mode,
                                           settings.backward, sm_count(x2.get_device()),
-                                          need_dw=need_dw)
+                                          need_dw=need_dw, dh2=dh2)
     elif backend == "triton":
         from .triton.backward import triton_rms_norm_backward
         with nvtx.range("launch", "triton", x2.shape):
             if dx_out is not None:
                 return dx_out, triton_rms_norm_backward(dy2, x2, weight, rstd1, offset,
-                                                        casting_mode, dx=dx_out.view(M, N))[1]
-            dx2, dw = triton_rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)
+                                                        casting_mode, dx=dx_out.view(M, N),
+                                                        dh=dh2)[1]
+            dx2, dw = triton_rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode,
+                                               dh=dh2)
     elif backend == "torch":
-        dx2, dw = reference.rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode)
+        dx2, dw = reference.rms_norm_backward(dy2, x2, weight, rstd1, offset, casting_mode,
+                                              dh=dh2)
         dx2 = dx2.contiguous()
     else:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -95,3 +95,17 @@ class RMSNorm(nn.Module):
         if self.in_place:
             s += ", in_place=True"
         return s
+
+
+class FusedAddRMSNorm(RMSNorm):
+    """The fused residual add of a decoder block: ``forward(x, residual)`` returns ``(y, h)``
+    with ``h = x + residual`` and ``y = RMSNorm(h)``, in one kernel (``rms_norm(...,
+    residual=)``). Same constructor, parameters and state dict as ``RMSNorm``."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor):
+        if x.dim() == 0 or x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"FusedAddRMSNorm{self.normalized_shape}: x's last dimension must "
+                             f"be {self.normalized_shape[0]}, got shape {tuple(x.shape)}")
+        eps = DEFAULT_EPS if self.eps is None else self.eps
+        return rms_norm(x, self.weight, eps, residual=residual, offset=self.offset,
+                        casting_mode=self.casting_mode, backend=self.backend)

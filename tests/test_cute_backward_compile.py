@@ -110,3 +110,46 @@ def test_dw_reduce_compiles_with_unrolled_loads_and_one_rounding_store(arch, w_d
     if report is None:
         pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
     assert report["spill_bytes"] == 0
+
+
+# The fused residual add's backward (dh joins dx): the fused and dx kernels, every dtype, with
+# and without a weight, one chunked dx row and the fallback; the wide fused kernel is refused.
+DH_CASES = [
+    ("fused", 4096, BF16, BF16, "llama", True),
+    ("fused", 8192, F16, F16, "gemma", True),
+    ("fused", 4096, F32, None, "none", True),
+    ("fused", 128, BF16, BF16, "llama", True),
+    ("dx", 4096, BF16, BF16, "llama", True),
+    ("dx", 32768, BF16, BF16, "gemma", True),
+    ("fused", 1023, BF16, BF16, "llama", True),
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind,N,x_dtype,w_dtype,mode,aligned", DH_CASES,
+                         ids=[_id(c) for c in DH_CASES])
+def test_fused_add_backward_reads_dh_and_spills_nothing(arch, kind, N, x_dtype, w_dtype, mode,
+                                                       aligned):
+    base = plan_backward(kind, N, x_dtype, w_dtype, mode, aligned)
+    plan = plan_backward(kind, N, x_dtype, w_dtype, mode, aligned, dh=True)
+    plan = dataclasses.replace(plan, pdl=backward_uses_pdl(arch))
+    facts = compile_and_inspect(plan, arch)
+    blocks = -(-N // (plan.vec * plan.threads_per_row))
+    if plan.vec > 1:  # x, dy and dh for every column block
+        assert facts.global_loads_16B >= 3 * blocks
+    else:
+        assert facts.global_loads_16B == 0
+    assert facts.local_accesses == 0
+    assert plan.dh and not base.dh and plan.chunks >= base.chunks
+    if facts.spill_bytes is None:
+        pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
+    assert facts.spill_bytes == 0, f"{facts.spill_bytes} bytes spilled, {facts.registers} regs"
+
+
+def test_wide_fused_add_backward_is_refused_for_split():
+    from rmsnorm_lab.cute.backward_plan import auto_mode
+    from rmsnorm_lab.cute.plan import NotEligible
+    with pytest.raises(NotEligible, match="split"):
+        plan_backward("fused", 16384, BF16, BF16, "llama", True, dh=True)
+    assert auto_mode(16384, 16384, BF16, BF16, "llama", True, dh=True) == "split"
+    assert auto_mode(16384, 16384, BF16, BF16, "llama", True) == "fused"

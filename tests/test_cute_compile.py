@@ -59,3 +59,38 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
     if plan.min_ctas_per_sm:  # the launch bound held: that many CTAs fit the register file
         assert facts.registers * plan.threads * plan.min_ctas_per_sm <= 65536
     assert facts.stack_bytes == 0
+
+
+# The fused residual add (h = x + residual stored, then normalized): every variant, the chunked
+# row (pass 2 re-reads h), a narrow warp row, and the fallback. (A 128-wide row on one warp
+# leaves half its lanes idle and spills 8 bytes on sm_100a: per-head widths want their own tile.)
+RESIDUAL_CASES = [
+    ("row", 4096, BF16, BF16, "llama"),
+    ("row", 32768, BF16, BF16, "gemma"),
+    ("row", 8192, F16, None, "none"),
+    ("persistent", 4096, BF16, BF16, "llama"),
+    ("warp", 1024, F32, F32, "llama"),
+    ("warp", 256, BF16, BF16, "llama"),
+    ("fallback", 1023, BF16, BF16, "gemma"),
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("variant,N,x_dtype,w_dtype,mode", RESIDUAL_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[4]}" for c in RESIDUAL_CASES])
+def test_fused_add_forward_reads_the_residual_and_stores_h(arch, variant, N, x_dtype, w_dtype,
+                                                           mode):
+    plan = plan_forward(variant, N, x_dtype, w_dtype, mode, store_rstd=True, aligned=True,
+                        arch=arch, pdl=True, residual=True)
+    assert not plan.prefetch and not plan.pipeline_chunks and not plan.min_ctas_per_sm
+    facts = compile_and_inspect(plan, arch)
+    if variant == "fallback":
+        assert facts.global_loads_16B == 0 and facts.global_loads_scalar > 0
+    else:  # x and the residual in, h and y out, 16 bytes at a time
+        blocks = -(-N // (plan.vec * plan.threads_per_row))
+        assert facts.global_loads_16B >= 2 * blocks
+        assert facts.global_stores_16B >= 2 * blocks
+    assert facts.local_accesses == 0
+    if facts.spill_bytes is None:
+        pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
+    assert facts.spill_bytes == 0, f"{facts.spill_bytes} bytes spilled, {facts.registers} regs"

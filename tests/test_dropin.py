@@ -56,7 +56,7 @@ def test_an_explicit_cuda_backend_on_the_cpu_is_refused():
 ], ids=["transposed", "permuted", "strided columns"])
 def test_any_layout_is_computed_with_a_copy_where_the_kernels_need_one(make):
     x = make().requires_grad_()
-    prepared, _ = api._as_torch_would_compute(x, None)
+    prepared, _, _ = api._as_torch_would_compute(x, None)
     assert prepared.stride(-1) == 1 and prepared.is_contiguous()
     y = rms_norm(x, None, EPS)
     torch.testing.assert_close(y, reference.rms_norm(x.detach(), None, EPS))

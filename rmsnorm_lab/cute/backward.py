@@ -77,6 +77,10 @@ class RMSNormBackward(_Common):
     def __call__(self, gDy: cute.Tensor, gX: cute.Tensor, gW: cute.Tensor, gRstd: cute.Tensor,
                  gDx: cute.Tensor, gDwP: cute.Tensor, grid: Int32, offset: Float32,
                  stream: cuda.CUstream):
+        """Host side (see ``launch``)."""
+        self.launch(gDy, gX, gW, gRstd, gDx, gDwP, None, grid, offset, stream)
+
+    def launch(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream):
         """Host side. dy, x, dx arrive as (M, N):(ld, 1) with dynamic M and row strides, w as
         (N,), rstd as (M,), the fp32 dW partials as (grid, N) (fused with a weight; otherwise an
         unread stand-in); the kernel's layouts are rebuilt here with N static, 32-bit sizes and
@@ -90,6 +94,10 @@ class RMSNormBackward(_Common):
         mDy = cute.make_tensor(gDy.iterator, cute.make_layout((M, p.N), stride=(lddy, 1)))
         mX = cute.make_tensor(gX.iterator, cute.make_layout((M, p.N), stride=(ldx, 1)))
         mDx = cute.make_tensor(gDx.iterator, cute.make_layout((M, p.N), stride=(lddx, 1)))
+        mDh = None
+        if cutlass.const_expr(gDh is not None):
+            lddh = cute.assume(Int32(gDh.stride[0]), divby=p.vec)
+            mDh = cute.make_tensor(gDh.iterator, cute.make_layout((M, p.N), stride=(lddh, 1)))
         mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
         mW = None
         mDwP = None
@@ -111,13 +119,13 @@ class RMSNormBackward(_Common):
         if cutlass.const_expr(self.dw_in_smem):
             smem_bytes = smem_bytes + 16 + p.dw_smem_bytes  # 16: alignment after the row sums
             min_blocks, carveout = p.ctas_per_sm, 100
-        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset).launch(
+        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
             min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout, use_pdl=p.pdl)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
-               mDx: cute.Tensor, mDwP: cute.Tensor, offset: Float32):
+               mDx: cute.Tensor, mDwP: cute.Tensor, offset: Float32, mDh: cute.Tensor):
         p = self.plan
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -226,7 +234,14 @@ class RMSNormBackward(_Common):
                 dyf = tXrDy.load().to(Float32)
                 x_hat = tXrX.load().to(Float32) * rstd
                 m = self.m_of(dyf, chunk_w, offset)
-                tXrDx.store((rstd * (m - x_hat * mean_mx)).to(self.x_type))
+                dx = rstd * (m - x_hat * mean_mx)
+                if cutlass.const_expr(p.dh):  # the fused add: h's own gradient joins dx
+                    tXrDh = cute.make_fragment_like(tXrX)
+                    tXrDh.fill(0)
+                    cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDh, tiler, (row, c))),
+                              tXrDh, pred=self.column_predicate(tXcX, c))
+                    dx = dx + tXrDh.load().to(Float32)
+                tXrDx.store(dx.to(self.x_type))
                 tXgDx = thr_x.partition_D(cute.local_tile(mDx, tiler, (row, c)))
                 cute.copy(tiled_x, tXrDx, tXgDx, pred=self.column_predicate(tXcX, c))
                 if cutlass.const_expr(self.dw_in_smem):
@@ -282,6 +297,22 @@ class RMSNormBackward(_Common):
                   pred=pred)
         cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDy, tiler, (row, c))), tXrDy,
                   pred=pred)
+
+
+class RMSNormBackwardDh(RMSNormBackward):
+    """``fused`` and ``dx`` plans of the fused residual add (``plan.dh``): dx (= the residual's
+    gradient) is h's incoming gradient plus the norm's dx, rounded once."""
+
+    def __init__(self, plan: BackwardPlan):
+        assert plan.dh
+        super().__init__(plan)
+
+    @cute.jit
+    def __call__(self, gDy: cute.Tensor, gX: cute.Tensor, gW: cute.Tensor, gRstd: cute.Tensor,
+                 gDx: cute.Tensor, gDh: cute.Tensor, gDwP: cute.Tensor, grid: Int32,
+                 offset: Float32, stream: cuda.CUstream):
+        """Host side: dh arrives as (M, N):(ld, 1) rows like dy."""
+        self.launch(gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream)
 
 
 class RMSNormBackwardDW(_Common):

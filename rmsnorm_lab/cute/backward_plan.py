@@ -83,6 +83,8 @@ class BackwardPlan(RowTilePlan):
     prefetch: bool = False   # fused only: load the next row's x and dy during this row
     ctas_per_sm: int = 1     # fused only: strips per SM the registers allow (fused_strips)
     pdl: bool = False        # programmatic dependent launch (backward_uses_pdl)
+    #: fused and dx: the fused add's gradient at h joins dx (dx = dh + the norm's dx)
+    dh: bool = False
 
     @property
     def dw_smem_bytes(self) -> int:
@@ -162,14 +164,16 @@ def _check(N: int, x_dtype: torch.dtype, casting_mode: str):
 
 
 def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
-                  casting_mode: str, aligned: bool) -> BackwardPlan:
-    """The plan of one backward kernel; raises ``NotEligible`` with the reason."""
+                  casting_mode: str, aligned: bool, dh: bool = False) -> BackwardPlan:
+    """The plan of one backward kernel; raises ``NotEligible`` with the reason. ``dh``: the
+    fused add's backward (fused and dx kernels), which reads h's gradient beside dy when it
+    forms dx (one more row chunk in registers)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     _check(N, x_dtype, casting_mode)
     vec = vector_width(N, x_dtype, aligned)
     common = dict(kind=kind, x_dtype=x_dtype, w_dtype=w_dtype, N=N, casting_mode=casting_mode,
-                  vec=vec)
+                  vec=vec, dh=dh and kind != "dw")
     n_vecs = N // vec
     elem = _ELEM_BYTES[x_dtype]
     x_bytes = _register_bytes(elem, vec)
@@ -195,7 +199,8 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
         # Per element of its row a thread holds x, dy, w and the fp32 dW accumulator, plus the
         # fp32 x_hat and m that the compiler keeps live across the row reduction; the row has to
         # stay in registers across the whole strip, so there is no chunked fused kernel.
-        per_elem = 2 * x_bytes + w_bytes + (4 if w_dtype is not None else 0) + FP32_LIVE
+        per_elem = ((3 if dh else 2) * x_bytes + w_bytes + (4 if w_dtype is not None else 0)
+                    + FP32_LIVE)
         max_elems = min(cap_elems, elems_in_registers(threads, per_elem))
         if vecs_per_thread * vec > max_elems:
             return _wide_fused(threads, vecs_per_thread, x_bytes, w_bytes, cap_elems, common)
@@ -209,8 +214,8 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
                                                       most=MAX_FUSED_CTAS_PER_SM),
                             **common)
 
-    # dx: x, dy, w and the fp32 x_hat and m per element; wider rows take column chunks.
-    per_elem = 2 * x_bytes + w_bytes + FP32_LIVE
+    # dx: x, dy (and dh), w and the fp32 x_hat and m per element; wider rows take column chunks.
+    per_elem = (3 if dh else 2) * x_bytes + w_bytes + FP32_LIVE
     max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
     return BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
@@ -223,6 +228,9 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
     chunks (two passes, like the dx kernel: the second re-reads a row the first just read, mostly
     from L2), and the fp32 dW accumulator moves to shared memory, N x 4 bytes per CTA."""
     vec = common["vec"]
+    if common["dh"]:
+        raise NotEligible("the fused add's wide fused kernel spills under the launch bound its "
+                          "two CTAs per SM need (ptxas -v): split")
     per_elem = 2 * x_bytes + w_bytes + FP32_LIVE
     max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
@@ -243,9 +251,9 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
 
 
 def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str,
-               aligned: bool) -> Tuple[BackwardPlan, Optional[BackwardPlan]]:
+               aligned: bool, dh: bool = False) -> Tuple[BackwardPlan, Optional[BackwardPlan]]:
     """(dx plan, dW plan or None without a weight)."""
-    dx = plan_backward("dx", N, x_dtype, w_dtype, casting_mode, aligned)
+    dx = plan_backward("dx", N, x_dtype, w_dtype, casting_mode, aligned, dh)
     dw = None
     if w_dtype is not None:
         dw = plan_backward("dw", N, x_dtype, w_dtype, casting_mode, aligned)
@@ -264,7 +272,7 @@ def backward_uses_pdl(arch: Optional[str]) -> bool:
 
 
 def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
-              casting_mode: str, aligned: bool) -> str:
+              casting_mode: str, aligned: bool, dh: bool = False) -> str:
     """``fused`` whenever there is a weight and a fused plan exists (the row in registers, or in
     column chunks with dW in shared memory): it reads x and dy once where split reads them twice.
     On the H200 (bf16, results/h200/bwd.csv) fused beat split at every shape of the sweep
@@ -273,7 +281,7 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     if w_dtype is None:
         return "split"
     try:
-        plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned)
+        plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned, dh)
     except NotEligible:
         return "split"
     return "fused"

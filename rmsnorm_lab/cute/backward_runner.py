@@ -24,9 +24,10 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from ..common import nvtx
+from ..common.rows import kernel_grad_rows
 from ..reference import check_casting_mode
 from ..settings import settings
-from .backward import RMSNormBackward, RMSNormBackwardDW
+from .backward import RMSNormBackward, RMSNormBackwardDh, RMSNormBackwardDW
 from .backward_plan import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
                             auto_mode, backward_uses_pdl, plan_backward, plan_split)
 from .dw_reduce import DwReduce
@@ -64,11 +65,16 @@ def _fake_args(plan: BackwardPlan):
     w = make_fake_tensor(TORCH_TO_CUTE[w_dtype], (cute.sym_int64(symbol="Nw"),), stride=(1,),
                          assumed_align=_align(plan, w_dtype))
     dx = matrix(x_type, "M", "lddx", align)
-    return dy, x, w, rstd, dx, part, cutlass.Int32(1), cutlass.Float32(0.0), stream
+    scalars = (cutlass.Int32(1), cutlass.Float32(0.0), stream)
+    if plan.dh:  # the fused add's: h's gradient after dx
+        return (dy, x, w, rstd, dx, matrix(x_type, "M", "lddh", align), part) + scalars
+    return (dy, x, w, rstd, dx, part) + scalars
 
 
 def _kernel_object(plan: BackwardPlan):
-    return RMSNormBackwardDW(plan) if plan.kind == "dw" else RMSNormBackward(plan)
+    if plan.kind == "dw":
+        return RMSNormBackwardDW(plan)
+    return RMSNormBackwardDh(plan) if plan.dh else RMSNormBackward(plan)
 
 
 def compile_backward(plan: BackwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
@@ -163,27 +169,29 @@ class _Entry:
         return self.reduce
 
 
-def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool) -> _Entry:
+def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
+              dh: bool = False) -> _Entry:
     """The launch entry for these inputs (dx, freshly allocated and contiguous, is aligned
-    whenever the plan's vector width divides N, which the plan checks)."""
+    whenever the plan's vector width divides N, which the plan checks); ``dh``: the fused add's
+    backward (its dh is copied to aligned rows where it is not: ``kernel_grad_rows``)."""
     M, N = x2.shape
     ptrs = dy2.data_ptr() | x2.data_ptr() | (weight.data_ptr() if weight is not None else 0)
     strides = (dy2.stride(0) | x2.stride(0)) * x2.element_size()
     aligned = ((ptrs | strides) & 15) == 0
     w_dtype = weight.dtype if weight is not None else None
     # auto_mode decides from what the key holds (not from M), so one entry serves every M
-    key = (mode, N, x2.dtype, w_dtype, casting_mode, aligned, x2.get_device(), pdl)
+    key = (mode, N, x2.dtype, w_dtype, casting_mode, aligned, x2.get_device(), pdl, dh)
     entry = _ENTRIES.get(key)
     if entry is None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         check_casting_mode(casting_mode)
-        chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned) \
+        chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned, dh) \
             if mode == "auto" else mode
         fused = None
         if chosen == "fused":
-            fused = plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned)
-        dx, dw = plan_split(N, x2.dtype, w_dtype, casting_mode, aligned)
+            fused = plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned, dh)
+        dx, dw = plan_split(N, x2.dtype, w_dtype, casting_mode, aligned, dh)
         if pdl and backward_uses_pdl(target_arch(x2.device)):
             fused, dx, dw = (dataclasses.replace(p, pdl=True) if p is not None else None
                              for p in (fused, dx, dw))
@@ -194,7 +202,7 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool) -> _Entr
 # What a backward step passes, by what each argument is. The native node (native/native_node.cpp)
 # builds its argument lists from the same codes, so the order of the kernels and of their
 # arguments is decided here only.
-DY, X, W, RSTD, DX, PARTIALS, NO_PARTIALS, DW, COUNT, OFFSET = range(10)
+DY, X, W, RSTD, DX, PARTIALS, NO_PARTIALS, DW, DH, COUNT, OFFSET = range(11)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,17 +239,18 @@ def backward_steps(entry: _Entry, sms: int, w_dtype: Optional[torch.dtype],
     the reduction. ``fused_strips``: the fused grid (0: the plan's CTAs per SM times ``sms``);
     ``dw_groups``: the dW kernel's row groups (0: ``backward_plan.dw_row_groups``)."""
     dw_needed = w_dtype is not None and need_dw
+    dh = (DH,) if entry.dx.dh else ()  # the fused add's h gradient, after dx
     if entry.mode == "fused" and need_dx and (dw_needed or w_dtype is None):
         grid = RowsRule(1, fused_strips or sms * entry.fused.ctas_per_sm)
-        steps = [Step(entry.kernel("fused"), (DY, X, W, RSTD, DX,
-                                              PARTIALS if dw_needed else NO_PARTIALS,
-                                              COUNT, OFFSET), grid, name="fused")]
+        steps = [Step(entry.kernel("fused"), (DY, X, W, RSTD, DX) + dh
+                      + (PARTIALS if dw_needed else NO_PARTIALS, COUNT, OFFSET),
+                      grid, name="fused")]
         partial_rows = grid if dw_needed else None
     else:
         steps = []
         if need_dx or not dw_needed:
-            steps.append(Step(entry.kernel("dx"), (DY, X, W, RSTD, DX, NO_PARTIALS, COUNT,
-                                                   OFFSET), RowsRule(), name="split"))
+            steps.append(Step(entry.kernel("dx"), (DY, X, W, RSTD, DX) + dh
+                              + (NO_PARTIALS, COUNT, OFFSET), RowsRule(), name="split"))
         partial_rows = None
         if dw_needed:
             want = -(-(sms * DW_CTAS_PER_SM) // entry.dw.col_blocks)
@@ -256,7 +265,7 @@ def backward_steps(entry: _Entry, sms: int, w_dtype: Optional[torch.dtype],
 
 def run_steps(steps: Tuple[Step, ...], values: tuple, offset: float, shape: Tuple[int, int],
               partial_rows: int) -> None:
-    """Call each step's kernel with ``values`` (indexed by the argument codes up to DW)."""
+    """Call each step's kernel with ``values`` (indexed by the argument codes up to DH)."""
     M, N = shape
     for step in steps:
         args = [values[c] if c < COUNT else (step.count.of(M) if c == COUNT else offset)
@@ -267,13 +276,14 @@ def run_steps(steps: Tuple[Step, ...], values: tuple, offset: float, shape: Tupl
 
 def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor],
              rstd: torch.Tensor, offset: float, casting_mode: str, mode: str, sms: int,
-             strips: Optional[int] = None, need_dx: bool = True, need_dw: bool = True
+             strips: Optional[int] = None, need_dx: bool = True, need_dw: bool = True,
+             dh2: Optional[torch.Tensor] = None
              ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(dx, dw)`` for 2-D ``dy2``/``x2`` (last-dim stride 1) and fp32 ``rstd`` of shape (M,).
     ``mode``: fused | split | auto. ``strips``: the fused grid or the dW kernel's row groups
     (default: ``settings.experiments.fused_strips`` for the fused grid, the plans' rules
     otherwise). ``need_dx``/``need_dw`` as in ``backward_steps``; what is not computed is
-    None."""
+    None. ``dh2``: the fused add's gradient at h (rows like dy2), added to dx."""
     _check_inputs(dy2, x2, weight, rstd)
     M, N = x2.shape
     if M == 0:
@@ -281,7 +291,9 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
         return dx, (torch.zeros_like(weight) if weight is not None and need_dw else None)
     if weight is not None and weight.stride(0) != 1:
         weight = weight.contiguous()
-    entry = entry_for(dy2, x2, weight, casting_mode, mode, settings.pdl)
+    entry = entry_for(dy2, x2, weight, casting_mode, mode, settings.pdl, dh=dh2 is not None)
+    if dh2 is not None:
+        dh2 = kernel_grad_rows(dh2, N, entry.dx.vec > 1)
     w_dtype = weight.dtype if weight is not None else None
     steps, rule = backward_steps(entry, sms, w_dtype,
                                  strips or settings.experiments.fused_strips, strips or 0,
@@ -293,6 +305,6 @@ def backward(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor]
     partials = x2.new_empty((partial_rows, N), dtype=torch.float32) if partial_rows else None
     dw = torch.empty_like(weight) if partial_rows else None
     values = (dy2, x2, weight if weight is not None else entry.no_w, rstd, dx, partials,
-              entry.no_part, dw)
+              entry.no_part, dw, dh2)
     run_steps(steps, values, offset, (M, N), partial_rows)
     return dx, dw

@@ -51,18 +51,28 @@ class RMSNormForward(RowTiles):
         """Host side. The arguments arrive with dynamic layouts ((M, N):(ld, 1) for x and y), so
         one compilation serves every M and row stride, whatever marshaled them (TVM-FFI,
         from_dlpack, fake tensors); the layouts the kernel indexes are rebuilt here with N static
-        and the row strides' divisibility made known to the compiler."""
+        and the row strides' divisibility made known to the compiler (``rows``)."""
+        self.launch(gX, gW, gY, gRstd, None, None, grid, eps, offset, stream)
+
+    def rows(self, g: cute.Tensor, M):
+        """``g`` as (M, N) rows with N static and 32-bit strides divisible by the copy width.
+
+        32-bit sizes and strides (the launcher refuses tensors of 2^31 elements or more):
+        TVM-FFI hands over 64-bit ones, and 64-bit index math costs the row kernel registers,
+        resident CTAs per SM and bandwidth (results/NOTES.md, "Second forward sweep"). The
+        launcher guarantees row strides divisible by the copy width (plan eligibility); telling
+        the compiler lets it prove every copy is 16-byte aligned."""
+        ld = cute.assume(Int32(g.stride[0]), divby=self.plan.vec)
+        return cute.make_tensor(g.iterator, cute.make_layout((M, self.plan.N), stride=(ld, 1)))
+
+    def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
+        """Builds the kernel's tensors and launches it (traced inside a ``cute.jit`` host
+        function; ``gR``/``gH``: the fused add's residual and h, or None)."""
         p = self.plan
-        # 32-bit sizes and strides (the launcher refuses tensors of 2^31 elements or more):
-        # TVM-FFI hands over 64-bit ones, and 64-bit index math costs the row kernel registers,
-        # resident CTAs per SM and bandwidth (results/NOTES.md, "Second forward sweep").
         M = Int32(gX.shape[0])
-        # The launcher guarantees row strides divisible by the copy width (plan eligibility);
-        # telling the compiler lets it prove every copy is 16-byte aligned.
-        ldx = cute.assume(Int32(gX.stride[0]), divby=p.vec)
-        ldy = cute.assume(Int32(gY.stride[0]), divby=p.vec)
-        mX = cute.make_tensor(gX.iterator, cute.make_layout((M, p.N), stride=(ldx, 1)))
-        mY = cute.make_tensor(gY.iterator, cute.make_layout((M, p.N), stride=(ldy, 1)))
+        mX, mY = self.rows(gX, M), self.rows(gY, M)
+        mR = self.rows(gR, M) if gR is not None else None
+        mH = self.rows(gH, M) if gH is not None else None
         # The weight seen as a (rows_per_cta, N) tensor with row stride 0: every row of the tile
         # reads the same vector, and the same tiled copy partitions it like x.
         mW = None
@@ -81,13 +91,13 @@ class RMSNormForward(RowTiles):
         bounds = {}
         if cutlass.const_expr(p.min_ctas_per_sm > 0):
             bounds = dict(min_blocks_per_mp=p.min_ctas_per_sm, preferred_smem_carveout=0)
-        self.kernel(mX, mW, mY, mRstd, eps, offset).launch(
+        self.kernel(mX, mW, mY, mRstd, eps, offset, mR, mH).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
             use_pdl=p.pdl, **bounds)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
-               eps: Float32, offset: Float32):
+               eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -162,6 +172,9 @@ class RMSNormForward(RowTiles):
                 for c in cutlass.range_constexpr(p.chunks):
                     if cutlass.const_expr(not p.prefetch):
                         self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                    if cutlass.const_expr(p.residual):
+                        self.add_residual(tiled_x, thr_x, mR, mH, tiler, tile, c, tXcX, tXrX,
+                                          row_ok)
                     ss = ss + self.sum_of_squares(tXrX)
             ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row)
             rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
@@ -186,12 +199,25 @@ class RMSNormForward(RowTiles):
             else:
                 for c in cutlass.range_constexpr(p.chunks):
                     chunk_w = tWrW
-                    if cutlass.const_expr(p.chunks > 1):
-                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                    if cutlass.const_expr(p.chunks > 1):  # h, with a residual: pass 1 stored it
+                        self.load_chunk(tiled_x, thr_x, mH if p.residual else mX, tiler, tile,
+                                        c, tXcX, tXrX, row_ok)
                     if cutlass.const_expr(self.w_type is not None and tWrW is None):
                         chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
                     self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, tXrX, rstd,
                                      chunk_w, offset, row_ok)
+
+    @cute.jit
+    def add_residual(self, tiled_x, thr_x, mR, mH, tiler, tile, c: cutlass.Constexpr[int], tXcX,
+                     tXrX, row_ok):
+        """The fused add on column chunk c: registers <- h = x + residual (fp32 sum rounded to
+        x's dtype, as the model's own add), stored to h."""
+        tXrR = cute.make_fragment_like(tXrX)
+        self.load_chunk(tiled_x, thr_x, mR, tiler, tile, c, tXcX, tXrR, row_ok)
+        tXrX.store((tXrX.load().to(Float32) + tXrR.load().to(Float32)).to(self.x_type))
+        if row_ok:
+            tXgH = thr_x.partition_D(cute.local_tile(mH, tiler, (tile, c)))
+            cute.copy(tiled_x, tXrX, tXgH, pred=self.column_predicate(tXcX, c))
 
     @cute.jit
     def sum_of_squares(self, tXrX) -> Float32:
@@ -237,3 +263,19 @@ class RMSNormForward(RowTiles):
         if row_ok:
             tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (tile, c)))
             cute.copy(tiled_x, tXgX, tXrX, pred=self.column_predicate(tXcX, c))
+
+
+class RMSNormFusedAddForward(RMSNormForward):
+    """The fused residual add (``plan.residual``): the same kernel, with the residual read and
+    h = x + residual written beside y."""
+
+    def __init__(self, plan: ForwardPlan):
+        assert plan.residual
+        super().__init__(plan)
+
+    @cute.jit
+    def __call__(self, gX: cute.Tensor, gR: cute.Tensor, gW: cute.Tensor, gY: cute.Tensor,
+                 gH: cute.Tensor, gRstd: cute.Tensor, grid: Int32, eps: Float32,
+                 offset: Float32, stream: cuda.CUstream):
+        """Host side: x, the residual, y and h arrive as (M, N):(ld, 1) rows."""
+        self.launch(gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream)

@@ -75,6 +75,8 @@ class ForwardPlan(RowTilePlan):
     prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
     min_ctas_per_sm: int = 0  # > 0: launch bound, ptxas fits this many CTAs on an SM
     pdl: bool = False        # programmatic dependent launch (``uses_pdl``)
+    #: the fused residual add: the row is h = x + residual, stored, then normalized
+    residual: bool = False
 
     @property
     def persistent(self) -> bool:
@@ -82,8 +84,9 @@ class ForwardPlan(RowTilePlan):
 
     @property
     def pipeline_chunks(self) -> bool:
-        """Chunk c+1's loads issued before chunk c is used (``pipelines``)."""
-        return pipelines(self.chunks, self.vecs_per_thread)
+        """Chunk c+1's loads issued before chunk c is used (``pipelines``); not with a residual,
+        whose second pass re-reads the h the first pass stored."""
+        return pipelines(self.chunks, self.vecs_per_thread) and not self.residual
 
     def grid(self, M: int, sm_count: int) -> int:
         tiles = -(-M // self.rows_per_cta)
@@ -188,10 +191,14 @@ def _row_mapping(n_vecs: int, max_vecs_of):
 
 def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
                  casting_mode: str, store_rstd: bool, aligned: bool,
-                 arch: Optional[str] = None, pdl: bool = False) -> ForwardPlan:
+                 arch: Optional[str] = None, pdl: bool = False,
+                 residual: bool = False) -> ForwardPlan:
     """The plan of ``variant`` for rows of N; ``arch`` (e.g. ``sm_90a``) is the target the plan
     will be compiled for, where a tile depends on it (the two-pass tile, PDL); None: any target.
     ``pdl``: launch with PDL where ``uses_pdl`` says it pays (the caller passes ``settings.pdl``).
+    ``residual``: the fused residual add, which holds a residual chunk beside x's while it adds
+    them (the register model counts both), and takes neither the persistent grid's prefetch nor
+    the 16 KB two-pass tile (both measured without it).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -211,11 +218,12 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         vec = 1
     n_vecs = N // vec
     common = dict(variant=variant, x_dtype=x_dtype, w_dtype=w_dtype, N=N,
-                  casting_mode=casting_mode, store_rstd=store_rstd, vec=vec)
+                  casting_mode=casting_mode, store_rstd=store_rstd, vec=vec, residual=residual)
     w_bytes = _ELEM_BYTES[w_dtype] if w_dtype is not None else 0
+    x_bytes = elem * (2 if residual else 1)  # x, and the residual while it is added
 
     def max_vecs_of(threads: int) -> int:
-        return elems_in_registers(threads, elem, w_bytes) // vec
+        return elems_in_registers(threads, x_bytes, w_bytes) // vec
 
     if variant == "warp":
         vecs_per_thread = -(-n_vecs // 32)
@@ -231,7 +239,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
                            pdl=pdl and uses_pdl(variant, 32 * rows, arch), **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
-    if (variant == "row" and n_vecs == TWO_PASS_ROW_COPIES
+    if (variant == "row" and n_vecs == TWO_PASS_ROW_COPIES and not residual
             and arch in TWO_PASS_ARCHS and two_pass_fits(x_dtype, w_dtype, casting_mode)):
         threads, vecs_per_thread = TWO_PASS_THREADS, 1
         chunks, min_ctas_per_sm = n_vecs // TWO_PASS_THREADS, TWO_PASS_CTAS_PER_SM
@@ -240,10 +248,10 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     if variant == "persistent":
         # A second register copy of the row for the next row's loads, where it fits: a CTA
         # then always has a row in flight, as the fused backward does.
-        prefetch = chunks == 1 and vecs_per_thread * vec <= elems_in_registers(
+        prefetch = not residual and chunks == 1 and vecs_per_thread * vec <= elems_in_registers(
             threads, 2 * elem + w_bytes)
         ctas_per_sm = resident_ctas(  # + 4 registers: the row loop's index and bounds
-            threads, vecs_per_thread * vec * ((2 if prefetch else 1) * elem + w_bytes),
+            threads, vecs_per_thread * vec * ((2 if prefetch else 1) * x_bytes + w_bytes),
             extra_regs=4)
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,

@@ -28,7 +28,7 @@ from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from ..common import nvtx
 from ..settings import settings
 from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
-from .forward import TORCH_TO_CUTE, RMSNormForward
+from .forward import TORCH_TO_CUTE, RMSNormForward, RMSNormFusedAddForward
 from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_variant,
                    check_int32_addressable, plan_forward)
 
@@ -36,6 +36,8 @@ from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_vari
 _COMPILED: Dict[Tuple, object] = {}
 _HANDLES: "OrderedDict[Tuple, object]" = OrderedDict()
 _ENTRIES: Dict[Tuple, "_Entry"] = {}
+
+
 def _align(plan: ForwardPlan, dtype: Optional[torch.dtype] = None) -> int:
     """Byte alignment the kernel may assume for a tensor of ``dtype`` (default: x's): 16 on the
     vector path (checked by the plan's eligibility), one element on the fallback."""
@@ -57,14 +59,26 @@ def _fake_args(plan: ForwardPlan):
                          assumed_align=_align(plan, plan.w_dtype))
     rstd = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="Mr"),), stride=(1,),
                             assumed_align=4)
-    return (x, w, y, rstd, cutlass.Int32(1), cutlass.Float32(1e-6), cutlass.Float32(0.0),
-            make_fake_stream(use_tvm_ffi_env_stream=True))
+    scalars = (cutlass.Int32(1), cutlass.Float32(1e-6), cutlass.Float32(0.0),
+               make_fake_stream(use_tvm_ffi_env_stream=True))
+    if not plan.residual:
+        return (x, w, y, rstd) + scalars
+    # the fused add: (x, residual, w, y, h, rstd, ...), residual and h rows like x's
+    r = make_fake_tensor(x_type, (M, plan.N), stride=(cute.sym_int64(symbol="ldr"), 1),
+                         assumed_align=align)
+    h = make_fake_tensor(x_type, (M, plan.N), stride=(cute.sym_int64(symbol="ldh"), 1),
+                         assumed_align=align)
+    return (x, r, w, y, h, rstd) + scalars
+
+
+def _kernel_object(plan: ForwardPlan):
+    return RMSNormFusedAddForward(plan) if plan.residual else RMSNormForward(plan)
 
 
 def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
     """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
     return compile_tvm_ffi(_COMPILED, (plan, arch), arch, plan.variant,
-                           lambda: (RMSNormForward(plan), _fake_args(plan)), keep_ptx_dir)
+                           lambda: (_kernel_object(plan), _fake_args(plan)), keep_ptx_dir)
 
 
 def _marshal(t: torch.Tensor, align: int):
@@ -119,27 +133,35 @@ class _Entry:
 
 
 def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
-              need_rstd: bool, variant: str, pdl: bool) -> _Entry:
-    """The launch entry for x2 and weight. y is not looked at: the caching allocator hands out
-    contiguous outputs 512-byte aligned, so only the inputs decide the alignment."""
+              need_rstd: bool, variant: str, pdl: bool,
+              residual: Optional[torch.Tensor] = None) -> _Entry:
+    """The launch entry for x2, weight (and the fused add's residual rows). y (and h) are not
+    looked at: the caching allocator hands out contiguous outputs 512-byte aligned, so only the
+    inputs decide the alignment."""
     M, N = x2.shape
     ptrs = x2.data_ptr() | (weight.data_ptr() if weight is not None else 0)
-    aligned = (ptrs & 15) == 0 and (x2.stride(0) * x2.element_size()) & 15 == 0
+    strides = x2.stride(0)
+    if residual is not None:
+        ptrs |= residual.data_ptr()
+        strides |= residual.stride(0)
+    aligned = (ptrs & 15) == 0 and (strides * x2.element_size()) & 15 == 0
     w_dtype = weight.dtype if weight is not None else None
     few_rows = variant == "auto" and M <= AUTO_PERSISTENT_MAX_ROWS  # auto's only use of M
     key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
-           few_rows, pdl)
+           few_rows, pdl, residual is not None)
     entry = _ENTRIES.get(key)
     if entry is None:
         chosen = auto_variant(N, aligned, x2.dtype, M) if variant == "auto" else variant
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
-                            arch=target_arch(x2.device), pdl=pdl)
+                            arch=target_arch(x2.device), pdl=pdl,
+                            residual=residual is not None)
         entry = _ENTRIES[key] = _Entry(plan, x2.device)
     return entry
 
 
 def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
             casting_mode: str, need_rstd: bool, variant: str, sms: int):
+    """``(y, rstd)`` of 2-D rows ``x2`` (rstd None unless ``need_rstd``)."""
     M, N = x2.shape
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
@@ -187,3 +209,28 @@ def _launch_marshaled(entry: _Entry, x2, w, y, r, grid: int, eps: float, offset:
             label=plan.variant)
     with nvtx.range("launch", plan.variant, x2.shape):
         kernel(*args, grid, eps, offset, stream)
+
+
+def fused_add_forward(x2: torch.Tensor, r2: torch.Tensor, weight: Optional[torch.Tensor],
+                      eps: float, offset: float, casting_mode: str, need_rstd: bool,
+                      variant: str, sms: int):
+    """``(y, h, rstd)`` of the fused residual add over 2-D rows ``x2`` and ``r2`` (same shape
+    and dtype): ``h = x2 + r2`` rounded to x's dtype, y its RMSNorm; on the ``tvm_ffi`` path
+    (the measuring launch paths serve the plain forward only)."""
+    M, N = x2.shape
+    for t in (x2, r2):
+        if M * t.stride(0) >= INT32_LIMIT:
+            check_int32_addressable(M, t.stride(0), N)
+    y = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    h = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    rstd = x2.new_empty((M,), dtype=torch.float32) if need_rstd else None
+    entry = entry_for(x2, weight, casting_mode, need_rstd, variant, settings.pdl, residual=r2)
+    plan = entry.plan
+    kernel = entry.ffi_kernel
+    if kernel is None:
+        kernel = entry.ffi()
+    w = weight if weight is not None else entry.empty_w
+    with nvtx.range("launch", plan.variant, x2.shape):
+        kernel(x2, r2, w, y, h, rstd if rstd is not None else entry.empty_rstd,
+               plan.grid(M, sms), eps, offset)
+    return y, h, rstd

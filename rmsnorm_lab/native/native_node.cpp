@@ -34,7 +34,9 @@ using namespace rmsnorm_lab;
 // ------------------------------------------------------------------------------- the node
 
 // Argument codes of a backward step (rmsnorm_lab/cute/backward_runner.py: DY .. OFFSET).
-enum Arg : int64_t { kDy, kX, kW, kRstd, kDx, kPartials, kNoPartials, kDw, kCount, kOffset };
+enum Arg : int64_t {
+  kDy, kX, kW, kRstd, kDx, kPartials, kNoPartials, kDw, kDh, kCount, kOffset
+};
 
 template <typename T>
 T attr(const py::handle& spec, const char* name) {
@@ -182,12 +184,14 @@ torch::autograd::variable_list run_backward(const Launch& k, int64_t m, const at
            d_rstd = dl_view(rstd), d_none = dl_view(k.no_partials);
   DLTensor d_part = partials.defined() ? dl_view(partials) : d_none;
   DLTensor d_dw = dw.defined() ? dl_view(dw) : d_none;
-  DLTensor* tensors[] = {&d_dy, &r_x.dl, &d_w, &d_rstd, &r_dx.dl, &d_part, &d_none, &d_dw};
+  // kDh: the fused add's gradient, which a native Launch never plans (it serves rms_norm alone)
+  DLTensor* tensors[] = {&d_dy, &r_x.dl, &d_w, &d_rstd, &r_dx.dl, &d_part, &d_none, &d_dw,
+                         &d_none};
   const EnvStream env(x);
   for (const Step& step : b.steps) {
-    TVMFFIAny args[10];
+    TVMFFIAny args[11];
     const int32_t count = static_cast<int32_t>(step.args.size());
-    TORCH_CHECK(count <= 10, "rmsnorm_lab native node: a step has too many arguments");
+    TORCH_CHECK(count <= 11, "rmsnorm_lab native node: a step has too many arguments");
     for (int32_t i = 0; i < count; ++i) {
       const int64_t code = step.args[i];
       args[i] = code == kCount    ? any_int(step.count.of(m))
