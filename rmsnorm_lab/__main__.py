@@ -6,14 +6,23 @@
   profile       a workload for Nsight Systems: one shape, NVTX on, the timed loop between
                 cudaProfilerStart/Stop (run it under the nsys line its --help prints).
   nsys-summary  per NVTX range of the rmsnorm_lab domain: wall time, kernel time, the difference.
+
+Errors the user can fix (a path that is missing or cannot be written, a file that is not what
+the command reads, a missing tool, no GPU) are one line on stderr, ``error: ...``, naming the
+path as given, and a non-zero exit status (EXIT_* below); progress goes to stderr, results
+(tables, the list of files written) to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 import pandas as pd
 import torch
@@ -24,8 +33,104 @@ from .registry import BACKENDS, impl_order
 from .settings import BACKWARD_CHOICES, FORWARD_CHOICES, LAUNCH_PATHS, settings
 from .viz import sweeps
 
-# Exit codes: 0 ok; 1 a kernel failed its check or the results are malformed; 2 no GPU for bench
-EXIT_FAILED, EXIT_NO_GPU = 1, 2
+# Exit codes: 0 ok; 1 a kernel failed its check, the results or an nsys report could not be read;
+# 2 it cannot run as asked: no GPU (bench, profile), a missing tool, a path that is missing, is
+# not what the command reads or cannot be written (as argparse's own usage errors)
+EXIT_FAILED, EXIT_NO_GPU, EXIT_USAGE = 1, 2, 2
+
+DESCRIPTION = """\
+Measure RMSNorm GPU kernels (CuTe DSL, Triton) and report what was measured: figures, a
+markdown report and tables."""
+EPILOG = """\
+typical use:
+  python -m rmsnorm_lab report                 on a GPU: benchmark, then render; without one:
+                                               render the recorded results (results/) into report/
+  python -m rmsnorm_lab bench --op fwd         benchmark one op on this GPU
+  python -m rmsnorm_lab COMMAND --help         the options of one command
+
+exit status: 0 ok; 1 a kernel failed its check, or results or an nsys report could not be read;
+2 no GPU, a missing tool, or a path that is missing or cannot be written."""
+
+
+class _TopFormatter(argparse.RawDescriptionHelpFormatter):
+    """The commands listed once, one a line, without the lone ``COMMAND`` line argparse puts
+    above them."""
+
+    def _format_action(self, action):
+        text = super()._format_action(action)
+        if isinstance(action, argparse._SubParsersAction):
+            text = text.split("\n", 1)[1]
+        return text
+
+    def _iter_indented_subactions(self, action):  # the commands at the options' indent
+        yield from getattr(action, "_get_subactions", lambda: [])()
+
+
+class UsageError(Exception):
+    """A problem with what the command was given; main() prints it as one line and exits 2."""
+
+
+def _error(message: str, status: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return status
+
+
+def _one_line(message: object) -> str:
+    """A multi-line message (e.g. one quoting a tool's output) as one line: its first line and,
+    when there are more, the last (where tools put the reason)."""
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    if not lines:
+        return type(message).__name__ if isinstance(message, BaseException) else ""
+    if len(lines) == 1:
+        return lines[0]
+    return f"{lines[0].rstrip(':')}: {lines[-1]}"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def _writable_dir(path: Path, option: str) -> Path:
+    """``path`` created if needed and checked writable (by writing a file there), before any
+    work is done; UsageError naming the option and the path as given otherwise."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: not a folder (a file of that name exists)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot create that folder ({_reason(e)})") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot write there ({_reason(e)})") from None
+    return path
+
+
+def _existing_dir(path: Path, option: str) -> Path:
+    if not path.exists():
+        raise UsageError(f"{option} {path}: no such folder")
+    if not path.is_dir():
+        raise UsageError(f"{option} {path}: not a folder")
+    return path
+
+
+def _put_ninja_on_path() -> None:
+    """torch builds and loads the native autograd node with the ``ninja`` executable, looked up
+    on PATH. In a virtual environment that is not activated (``.venv/bin/python -m rmsnorm_lab``)
+    the ninja package's executable is beside the interpreter but not on PATH."""
+    if shutil.which("ninja"):
+        return
+    dirs = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+        dirs.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, "ninja")):
+            os.environ["PATH"] = d + os.pathsep + os.environ.get("PATH", "")
+            return
 
 
 def _bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str]) -> int:
@@ -56,6 +161,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         return _no_gpu("bench", "Recorded results render without one: "
                                 "python -m rmsnorm_lab report --no-bench")
+    if args.out is not None:
+        _writable_dir(args.out, "--out")
     return _bench(args.op, args.quick, args.out, args.tag)
 
 
@@ -105,29 +212,71 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+#: what ``nsys stats`` reads: the report ``nsys profile`` writes, its pre-2021.4 name, and the
+#: SQLite export of either
+NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite")
+NOT_A_REPORT = ("is not an Nsight Systems report (nsys-summary reads the .nsys-rep file that "
+                "`nsys profile` writes{hint})")
+
+
+def check_nsys_report(path: Path) -> None:
+    """UsageError, naming the problem, when ``path`` cannot be an nsys report: missing, a folder,
+    unreadable, or another kind of file (by its name, and by its first bytes: a report is a
+    binary file, a .sqlite export starts with SQLite's header). nsys itself judges the rest."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    if path.is_dir():
+        raise UsageError(f"{path}: a folder, not an nsys report file; for a folder of CSVs that "
+                         "nsys stats exported use --csv-dir")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({_reason(e)})") from None
+    suffix = "".join(path.suffixes[-1:]).lower()
+    name = path.name.lower()
+    is_report_name = any(name.endswith(s) for s in NSYS_REPORT_SUFFIXES)
+    if not is_report_name:
+        hint = ("; for CSVs that nsys stats exported use --csv-dir DIR" if suffix == ".csv"
+                else "")
+        raise UsageError(f"{path} " + NOT_A_REPORT.format(hint=hint))
+    if name.endswith(".sqlite"):
+        if head and not head.startswith(b"SQLite format 3\x00"):
+            raise UsageError(f"{path} is not an SQLite file (nor an nsys export)")
+        return
+    if head and b"\x00" not in head:
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError:
+            return  # binary: may well be a report
+        raise UsageError(f"{path} " + NOT_A_REPORT.format(
+            hint="; this one is a text file"))
+
+
 def cmd_nsys_summary(args: argparse.Namespace) -> int:
     from .profiling import nsys
 
     try:
         if args.csv_dir is not None:
+            _existing_dir(args.csv_dir, "--csv-dir")
             stem = None
             if args.report is not None:
                 name = args.report.name
                 stem = name[:-len(".nsys-rep")] if name.endswith(".nsys-rep") else name
             csvs = nsys.find_csvs(args.csv_dir, stem)
         elif args.report is None:
-            print("error: name a report (REPORT.nsys-rep) or a folder of its CSVs (--csv-dir)",
-                  file=sys.stderr)
-            return EXIT_NO_GPU
+            raise UsageError("name a report (REPORT.nsys-rep) or a folder of its CSVs "
+                             "(--csv-dir DIR)")
         else:
+            check_nsys_report(args.report)  # before looking for nsys: say what is wrong first
+            if args.out is not None:
+                _writable_dir(args.out, "--out")
             csvs = nsys.run_nsys_stats(args.report, args.out)
         print(nsys.summary_text(csvs))
     except nsys.NsysMissing as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_NO_GPU
+        return _error(_one_line(e), EXIT_NO_GPU)
     except nsys.NsysError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return _error(_one_line(e), EXIT_FAILED)
     return 0
 
 
@@ -245,8 +394,14 @@ def _explainer_figures(out: Path) -> List[str]:
     return names
 
 
-def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
-    """Render figures into ``out`` and write ``out/report.md``; returns the headline text."""
+def _quiet(_: str) -> None:
+    pass
+
+
+def write_report(df: pd.DataFrame, out: Path, root: Path,
+                 progress: Callable[[str], None] = _quiet) -> str:
+    """Render figures into ``out`` and write ``out/report.md``; returns the headline text.
+    ``progress`` is told what is being rendered, one line per group of figures."""
     md = ["# rmsnorm-lab report", "",
           f"Measured by this lab's benchmark; results read from `{root}` (figures quoted from "
           "elsewhere, in `results/reported/`, appear only in the last section, labelled "
@@ -257,10 +412,17 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
           "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
           "in the same run.", ""]
     headline = []
-    for gpu in sorted(df["gpu"].unique()):
+    gpus = sorted(df["gpu"].unique())
+    # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU comparison
+    total = sum(len(set(df[df["gpu"] == gpu]["op"]) & set(results_io.OPS)) + 1
+                for gpu in gpus) + 2
+    step = iter(range(1, total + 1))
+    for gpu in gpus:
         g = df[df["gpu"] == gpu]
         md += [f"## {gpu}", "", _provenance(g), ""]
         for op in [o for o in results_io.OPS if o in set(g["op"])]:
+            progress(f"[{next(step)}/{total}] {gpu} {op}: tables, bandwidth and "
+                     "eager-vs-graph figures")
             md += [f"### {op}", ""]
             table = sweeps.bandwidth_table(df, op, gpu)
             for part in table.columns.get_level_values(0).unique():
@@ -276,14 +438,20 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
                        sweeps.markdown_table(host, 1, right_align=True), ""]
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
+        progress(f"[{next(step)}/{total}] {gpu}: backward and host figures "
+                 "(notebooks 02 and 03)")
         extra = _notebook_figures(df, gpu, out, root)
         if extra:
             md += ["### backward and host figures (notebooks 02 and 03)", ""]
             md += [f"![{name}]({name})\n" for name in extra]
+    progress(f"[{next(step)}/{total}] how the kernels work: thread layout and backward "
+             "data flow (notebooks 01 and 02)")
     md += ["## how the kernels work (notebooks 01 and 02)", ""]
     md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
     from .analysis.report import gpu_section  # notebook 04's figures (reads only, no compiling)
 
+    progress(f"[{next(step)}/{total}] across GPUs: roofline, crossover, reported vs "
+             "modelled (notebook 04)")
     section, lines = gpu_section(df, out, root)
     md += section
     headline += lines
@@ -291,38 +459,79 @@ def write_report(df: pd.DataFrame, out: Path, root: Path) -> str:
     return "\n".join(headline)
 
 
+def _progress(line: str) -> None:
+    print(f"report: {line}", file=sys.stderr, flush=True)
+
+
+def _mtimes(out: Path) -> Dict[str, int]:
+    return {f.name: f.stat().st_mtime_ns for f in out.iterdir() if f.is_file()}
+
+
+def _written(out: Path, before: Dict[str, int], start_ns: int) -> List[Path]:
+    """The files in ``out`` written since ``before`` was taken at ``start_ns``: new, changed, or
+    stamped since then (a rewrite within the file system's time resolution); report.md first."""
+    files = [out / name for name, t in _mtimes(out).items()
+             if before.get(name) != t or t >= start_ns]
+    return sorted(files, key=lambda f: (f.name != "report.md", f.name))
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    bench = not args.no_bench and torch.cuda.is_available()
     root = args.results if args.results is not None else results_io.results_dir()
+    label = "--results" if args.results is not None else "the results folder (--results)"
+    if bench:  # benchmarking writes into it
+        _writable_dir(root, label)
+    else:
+        _existing_dir(root, label)
+    _writable_dir(args.out, "--out")  # before benchmarking or rendering anything
     status = 0
-    if not args.no_bench:
-        if torch.cuda.is_available():
-            for op in OPS:  # every op the bench knows, so a new op joins the report by itself
-                status = max(status, _bench(op, args.quick, root, None))
-        else:
-            print(f"no CUDA GPU here: rendering the recorded results in {root}")
+    if bench:
+        for op in OPS:  # every op the bench knows, so a new op joins the report by itself
+            _progress(f"benchmarking {op} on {torch.cuda.get_device_name()}")
+            status = max(status, _bench(op, args.quick, root, None))
+    elif not args.no_bench:
+        print(f"no CUDA GPU here: rendering the recorded results in {root}")
+    _progress(f"reading the results in {root}")
     try:
         df = results_io.load_all(root)
     except results_io.ResultsError as e:
-        print(f"error: malformed results: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    args.out.mkdir(parents=True, exist_ok=True)
-    if df.empty:
-        (args.out / "report.md").write_text(
-            "# rmsnorm-lab report\n\nThere are no results: no `<gpu>/*.csv` files in "
-            f"`{root}`. Record some on a GPU with `python -m rmsnorm_lab bench --op fwd`.\n")
-        print(f"no results in {root}; wrote {args.out / 'report.md'} saying so")
-        return status
-    print(write_report(df, args.out, root))
-    print(f"wrote {args.out / 'report.md'} and its figures")
+        return _error(f"malformed results: {e}", EXIT_FAILED)
+    before, start_ns, started = _mtimes(args.out), time.time_ns(), time.perf_counter()
+    report_md = args.out / "report.md"
+    try:
+        if df.empty:
+            report_md.write_text(
+                "# rmsnorm-lab report\n\nThere are no results: no `<gpu>/*.csv` files in "
+                f"`{root}`. Record some on a GPU with `python -m rmsnorm_lab bench --op fwd`.\n")
+            print(f"no results in {root}; wrote {report_md} saying so")
+            return status
+        gpus = sorted(df["gpu"].unique())
+        _progress(f"{len(df)} measurements of {len(gpus)} GPU(s) ({', '.join(gpus)}); "
+                  f"rendering into {args.out}")
+        headline = write_report(df, args.out, root, progress=_progress)
+    except OSError as e:
+        where = e.filename if e.filename else args.out
+        return _error(f"could not write {where} ({_reason(e)})", EXIT_USAGE)
+    print(headline)
+    written = _written(args.out, before, start_ns)
+    print(f"wrote {len(written)} files to {args.out} in {time.perf_counter() - started:.0f} s:")
+    for f in written:
+        print(f"  {args.out / f.name}")
     return status
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rmsnorm_lab", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="python -m rmsnorm_lab", description=DESCRIPTION,
+                                     epilog=EPILOG, formatter_class=_TopFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands",
+                                metavar="COMMAND")
 
-    b = sub.add_parser("bench", help="benchmark one op on this GPU and write a results file")
+    b = sub.add_parser(
+        "bench", help="benchmark one op on this GPU and write a results file",
+        description="Benchmark one op on this GPU: every lab kernel and every installed peer "
+                    "(Liger-Kernel, quack, torch), each checked against the reference first, "
+                    "timed eagerly and by CUDA-graph replay; writes <results>/<gpu>/<op>.csv "
+                    "with provenance. Needs a CUDA GPU (exit status 2 without one).")
     b.add_argument("--op", choices=sorted(OPS) + ["host"], default="fwd",
                    help="the op to sweep; 'host': host µs per launch path, the host/device "
                         "crossover and the tensor-cache memory cost")
@@ -334,7 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tag", default=None, help="suffix of the file name: <op>-TAG.csv")
     b.set_defaults(func=cmd_bench)
 
-    r = sub.add_parser("report", help="render the recorded results (benchmark first on a GPU)")
+    r = sub.add_parser(
+        "report", help="render the recorded results into report/ (benchmark first on a GPU)",
+        description="On a GPU, benchmark every op first (unless --no-bench); then render every "
+                    "recorded result into figures and report.md in --out, print the bandwidth "
+                    "tables, and list the files written. Without a GPU it renders the recorded "
+                    "results (results/ of this repository).")
     r.add_argument("--out", type=Path, default=Path("report"), metavar="DIR",
                    help="where report.md and the figures go (default: ./report)")
     r.add_argument("--results", type=Path, default=None, metavar="DIR",
@@ -395,7 +609,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    _put_ninja_on_path()
+    try:
+        return args.func(args)
+    except UsageError as e:
+        return _error(str(e), EXIT_USAGE)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

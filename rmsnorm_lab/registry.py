@@ -120,6 +120,8 @@ IMPLS: Tuple[Impl, ...] = (
     # ceilings: thin dotted, no marker
     Impl("copy", "ceiling", _BLACK, ":", "", "copy ceiling (read 1, write 1)"),
     Impl("copy2r1w", "ceiling", _BLACK, ":", "", "copy ceiling (read 2, write 1)"),
+    Impl("copy.shape", "ceiling", _GREY, ":", "x", "copy of the same shape"),
+    Impl("copy2r1w.shape", "ceiling", _GREY, ":", "x", "copy of the same shape (2 reads)"),
 )
 _IMPL_BY_NAME = {i.name: i for i in IMPLS}
 #: prefixes of the lab's own implementation names

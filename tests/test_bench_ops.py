@@ -422,16 +422,23 @@ def test_sweep_bwd_records_rows_failures_and_skips(cpu_sweep, tmp_path):
     sweep.shape(64, 256)
     sweep.host(32, 256)
     out = sweep.out
-    assert calls["streams"] == ["side-stream"]  # the graph timer got the impl's stream
+    # the impl's graph timer got its stream; the same-shape ceiling's, the current one
+    assert calls["streams"] == ["side-stream", None]
     dx, dw = calls["graph"][0]  # what was 'captured' is the backward: (dx, dw)
     assert dx.shape == (64, 256) and dw.shape == (256,)
     got = {(r["impl"], r["path"], r["metric"]) for r in out.rows}
     assert got == {("torch.native", p, m) for p, m in (("eager", "time"), ("eager", "bandwidth"),
                                                       ("graph", "time"), ("graph", "bandwidth"),
-                                                      ("eager", "peak_mem"), ("host", "host"))}
+                                                      ("eager", "peak_mem"), ("host", "host"))
+                   } | {("copy2r1w.shape", "graph", m) for m in ("time", "bandwidth")}
     assert {r["op"] for r in out.rows} == {"bwd"}
-    bw = next(r for r in out.rows if r["path"] == "graph" and r["metric"] == "bandwidth")
+    bw = next(r for r in out.rows if r["path"] == "graph" and r["metric"] == "bandwidth"
+              and r["impl"] == "torch.native")
     assert bw["p50"] == pytest.approx((3 * 64 * 256 * 2 + 64 * 4 + 2 * 256 * 2) / 5.0 / 1e3)
+    ceiling = next(r for r in out.rows if r["impl"] == "copy2r1w.shape"
+                   and r["metric"] == "bandwidth")
+    assert (ceiling["M"], ceiling["N"]) == (64, 256)  # read two, write one, at the swept shape
+    assert ceiling["p50"] == pytest.approx(3 * 64 * 256 * 2 / 5.0 / 1e3)
     assert any("cute.fused at 64x256: NotImplementedError" in s for s in out.skipped)
     assert any("cute.split at 64x256 not timed: relative error" in f for f in out.failures)
     assert any("triton.split at 64x256 not timed: wrong output" in f

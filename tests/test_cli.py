@@ -5,6 +5,7 @@ without a GPU wherever the tests run. Results are synthetic and live under tmp_p
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,23 @@ def cli(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def assert_one_line_error(p, *, status=2, given=(), says=()):
+    """A user's mistake: exit ``status``, one line on stderr (``error: ...``), no traceback, the
+    words ``says`` in it, and every absolute path it names either given on the command line or
+    present on this machine (never one of the lab's own machines, e.g. /tmp/gpu/...)."""
+    assert p.returncode == status, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("error: "), p.stderr
+    assert "Traceback" not in p.stderr + p.stdout and "/tmp/gpu" not in p.stderr + p.stdout
+    for word in says:
+        assert word in lines[0], lines[0]
+    for path in re.findall(r"(?<![\w.])(/[\w.@+-]+(?:/[\w.@+-]+)*)", lines[0]):
+        assert any(path.startswith(str(g)) for g in given) or Path(path).exists(), \
+            f"{path!r} in {lines[0]!r} is neither given nor present here"
+    return lines[0]
+
+
 # --- CLI -----------------------------------------------------------------------------------
 
 def test_bench_without_cuda_exits_2_with_a_message(tmp_path):
@@ -41,6 +59,19 @@ def test_report_renders_markdown_and_figures(tmp_path):
     results.write(synthetic_rows(), res / SYNTHETIC_GPU / "fwd.csv")
     p = cli("report", "--no-bench", "--results", str(res), "--out", str(out))
     assert p.returncode == 0, p.stderr
+    # progress on stderr, one line per group of figures, numbered
+    progress = [ln for ln in p.stderr.splitlines() if ln.startswith("report: [")]
+    assert progress == [
+        "report: [1/4] testgpu fwd: tables, bandwidth and eager-vs-graph figures",
+        "report: [2/4] testgpu: backward and host figures (notebooks 02 and 03)",
+        "report: [3/4] how the kernels work: thread layout and backward data flow "
+        "(notebooks 01 and 02)",
+        "report: [4/4] across GPUs: roofline, crossover, reported vs modelled (notebook 04)"]
+    assert f"reading the results in {res}" in p.stderr
+    # ... and at the end, on stdout, every file it wrote, report.md first
+    listed = p.stdout.split(f"files to {out} in ")[1].splitlines()[1:]
+    assert listed[0] == f"  {out / 'report.md'}"
+    assert sorted(listed) == sorted(f"  {f}" for f in out.iterdir())
     md = (out / "report.md").read_text()
     pngs = sorted(f.name for f in out.glob(f"{SYNTHETIC_GPU}-*.png"))
     assert pngs == [f"{SYNTHETIC_GPU}-fwd-{name}.png"
@@ -62,8 +93,9 @@ def test_report_renders_markdown_and_figures(tmp_path):
 
 
 def test_report_without_results_says_so_and_renders_nothing_else(tmp_path):
-    out = tmp_path / "report"
-    p = cli("report", "--no-bench", "--results", str(tmp_path / "none"), "--out", str(out))
+    out, empty = tmp_path / "report", tmp_path / "empty"
+    empty.mkdir()
+    p = cli("report", "--no-bench", "--results", str(empty), "--out", str(out))
     assert p.returncode == 0, p.stderr
     assert "no results" in p.stdout
     assert sorted(f.name for f in out.iterdir()) == ["report.md"]
@@ -92,6 +124,173 @@ def test_report_on_malformed_results_exits_1_naming_the_file(tmp_path):
 def test_unknown_op_is_refused_by_argparse():
     p = cli("bench", "--op", "sideways")
     assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
+    """The README's main command, on the results/ of this repository."""
+    out = tmp_path / "report"
+    (out).mkdir()
+    (out / "old-notes.txt").write_text("not written by this run\n")
+    p = cli("report", "--out", str(out), timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "no CUDA GPU here: rendering the recorded results" in p.stdout
+    assert "h200 fwd (GB/s, graph, median)" in p.stdout
+    md = (out / "report.md").read_text()
+    assert "## h200" in md
+    pngs = {f.name for f in out.glob("*.png")}
+    assert {"h200-fwd-bandwidth-vs-M.png", "h200-bwd-eager-vs-graph.png",
+            "gpus-roofline.png"} <= pngs
+    assert all(f"![{name}]({name})" in md for name in pngs)
+    assert f"wrote {len(pngs) + 1} files to {out}" in p.stdout  # not old-notes.txt
+    assert "old-notes.txt" not in p.stdout
+    assert "report: [1/" in p.stderr and "Traceback" not in p.stderr
+
+
+# --- what the command line says when it is given something it cannot use --------------------
+
+def test_report_results_that_do_not_exist(tmp_path):
+    missing = tmp_path / "nonexistent"
+    p = cli("report", "--results", str(missing), "--out", str(tmp_path / "report"))
+    assert_one_line_error(p, given=[missing], says=["--results", str(missing), "no such folder"])
+    assert not (tmp_path / "report").exists()  # nothing done before the check
+
+
+def test_report_results_that_is_a_file(tmp_path):
+    f = tmp_path / "results.csv"
+    f.write_text("x\n")
+    p = cli("report", "--no-bench", "--results", str(f), "--out", str(tmp_path / "report"))
+    assert_one_line_error(p, given=[f], says=["--results", "not a folder"])
+
+
+@pytest.mark.parametrize("where", ["under a file", "in /proc", "a file"])
+def test_report_out_that_cannot_be_written(tmp_path, where):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x\n")
+    out = {"under a file": blocker / "report", "in /proc": Path("/proc/rmsnorm-lab-report"),
+           "a file": blocker}[where]
+    p = cli("report", "--no-bench", "--out", str(out))
+    line = assert_one_line_error(p, given=[out], says=["--out", str(out)])
+    assert any(why in line for why in ("cannot create that folder", "not a folder"))
+
+
+def test_report_out_in_a_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):  # root writes anyway
+            pytest.skip("this user can write into a read-only folder (root)")
+        p = cli("report", "--no-bench", "--out", str(ro / "report"))
+        assert_one_line_error(p, given=[ro], says=["cannot write there", "Permission denied"])
+    finally:
+        ro.chmod(0o755)
+
+
+def test_a_write_that_fails_midway_is_one_line(tmp_path, monkeypatch, capsys):
+    from rmsnorm_lab import __main__ as cli_main
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "report" / "x.png"))
+    monkeypatch.setattr(cli_main, "write_report", full)
+    res = tmp_path / "results"
+    results.write(synthetic_rows(), res / SYNTHETIC_GPU / "fwd.csv")
+    status = cli_main.main(["report", "--no-bench", "--results", str(res),
+                            "--out", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.strip().splitlines()[-1] == (f"error: could not write {tmp_path}/report/x.png "
+                                            "(No space left on device)")
+
+
+def test_nsys_summary_on_a_missing_report_says_so_not_that_nsys_is_missing(tmp_path):
+    missing = tmp_path / "profile-fwd.nsys-rep"
+    p = cli("nsys-summary", str(missing))  # no nsys on PATH here either
+    line = assert_one_line_error(p, given=[missing], says=[str(missing), "no such file"])
+    assert "PATH" not in line
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("notes.txt", "not a report\n", "is not an Nsight Systems report"),
+    ("fwd_nvtx_sum.csv", "Time (%),Total Time (ns)\n", "use --csv-dir"),
+    ("fake.nsys-rep", "Time (%),Total Time (ns)\n1,2\n", "this one is a text file"),
+    ("export.sqlite", "plain text\n", "is not an SQLite file"),
+])
+def test_nsys_summary_on_a_file_that_is_not_a_report(tmp_path, name, content, says):
+    f = tmp_path / name
+    f.write_text(content)
+    p = cli("nsys-summary", str(f))
+    assert_one_line_error(p, given=[f], says=[str(f), says])
+
+
+def test_nsys_summary_on_a_folder_or_a_missing_csv_dir(tmp_path):
+    assert_one_line_error(cli("nsys-summary", str(tmp_path)), given=[tmp_path],
+                          says=["a folder", "--csv-dir"])
+    missing = tmp_path / "csvs"
+    assert_one_line_error(cli("nsys-summary", "--csv-dir", str(missing)), given=[missing],
+                          says=["--csv-dir", "no such folder"])
+    assert_one_line_error(cli("nsys-summary"), says=["name a report"])
+
+
+def test_nsys_stats_failing_is_one_line_naming_the_reason(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nsys = bin_dir / "nsys"
+    nsys.write_text("#!/bin/sh\necho 'Processing...'\n"
+                    "echo 'ERROR: the file is not a valid report' >&2\nexit 1\n")
+    nsys.chmod(0o755)
+    rep = tmp_path / "broken.nsys-rep"
+    rep.write_bytes(b"\x00\x01binary")
+    env_path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    p = subprocess.run([sys.executable, "-m", "rmsnorm_lab", "nsys-summary", str(rep)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PATH": env_path})
+    assert_one_line_error(p, status=1, given=[rep],
+                          says=["nsys stats exited with 1", "not a valid report"])
+
+
+# --- help --------------------------------------------------------------------------------------
+
+COMMANDS = ("bench", "report", "profile", "nsys-summary")
+
+
+def test_help_lists_each_command_once_with_one_line():
+    p = cli("--help")
+    assert p.returncode == 0
+    for command in COMMANDS:
+        listed = [ln for ln in p.stdout.splitlines() if ln.split()[:1] == [command]]
+        assert len(listed) == 1, (command, p.stdout)
+        assert len(listed[0].split()) > 2  # the name and its description on one line
+    assert "{bench" not in p.stdout  # no second list (argparse's {a,b,...} or the docstring's)
+    assert p.stdout.count("nsys-summary") == 1 and "/tmp/gpu" not in p.stdout
+
+
+def test_every_command_has_a_one_line_help_and_a_description():
+    from rmsnorm_lab.__main__ import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert set(sub.choices) == set(COMMANDS) == set(helps)
+    for name, command in sub.choices.items():
+        assert helps[name] and "\n" not in helps[name], name
+        assert command.description and len(command.description) > 40, name
+        text = command.format_help()
+        assert command.description.split()[0] in text and "/tmp/gpu" not in text
+
+
+def test_ninja_of_the_environment_is_put_on_path(tmp_path, monkeypatch):
+    """`.venv/bin/python -m rmsnorm_lab` without activating .venv: torch finds ninja anyway."""
+    from rmsnorm_lab import __main__ as cli_main
+
+    venv_bin = tmp_path / "bin"
+    venv_bin.mkdir()
+    (venv_bin / "ninja").write_text("#!/bin/sh\n")
+    (venv_bin / "ninja").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setitem(sys.modules, "ninja", None)  # the package's own BIN_DIR not consulted
+    cli_main._put_ninja_on_path()
+    assert os.environ["PATH"].split(os.pathsep)[0] == str(venv_bin)
 
 
 # --- runner logic on the CPU ---------------------------------------------------------------

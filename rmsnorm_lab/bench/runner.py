@@ -22,8 +22,12 @@ The sweep is the same for every op:
 2. eager time, graph time (L2-cold: the graph cycles through enough input sets to exceed twice
    the L2), peak memory; bandwidth = bytes moved / time. Each is tried on its own: a CUDA-graph
    capture that fails is reported as a failure and the eager time is still recorded;
-3. host enqueue µs per call at ``HOST_SHAPE``;
-4. the copy ceilings, in the same run.
+3. the same-shape ceiling at that shape: the copy that moves the bytes a kernel of the op must
+   move at its size (``copy.shape``: read x, write y, for ``fwd``; ``copy2r1w.shape``: read two,
+   write one, for ``bwd``), same rotation, same graph replay, so each kernel is judged against a
+   copy of its own size, fixed costs included;
+4. host enqueue µs per call at ``HOST_SHAPE``;
+5. the copy ceilings on 1 GiB tensors (``copy``, ``copy2r1w``), in the same run.
 
 Lab implementations come from ``rmsnorm_lab.bench.impls.lab_impls(op)`` (imported lazily, so this
 module imports without it); peers from ``peers``.
@@ -78,6 +82,8 @@ class Op:
     peers: Dict[str, Callable[[float], Optional[Impl]]]  # name -> factory(eps), None if absent
     sweep: Sequence[Tuple[int, int]]
     quick_sweep: Sequence[Tuple[int, int]]
+    #: the ceiling measured at each swept shape (``ceiling_at_shape``): its reads (it writes one)
+    same_shape_reads: int = 0
     #: per implementation and input set, untimed: turns ``make_inputs``' tuple into what ``run``
     #: takes (``bwd``: runs the forward and keeps its graph). None: ``run`` takes the inputs.
     prepare: Optional[Callable[[Impl, tuple], tuple]] = None
@@ -100,6 +106,7 @@ def _fwd_bytes(inputs: tuple) -> int:
 
 FWD = Op(
     name="fwd",
+    same_shape_reads=1,
     make_inputs=_fwd_inputs,
     run=lambda impl, inputs: impl(*inputs),
     reference=lambda inputs: reference.rms_norm(inputs[0], inputs[1], EPS),
@@ -174,7 +181,7 @@ _GRADIENT_OP = dict(make_inputs=_bwd_inputs, reference=_bwd_reference,
                     peers=peers_mod.BACKWARD_PEERS, sweep=BWD_SWEEP, quick_sweep=QUICK_BWD_SWEEP)
 
 BWD = Op(name="bwd", run=_bwd_run, bytes_moved=_bwd_bytes, prepare=_bwd_prepare,
-         **_GRADIENT_OP)
+         same_shape_reads=2, **_GRADIENT_OP)
 
 FULL_OP = Op(name="full", run=_full_run, bytes_moved=_full_bytes, **_GRADIENT_OP)
 
@@ -349,8 +356,33 @@ class _Sweep:
                 if self._checked(name, impl, M, N, first, expected):
                     self._time(name, impl, M, N, sets, k, moved, stream)
             self.bar.update()
+        device = next(t.device for t in first if isinstance(t, torch.Tensor))
         del sets, first, expected
+        if op.same_shape_reads:
+            self.ceiling_at_shape(M, N, op.same_shape_reads, device)
         torch.cuda.empty_cache()
+
+    def ceiling_at_shape(self, M: int, N: int, reads: int, device: torch.device) -> None:
+        """The copy of an (M, N) shape: ``reads`` tensors in, one out, rotated past the L2 as
+        the kernels' inputs are, by graph replay: what any kernel moving those bytes at that
+        size costs, launch and tail included."""
+        name = {1: "copy", 2: "copy2r1w"}[reads] + ".shape"
+        elem = torch.empty((), dtype=DTYPE).element_size()
+        k = rotation_count((reads + 1) * M * N * elem, self.l2_bytes)
+        if reads == 1:
+            call = lambda s: torch.neg(s[0], out=s[1])  # noqa: E731
+        else:
+            call = lambda s: torch.add(s[0], s[1], out=s[2])  # noqa: E731
+        try:
+            sets = [[torch.randn(M, N, dtype=DTYPE, device=device) for _ in range(reads + 1)]
+                    for _ in range(k)]
+            t = graph_time_us(rotating(call, sets), replays=self.budget.graph_replays,
+                              calls_multiple=k)
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"ceiling {name} at {M}x{N}: raised {type(e).__name__}: {e}")
+            return
+        self._row(name, "graph", M, N, "time", t)
+        self._row(name, "graph", M, N, "bandwidth", bandwidth((reads + 1) * M * N * elem, t))
 
     def _time(self, name: str, impl: Impl, M: int, N: int, sets, k: int, moved: int,
               stream) -> None:

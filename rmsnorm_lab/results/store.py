@@ -18,6 +18,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Union
 
 import pandas as pd
 
+from ..registry import CEILINGS as CEILING_IMPLS
+
 PROVENANCE_COLUMNS = ("gpu", "sm_count", "driver", "torch", "triton", "cutlass_dsl", "commit",
                       "timestamp")
 COLUMNS = PROVENANCE_COLUMNS + ("op", "impl", "path", "M", "N", "dtype", "metric", "unit",
@@ -28,8 +30,9 @@ OPS = ("fwd", "bwd", "full")
 PATHS = ("eager", "graph", "host")
 METRIC_UNITS = {"time": "us", "bandwidth": "GBps", "host": "us", "peak_mem": "MiB"}
 DTYPES = ("fp32", "bf16", "fp16")
-#: impl names of the bandwidth ceilings measured in the same run (not RMSNorm implementations)
-CEILINGS = ("copy", "copy2r1w")
+#: impl names of the bandwidth ceilings measured in the same run (not RMSNorm implementations):
+#: ``copy`` and ``copy2r1w`` on 1 GiB tensors, their ``.shape`` forms at each swept shape
+CEILINGS = CEILING_IMPLS
 REPORTED_DIR = "reported"
 #: directories of results/ that hold no measurements: quoted figures, the compiled-code table
 NOT_MEASURED_DIRS = (REPORTED_DIR,)
