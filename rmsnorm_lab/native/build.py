@@ -66,17 +66,30 @@ def _build():
     if nvtx:
         includes += nvtx
         cflags.append("-DRMSNORM_LAB_NVTX")
-    # torch's build cache is keyed on the name and the sources, not on torch's version: put the
-    # version in the name so an upgraded torch rebuilds rather than loads a stale binary
+    # torch's build folder is named after the extension and shared by every checkout on the
+    # machine, and torch rebuilds on a changed .cpp but not on a changed header: the torch
+    # version and a digest of every source are in the name, so each version of the sources has
+    # a build of its own and no two checkouts rebuild each other's
     tag = torch.__version__.replace(".", "_").replace("+", "_")
-    # torch rebuilds when the .cpp or the flags change, not when a header does: the headers'
-    # digest rides in the flags
-    digest = hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:12]
-    cflags.append(f"-DRMSNORM_LAB_HEADERS_{digest}")
-    return load(name=f"rmsnorm_lab_native_{tag}", sources=[str(SOURCE)],
+    digest = hashlib.sha1(b"".join(p.read_bytes() for p in (SOURCE,) + HEADERS)).hexdigest()[:12]
+    _ninja_on_path()
+    return load(name=f"rmsnorm_lab_native_{tag}_{digest}", sources=[str(SOURCE)],
                 extra_include_paths=includes, extra_cflags=cflags,
                 extra_ldflags=[f"-L{lib_dir}", f"-l:{os.path.basename(lib)}",
                                f"-Wl,-rpath,{lib_dir}"])
+
+
+def _ninja_on_path() -> None:
+    """torch builds with the ``ninja`` command; the ninja wheel installs it beside the Python
+    that runs this, which is not on PATH in a notebook or under ``.venv/bin/python``."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    path = os.environ.get("PATH", "")
+    if bin_dir and bin_dir not in path.split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + path
 
 
 def load():
