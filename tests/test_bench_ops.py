@@ -231,7 +231,6 @@ def test_pinned_backward_on_the_native_node_pins_at_the_forward(monkeypatch, mod
     """Where the library would tape the call on the native node (which fixes its backward when
     the forward runs), the pinned function runs the forward under the override instead of
     swapping in a Python node."""
-    import rmsnorm_lab.api as api
     from rmsnorm_lab import dispatch
     seen = []
     monkeypatch.setattr(dispatch, "native_node", lambda: object())

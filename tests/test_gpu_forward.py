@@ -64,7 +64,8 @@ def test_forward_matches_reference(impl, dtype, mode, shape):
         expect = reference.rms_norm(x, w, 1e-6, offset, mode)
         assert y.shape == x.shape and y.dtype == x.dtype
         assert not torch.isnan(y).any(), "unwritten (NaN-poisoned) or NaN outputs"
-        rel = ((y.double() - expect.double()).norm() / expect.double().norm().clamp_min(1e-30)).item()
+        err = (y.double() - expect.double()).norm()
+        rel = (err / expect.double().norm().clamp_min(1e-30)).item()
         if ERROR_LOG:
             with open(ERROR_LOG, "a") as f:
                 f.write(json.dumps([impl, str(dtype), mode, list(shape), with_weight, rel]) + "\n")

@@ -139,8 +139,8 @@ def test_merged_constraints_keep_a_gpu_torch_and_let_later_files_win():
     cpu = helper.merge_constraints([("tested", tested), ("caller", caller)], {})
     assert "torch==2.13.0" in cpu and "nvidia_cutlass_dsl==4.9.0" in cpu
     assert "4.8.1" not in cpu and "--extra-index-url https://example.invalid/simple" in cpu
-    gpu = helper.merge_constraints([("tested", tested)],
-                                   {"torch": "2.11.0+cu128", "triton": "", "pytorch-triton-rocm": ""})
+    gpu = helper.merge_constraints([("tested", tested)], {"torch": "2.11.0+cu128", "triton": "",
+                                                          "pytorch-triton-rocm": ""})
     lines = [ln.split("#")[0].strip() for ln in gpu.splitlines()]
     assert "torch==2.11.0+cu128" in lines and "torch==2.13.0" not in lines
     assert not any(ln.startswith("triton") for ln in lines)  # torch's own pin decides
