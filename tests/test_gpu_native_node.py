@@ -139,7 +139,7 @@ def test_repeated_calls_are_served_by_the_call_memo(monkeypatch):
     def not_again(*args, **kwargs):
         raise AssertionError("the Python path ran for a memoized call")
     monkeypatch.setattr(api, "validate", not_again)
-    monkeypatch.setattr(native_launch, "_plan_launch", not_again)
+    monkeypatch.setattr(native_launch, "plan_launch", not_again)
     second = run("native", x, w, dy)
     assert second[3] == "RMSNormNativeBackward"
     for a, b in zip(first[:3], second[:3]):
@@ -161,7 +161,7 @@ def test_inference_through_the_memo_equals_the_python_launch(variant, monkeypatc
         poison_allocator()
         first = rms_norm(x, w, EPS)
         monkeypatch.setattr(api, "validate", lambda *a: pytest.fail("the Python path ran"))
-        monkeypatch.setattr(native_launch, "_plan_launch", lambda *a: pytest.fail("replanned"))
+        monkeypatch.setattr(native_launch, "plan_launch", lambda *a: pytest.fail("replanned"))
         poison_allocator()
         second = rms_norm(x, w, EPS)
     torch.cuda.synchronize()
