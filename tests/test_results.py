@@ -326,9 +326,84 @@ def test_fixed_cost_fit_recovers_the_line_it_was_built_from():
     assert plots.fixed_cost_fit(df, ["cute.a"]).loc["cute.a", "fixed µs"] != pytest.approx(1.5)
     ax = plots.plot_fixed_cost(df, ["cute.a", "cute.b"], min_M=4096, ax=Figure().subplots())
     a = ax.get_lines()[0]
-    assert a.get_label().startswith("cute.a: fixed 1.50 µs, streams at 3900 GB/s")
+    assert a.get_label() == "cute.a\nfixed 1.50 µs, streams at 3900 GB/s"
     moved = [2 * M * 4096 * 2 for M in (4096, 16384, 65536)]
     want = [1.5 + m / 3900.0 / 1e3 - m / COPY_GBPS / 1e3 for m in moved]
     assert list(a.get_ydata()) == pytest.approx(want)
     with pytest.raises(ValueError, match="no copy ceiling"):
         plots.plot_fixed_cost(df[df["impl"] != "copy"], ["cute.a"])
+
+
+# --- the figure rules ------------------------------------------------------------------------
+
+def many_impls_df(n=8, with_teach=True):
+    """A forward sweep of ``n`` implementations (plus teaching rows): too many for one axes."""
+    rows = []
+    names = ["cute.auto", "cute.row", "triton.row", "liger.triton", "quack", "torch.compile",
+             "torch.native", "liger.cutedsl"][:n]
+    for k, impl in enumerate(names):
+        for M in (1024, 4096, 16384):
+            gbps = 3000.0 + 100 * k + M / 100
+            rows.append(row(impl=impl, M=M, metric="bandwidth", unit="GBps", p20=gbps - 5,
+                            p50=gbps, p80=gbps + 5))
+    if with_teach:
+        rows.append(row(impl="teach.cta_row", M=4096, metric="bandwidth", unit="GBps",
+                        p20=1.0, p50=2.0, p80=3.0))
+    rows.append(row(impl="copy", M=131072, metric="bandwidth", unit="GBps", p20=COPY_GBPS - 1,
+                    p50=COPY_GBPS, p80=COPY_GBPS + 1))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def test_bandwidth_plot_highlights_at_most_five_series_and_shows_the_differences():
+    from matplotlib.figure import Figure
+
+    df = many_impls_df()
+    ax = plots.plot_bandwidth_vs_M(df, "fwd", ax=Figure().subplots())
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert len(labels) <= plots.MAX_SERIES
+    assert labels[0].startswith("cute.auto") and labels[-1] == "copy (measured)"
+    assert not any(lbl.startswith("teach.") for lbl in labels)
+    lo, hi = ax.get_ylim()
+    assert lo > 2500 and hi >= COPY_GBPS  # not from 0: the differences between lines show
+    assert "4 of 8 implementations" in ax.get_title()
+    named = plots.plot_bandwidth_vs_M(df, "fwd", ax=Figure().subplots(),
+                                      impls=["quack", "teach.cta_row"])
+    assert [line.get_label() for line in named.get_lines()][:2] == ["quack", "teach.cta_row"]
+    assert named.get_legend() is not None
+
+
+def test_tables_leave_out_the_teaching_kernels():
+    df = many_impls_df(3)
+    assert "teach.cta_row" not in plots.fwd_table(df)["GB/s"].columns
+    two = df[df["impl"].isin(["triton.row", "cute.row"])]
+    assert plots.highlight(two, "M") == ["cute.row", "triton.row"]
+
+
+def test_ratio_bars_start_at_one_and_centre_the_range_on_it():
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    r = pd.DataFrame({"ratio": [1.2, 0.9, float("nan")], "lo": [1.1, 0.85, float("nan")],
+                      "hi": [1.3, 0.95, float("nan")]})
+    plots.ratio_bars(ax, ["a", "b", "c"], {"s": r}, refs={"bytes": 1.6})
+    bars = [p for p in ax.patches if p.get_height() == p.get_height()]  # not NaN
+    assert [round(p.get_y(), 6) for p in bars] == [1.0, 1.0]
+    assert sorted(round(p.get_height(), 6) for p in bars) == [-0.1, 0.2]
+    lo, hi = ax.get_ylim()
+    assert lo == pytest.approx(2 - hi) and hi >= 1.6
+
+
+def test_percent_of_copy_plot_reaches_100_and_keeps_its_lines(tmp_path):
+    from matplotlib.figure import Figure
+
+    idx = pd.MultiIndex.from_tuples([(i, M, 4096) for i in ("teach.a", "teach.b")
+                                     for M in (1024, 16384)], names=["impl", "M", "N"])
+    t = pd.DataFrame({"% of copy": [70.0, 80.0, 95.0, 97.0]}, index=idx)
+    fig = Figure()
+    ax = plots.plot_percent_of_copy(t, ["teach.a", "teach.b", "teach.absent"],
+                                    lambda n: {"color": "#0072B2", "label": n}, ax=fig.subplots())
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["teach.a", "teach.b", "copy of the same bytes"]
+    lo, hi = ax.get_ylim()
+    assert 60 <= lo < 70 and hi > 100
+    fig.savefig(tmp_path / "p.png")

@@ -3,10 +3,9 @@ backward reads and writes, and the DRAM bytes of each (notebooks/02_backward.ipy
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from ..cute.backward_plan import dw_row_groups, fused_strips, plan_backward, plan_split
 
@@ -14,14 +13,19 @@ MB = 1e6
 Step = Tuple[str, List[str], List[str]]  # (kernel, tensors read, tensors written)
 
 
-def backward_flows(M: int, N: int, sms: int, dtype: torch.dtype = torch.bfloat16
+def backward_flows(M: int, N: int, sms: int, dtype: torch.dtype = torch.bfloat16,
+                   g_split: Optional[int] = None, g_fused: Optional[int] = None
                    ) -> Tuple[Dict[str, List[Step]], Dict[str, int]]:
     """``(flows, sizes)``: per mode ("split", "fused") the kernels in order, and the bytes of
-    every tensor they name (the fp32 dW partials sized by the strips the plans would use)."""
+    every tensor they name. The fp32 dW partials have ``g_split`` and ``g_fused`` rows; by
+    default the row groups and strips the library's plans would use on ``sms`` SMs."""
     elem = torch.empty((), dtype=dtype).element_size()
-    _, dw_plan = plan_split(N, dtype, dtype, "llama", aligned=True)
-    fused = plan_backward("fused", N, dtype, dtype, "llama", aligned=True)
-    g_split, g_fused = dw_row_groups(M, dw_plan, sms), fused_strips(M, sms, fused)
+    if g_split is None:
+        _, dw_plan = plan_split(N, dtype, dtype, "llama", aligned=True)
+        g_split = dw_row_groups(M, dw_plan, sms)
+    if g_fused is None:
+        g_fused = fused_strips(M, sms, plan_backward("fused", N, dtype, dtype, "llama",
+                                                     aligned=True))
     act = M * N * elem
     sizes = {"X": act, "dY": act, "dX": act, "W": N * elem, "rstd": M * 4, "dW": N * elem}
     p_split, p_fused = f"partials ({g_split}×N fp32)", f"partials ({g_fused}×N fp32)"
@@ -36,36 +40,52 @@ def backward_flows(M: int, N: int, sms: int, dtype: torch.dtype = torch.bfloat16
     return flows, sizes
 
 
-def draw_flow(ax, title: str, steps: List[Step], sizes: Dict[str, int]) -> int:
-    """Boxes for the kernels, tensors read on the left and written on the right (activation-
-    sized ones highlighted), arrows between; returns the total DRAM bytes of the flow."""
+def _mb(b: int) -> str:
+    v = b / MB
+    return f"{v:,.0f} MB" if v >= 100 else (f"{v:.1f} MB" if v >= 1 else f"{v:.2f} MB")
+
+
+def draw_flow(ax, title: str, steps: List[Step], sizes: Dict[str, int],
+              slots: Optional[int] = None) -> int:
+    """Boxes for the kernels, tensors read on the left and written on the right (the
+    activation-sized ones highlighted: they are what the time is made of), an arrow from each
+    tensor to its kernel; returns the total DRAM bytes of the flow. ``slots``: the number of
+    kernels the axes have room for (give two panels the same, and they share a scale)."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
     big = max(sizes.values())
+    rows = max(max(len(r), len(w)) for _, r, w in steps)
+    pitch = max(1.3, 0.42 * rows + 0.2)
+    slots = max(slots or len(steps), len(steps))
     ax.set_xlim(0, 10)
-    ax.set_ylim(-0.6 * len(steps) * 2 - 0.4, 0.6)
+    ax.set_ylim(-pitch * (slots - 1) - pitch / 2 - 0.3, pitch / 2)
     ax.axis("off")
-    ax.set_title(title, fontsize="large", loc="left")
     total = 0
     for k, (kernel, reads, writes) in enumerate(steps):
-        y0 = -1.3 * k
-        ax.add_patch(FancyBboxPatch((3.9, y0 - 0.35), 2.2, 0.7, boxstyle="round,pad=0.05",
-                                    fc="#dbe9f6", ec="#1f4e79"))
+        y0 = -pitch * k
+        ax.add_patch(FancyBboxPatch((3.9, y0 - 0.3), 2.2, 0.6, boxstyle="round,pad=0.05",
+                                    fc="#dbe9f6", ec="#0072B2"))
         ax.text(5.0, y0, kernel, ha="center", va="center", fontsize="medium", weight="bold")
-        for side, names, x_box in (("in", reads, 0.1), ("out", writes, 7.2)):
+        for side, names in (("in", reads), ("out", writes)):
+            span = 0.36 * (len(names) - 1)
             for j, name in enumerate(names):
-                if len(names) > 1:
-                    yy = y0 + 0.45 - j * 0.9 / (len(names) - 1)
-                else:
-                    yy = y0
+                yy = y0 + span / 2 - 0.36 * j
                 b = sizes[name]
                 total += b
-                ax.text(x_box + 1.3, yy, f"{name}  {b / MB:,.2f} MB", ha="center",
-                        va="center", fontsize="small",
-                        bbox=dict(boxstyle="round,pad=0.2",
-                                  fc="#f8cbad" if b >= big else "#eeeeee", ec="none"))
-                ends = ((x_box + 2.65, yy), (3.85, y0)) if side == "in" else \
-                    ((6.15, y0), (x_box - 0.05, yy))
-                ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=10,
+                heavy = b >= big
+                if side == "in":
+                    ax.text(3.0, yy, f"{name}  {_mb(b)}", ha="right", va="center",
+                            fontsize="small", weight="bold" if heavy else "normal",
+                            bbox=dict(boxstyle="round,pad=0.2",
+                                      fc="#f8cbad" if heavy else "#eeeeee", ec="none"))
+                    ends = ((3.1, yy), (3.85, y0))
+                else:
+                    ax.text(7.0, yy, f"{name}  {_mb(b)}", ha="left", va="center",
+                            fontsize="small", weight="bold" if heavy else "normal",
+                            bbox=dict(boxstyle="round,pad=0.2",
+                                      fc="#f8cbad" if heavy else "#eeeeee", ec="none"))
+                    ends = ((6.15, y0), (6.9, yy))
+                ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=9,
                                              color="#555555", lw=0.8))
-    ax.text(0.1, -1.3 * len(steps) + 0.3, f"DRAM traffic: {total / MB:,.1f} MB",
-            fontsize="large", weight="bold")
+    ax.set_title(f"{title}: {_mb(total)} of DRAM traffic", fontsize="large", loc="left")
     return total

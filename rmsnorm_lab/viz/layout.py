@@ -42,6 +42,11 @@ def row_layout(plan, lanes: Optional[int] = None, chunk: int = 0) -> RowLayout:
     return RowLayout(thread, col_start, col_start < plan.N)
 
 
+#: one colour per thread when few are in view (Okabe and Ito's palette, grey for the eighth)
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+             "#999999")
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -50,11 +55,12 @@ def draw_row_layout(plan, ax=None, lanes: Optional[int] = None, label_threads: i
                     chunk: int = 0):
     """Draw the thread/value layout of one CTA tile of ``plan`` (a ``ForwardPlan``).
 
-    One line per (tile row, column block), one cell per copy of ``plan.vec`` elements, coloured
-    by thread (a qualitative palette when fewer than 20 threads are in view, else a colour ramp with
-    a colour bar). ``lanes`` zooms onto the first lanes of every line; the cells of the first
-    ``label_threads`` threads of each row are outlined, and labelled with their column range
-    when the cells are wide enough. Warp boundaries are drawn as white lines. Returns ``ax``.
+    One line per (tile row, column block), one cell per copy of ``plan.vec`` elements,
+    coloured by thread (Okabe and Ito's palette when at most eight threads are in view, else the
+    viridis ramp with a colour bar). ``lanes`` zooms onto the first lanes of every line; the
+    cells of the first ``label_threads`` threads of each row are outlined, and labelled with
+    their column range when the cells are wide enough. Warp boundaries are drawn as white
+    lines. Returns ``ax``.
     """
     import matplotlib.pyplot as plt
     from matplotlib import patheffects
@@ -69,13 +75,12 @@ def draw_row_layout(plan, ax=None, lanes: Optional[int] = None, label_threads: i
 
     grid = np.ma.masked_where(~lay.active, lay.thread)
     first, last = int(lay.thread.min()), int(lay.thread.max())
-    few = last - first < 20  # few threads in view: one distinct colour each
+    few = last - first < len(OKABE_ITO)  # few threads in view: one distinct colour each
     if few:
-        cmap = ListedColormap(plt.get_cmap("tab20").colors[:last - first + 1]).with_extremes(
-            bad="white")
+        cmap = ListedColormap(OKABE_ITO[:last - first + 1]).with_extremes(bad="white")
         vmin, vmax = first - 0.5, last + 0.5
-    else:
-        cmap = plt.get_cmap("turbo").with_extremes(bad="white")
+    else:  # a perceptually uniform ramp, readable under colour-vision deficiencies
+        cmap = plt.get_cmap("viridis").with_extremes(bad="white")
         vmin, vmax = 0, max(plan.threads - 1, 1)
     im = ax.imshow(grid, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                    interpolation="nearest", extent=(-0.5, L - 0.5, lines - 0.5, -0.5))

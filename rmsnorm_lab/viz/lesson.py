@@ -1,0 +1,737 @@
+"""What the lesson notebooks (``notebooks/01_forward.ipynb``, ``02_backward.ipynb``) share: showing
+things, reading what the compiler made of a kernel, measuring a kernel on a GPU, and reading the
+measurements back without one.
+
+The kernels themselves live in the notebooks' cells; this module holds no kernel. It serves three
+ways of running a lesson:
+
+* **in Jupyter** -- tables, Markdown and figures are displayed;
+* **as a script** (``jupyter nbconvert --to script``, then ``python3``; no IPython needed) --
+  the same cells print their tables and text, and figures are saved to ``$LESSON_FIG_DIR`` when
+  it is set (otherwise one line names each figure);
+* **live or recorded** -- with a CUDA GPU the lesson compiles, checks and times its kernels and
+  writes ``results/<gpu>/teach-<op>.csv``; without one it reads those files.
+
+Compiled-code facts come from the files CuTe DSL keeps (``--keep-ptx --keep-cubin``): the PTX
+(``rmsnorm_lab.cute.inspect_ptx.ptx_facts``) and the cubin, read with ``cuobjdump`` (registers,
+stack, shared memory, SASS). That needs no GPU: it is the cubin a GPU would load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from .. import results as results_io
+from ..registry import impl as _registry_impl
+
+# ------------------------------------------------------------------------------------------------
+# showing things
+
+TOL = 1e-2  #: relative error (norm) a bf16 kernel must stay under against the float64 reference
+EPS = 1e-6
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where ``display`` renders), False in a plain script."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def show(obj) -> None:
+    """Display a table (or anything) in Jupyter; print it in a script."""
+    if in_notebook():
+        from IPython.display import display
+        display(obj)
+    elif isinstance(obj, (pd.DataFrame, pd.Series)):
+        print(obj.to_string())
+    else:
+        print(obj)
+
+
+def say(markdown: str) -> None:
+    """Markdown in Jupyter, the same text printed in a script."""
+    text = markdown.strip("\n")
+    if in_notebook():
+        from IPython.display import Markdown, display
+        display(Markdown(text))
+    else:
+        print(text)
+
+
+def pyplot():
+    """matplotlib's pyplot, or None (with a note) where matplotlib is not installed."""
+    try:
+        import matplotlib
+        if not in_notebook() and not os.environ.get("MPLBACKEND"):
+            matplotlib.use("Agg")  # a script: render to files, never to a window
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed here: figures are skipped")
+        return None
+    return plt
+
+
+def show_figure(fig, name: str) -> None:
+    """Show ``fig`` once (Jupyter) or save it as ``$LESSON_FIG_DIR/<name>.png`` (script), then
+    close it."""
+    plt = pyplot()
+    if in_notebook():
+        from IPython.display import display
+        display(fig)
+    else:
+        where = os.environ.get("LESSON_FIG_DIR")
+        if where:
+            Path(where).mkdir(parents=True, exist_ok=True)
+            fig.savefig(Path(where) / f"{name}.png", dpi=110, bbox_inches="tight")
+            print(f"[figure {name}: saved to {where}]")
+        else:
+            print(f"[figure {name}: drawn; set LESSON_FIG_DIR to keep it]")
+    if plt is not None:
+        plt.close(fig)
+
+
+def fmt_shape(M: int, N: int) -> str:
+    return f"{M}×{N}"
+
+
+# ------------------------------------------------------------------------------------------------
+# where the lesson runs
+
+#: where results are read and written (the repository's results/); a dry run points it elsewhere
+RESULTS_ROOT: Path = results_io.results_dir()
+#: the GPU whose recorded results a lesson reads when it cannot measure
+RECORDED_GPU = "h200"
+#: the L2 size assumed when the device does not report one (the H200's)
+L2_BYTES_DEFAULT = 50 * 2**20
+
+
+def gpu_available() -> bool:
+    """A CUDA GPU is here: the lesson measures live."""
+    import torch
+    return torch.cuda.is_available()
+
+
+def device() -> str:
+    return "cuda"
+
+
+def target_arch() -> str:
+    """The compile target: the GPU's (``sm_90a`` on an H100/H200) or, without one,
+    ``CUTE_DSL_ARCH`` (the notebooks set ``sm_90a``: the H200 the results were recorded on)."""
+    import torch
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+    return os.environ.get("CUTE_DSL_ARCH", "sm_90a")
+
+
+def sync() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def free_memory() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def l2_bytes() -> int:
+    import torch
+    if torch.cuda.is_available():
+        return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+                   or L2_BYTES_DEFAULT)
+    return L2_BYTES_DEFAULT
+
+
+# ------------------------------------------------------------------------------------------------
+# what the compiler made of a kernel
+
+def _tool(name: str) -> Optional[str]:
+    """``cuobjdump``/``nvdisasm``: on PATH, in a CUDA toolkit, or the copy Triton ships."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for path in sorted(glob.glob(f"/usr/local/cuda*/bin/{name}"), reverse=True):
+        return path
+    try:
+        import triton
+        path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+        if os.path.exists(path):
+            return path
+    except ImportError:
+        pass
+    return None
+
+
+def tool_version(name: str = "cuobjdump") -> str:
+    path = _tool(name)
+    if path is None:
+        return "none"
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", out)
+    return m.group(1) if m else "unknown"
+
+
+_SASS_MEM = re.compile(r"\b(LDG|STG|LDL|STL|LDS|STS)(\.[A-Z0-9_]+)*")
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One kernel compiled for one row width: its PTX and cubin, read."""
+    name: str
+    N: int
+    arch: str
+    ptx: str = dataclasses.field(repr=False)
+    sass: str = dataclasses.field(repr=False)  # "" when no cuobjdump was found
+    registers: Optional[int] = None
+    stack_bytes: Optional[int] = None           # spilled registers live here
+    smem_bytes: Optional[int] = None
+    ptx_ld16: int = 0       # ld.global of 16 bytes (v4.b32 ...), static count in the PTX
+    ptx_ld_narrow: int = 0  # narrower ld.global
+    ptx_st16: int = 0
+    ptx_shfl: int = 0
+    ptx_bar: int = 0
+
+    def sass_counts(self) -> Dict[str, int]:
+        """Static count of each memory instruction form in the SASS (``LDG.E.128``, ``STL``...)."""
+        counts: Dict[str, int] = {}
+        for m in _SASS_MEM.finditer(self.sass):
+            counts[m.group(0)] = counts.get(m.group(0), 0) + 1
+        return dict(sorted(counts.items()))
+
+    def spills(self) -> Optional[int]:
+        """Spill instructions (STL + LDL) in the SASS; None without a SASS listing."""
+        if not self.sass:
+            return None
+        c = self.sass_counts()
+        return sum(v for k, v in c.items() if k.startswith(("STL", "LDL")))
+
+    def row(self) -> dict:
+        """The facts a learner reads, as one table row."""
+        c = self.sass_counts()
+        wide = sum(v for k, v in c.items() if k.startswith("LDG") and k.endswith(".128"))
+        narrow = sum(v for k, v in c.items() if k.startswith("LDG") and not k.endswith(".128"))
+        return {"kernel": self.name, "N": self.N,
+                "PTX ld.global 16 B": self.ptx_ld16, "PTX ld.global narrower": self.ptx_ld_narrow,
+                "PTX st.global 16 B": self.ptx_st16, "shfl.sync": self.ptx_shfl,
+                "bar.sync": self.ptx_bar,
+                "SASS LDG.E.128": wide if self.sass else None,
+                "SASS narrower LDG": narrow if self.sass else None,
+                "registers": self.registers, "spill STL+LDL": self.spills(),
+                "stack bytes": self.stack_bytes}
+
+    def excerpt(self, patterns: Sequence[str] = ("LDG", "STG", "STL", "LDL"),
+                limit: int = 8) -> str:
+        """The SASS lines holding any of ``patterns`` (their addresses and encodings dropped),
+        at most ``limit``, with a count of the rest."""
+        if not self.sass:
+            recorded = recorded_sass(f"{TEACH_PREFIX}{self.name}")
+            if recorded:
+                return ("(no cuobjdump here: the excerpt recorded on the "
+                        f"{RECORDED_GPU.upper()})\n{recorded}")
+            return "(no SASS: cuobjdump was not found)"
+        rx = re.compile(r"\b(" + "|".join(re.escape(p) for p in patterns) + r")")
+        lines = []
+        for line in self.sass.splitlines():
+            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+            if m and rx.search(m.group(1)):
+                lines.append("    " + re.sub(r"\s+", " ", m.group(1)))
+        shown = lines[:limit]
+        if len(lines) > limit:
+            shown.append(f"    ... and {len(lines) - limit} more")
+        return "\n".join(shown) if shown else "(none)"
+
+
+def read_compiled(dump_dir: str, name: str, N: int, arch: str) -> Compiled:
+    """Read the PTX and cubin CuTe DSL kept in ``dump_dir`` (one kernel compiled there)."""
+    from ..cute.inspect_ptx import ptx_facts
+
+    ptx_paths = glob.glob(os.path.join(dump_dir, "*.ptx"))
+    cubins = glob.glob(os.path.join(dump_dir, "*.cubin"))
+    if len(ptx_paths) != 1:
+        raise RuntimeError(f"expected one PTX file in the dump directory, found {len(ptx_paths)}")
+    ptx = Path(ptx_paths[0]).read_text()
+    f = ptx_facts(ptx, arch)
+    every_load = len(re.findall(r"\bld\.global\b", ptx))
+    out = Compiled(name, N, arch, ptx, "", ptx_ld16=f.global_loads_16B,
+                   ptx_ld_narrow=every_load - f.global_loads_16B, ptx_st16=f.global_stores_16B,
+                   ptx_shfl=f.shuffles, ptx_bar=f.barriers)
+    tool = _tool("cuobjdump")
+    if cubins and tool:
+        res = subprocess.run([tool, "-res-usage", cubins[0]], capture_output=True, text=True)
+        m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)", res.stdout)
+        if m:
+            out.registers, out.stack_bytes, out.smem_bytes = (int(v) for v in m.groups())
+        out.sass = subprocess.run([tool, "-sass", cubins[0]], capture_output=True,
+                                  text=True).stdout
+    else:  # no cuobjdump: registers from ptxas -v where one is installed
+        from ..cute.inspect_ptx import ptxas_report
+        try:
+            rep = ptxas_report(ptx_paths[0], arch)
+        except (RuntimeError, OSError):
+            rep = None
+        if rep is not None:
+            out.registers, out.stack_bytes = rep["registers"], rep["stack_bytes"]
+    return out
+
+
+def inspect(compile_fn: Callable, launcher, fake_args, name: str, N: int,
+            arch: Optional[str] = None) -> Compiled:
+    """Compile ``launcher`` for rows of ``N`` with ``compile_fn(launcher, fake_args, arch,
+    dump_dir)`` (the notebook's ``compile_for``), keeping its PTX and cubin, and read them."""
+    arch = arch or target_arch()
+    with tempfile.TemporaryDirectory() as d:
+        compile_fn(launcher, fake_args, arch, d)
+        return read_compiled(d, name, N, arch)
+
+
+def compiled_table(items: Iterable[Compiled]) -> pd.DataFrame:
+    """One row per compiled kernel (``Compiled.row``), without the columns that are all empty."""
+    df = pd.DataFrame([c.row() for c in items]).set_index(["kernel", "N"])
+    return df.dropna(axis=1, how="all")
+
+
+# ------------------------------------------------------------------------------------------------
+# recorded results
+
+TEACH_PREFIX = "teach."
+#: the same bytes moved by the simplest kernel with the op's access pattern, at each shape
+COPY_OF = {"fwd": "teach.copy", "bwd": "teach.copy2r1w"}
+
+
+def teach_path(op: str, gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
+    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / f"teach-{op}.csv"
+
+
+def load_teach(op: str, gpu: Optional[str] = None, root: Optional[Path] = None
+               ) -> Optional[pd.DataFrame]:
+    """The newest teaching-kernel rows of ``op`` (``results/<gpu>/teach-<op>.csv``), or None
+    when the file is not there."""
+    path = teach_path(op, gpu, root)
+    if not path.exists():
+        return None
+    return results_io.latest(results_io.load(path))
+
+
+def teach_table(df: pd.DataFrame, op: str) -> pd.DataFrame:
+    """Per implementation and shape: median µs, GB/s, and both against the same-shape copy
+    (``% of copy``: the copy's time over the kernel's; above 100 the kernel moved its bytes
+    faster than the copy moved the same number)."""
+    d = df[(df["op"] == op) & (df["path"] == "graph")]
+    t = d[d["metric"] == "time"].pivot_table(index=["impl", "M", "N"], values="p50",
+                                             aggfunc="last")["p50"]
+    bw = d[d["metric"] == "bandwidth"].pivot_table(index=["impl", "M", "N"], values="p50",
+                                                   aggfunc="last")["p50"]
+    out = pd.DataFrame({"µs": t, "GB/s": bw})
+    copy = out.xs(COPY_OF[op], level="impl") if COPY_OF[op] in out.index.get_level_values(0) \
+        else None
+    if copy is not None:
+        ref = copy["GB/s"]
+        out["copy GB/s"] = [ref.get((m, n), math.nan) for _, m, n in out.index]
+        out["% of copy"] = 100 * out["GB/s"] / out["copy GB/s"]
+    return out
+
+
+def ncu_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
+    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / "ncu-teach.csv"
+
+
+def sass_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
+    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / "sass-teach.txt"
+
+
+#: what the lessons show of an Nsight Compute record: label -> (metric names, first found wins)
+NCU_VIEW = {
+    "duration µs": ("gpu__time_duration.sum",),
+    "DRAM throughput % of peak": ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                                  "SpeedOfLight/DRAM Throughput"),
+    "DRAM GB read": ("dram__bytes_read.sum",),
+    "DRAM GB written": ("dram__bytes_write.sum",),
+    "achieved occupancy %": ("sm__warps_active.avg.pct_of_peak_sustained_active",
+                             "Occupancy/Achieved Occupancy"),
+    "theoretical occupancy %": ("sm__maximum_warps_per_active_cycle_pct",
+                                "Occupancy/Theoretical Occupancy"),
+    "registers / thread": ("launch__registers_per_thread", "LaunchStats/Registers Per Thread"),
+    "CTAs / SM (register limit)": ("launch__occupancy_limit_registers",
+                                   "Occupancy/Block Limit Registers"),
+    "global load instructions (M)": ("smsp__sass_inst_executed_op_global_ld.sum",),
+    "local (spill) ld+st instructions": ("smsp__sass_inst_executed_op_local_ld.sum",
+                                         "smsp__sass_inst_executed_op_local_st.sum"),
+}
+
+
+def load_ncu(gpu: Optional[str] = None, root: Optional[Path] = None) -> Optional[pd.DataFrame]:
+    """``results/<gpu>/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a GPU)
+    or None."""
+    path = ncu_path(gpu, root)
+    if not path.exists():
+        return None
+    return pd.read_csv(path)
+
+
+def _unit_scale(unit: str, label: str) -> float:
+    unit = (unit or "").strip().lower()
+    if label == "duration µs":
+        return {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+                "msecond": 1e3, "s": 1e6, "second": 1e6}.get(unit, 1e-3)
+    if label.startswith("DRAM GB"):
+        return {"byte": 1e-9, "kbyte": 1e-6, "mbyte": 1e-3, "gbyte": 1.0}.get(unit, 1e-9)
+    if label == "global load instructions (M)":
+        return 1e-6
+    return 1.0
+
+
+def ncu_view(ncu: pd.DataFrame, kernels: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """One row per kernel, the ``NCU_VIEW`` columns (missing metrics left empty)."""
+    rows = []
+    for kernel in (kernels or list(dict.fromkeys(ncu["kernel"]))):
+        k = ncu[ncu["kernel"] == kernel]
+        if k.empty:
+            continue
+        row = {"kernel": kernel}
+        for label, names in NCU_VIEW.items():
+            vals = []
+            for name in names:
+                hit = k[k["metric"] == name]
+                if not hit.empty:
+                    vals.append(float(hit["value"].iloc[0])
+                                * _unit_scale(str(hit["unit"].iloc[0]), label))
+                    if label != "local (spill) ld+st instructions":
+                        break
+            row[label] = sum(vals) if vals else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("kernel") if rows else pd.DataFrame()
+
+
+def ncu_shape(ncu: pd.DataFrame, kernel: Optional[str] = None) -> str:
+    """The M×N the record was taken at (of ``kernel``, or of the first row)."""
+    d = ncu[ncu["kernel"] == kernel] if kernel is not None else ncu
+    d = d if not d.empty else ncu
+    if {"M", "N"} <= set(d.columns):
+        return fmt_shape(int(d["M"].iloc[0]), int(d["N"].iloc[0]))
+    return "?×?"
+
+
+def ncu_sentence(row: pd.Series, shape: str) -> str:
+    """One sentence of what Nsight Compute saw (the ``ncu_view`` columns that were recorded)."""
+    parts = []
+    if pd.notna(row.get("DRAM throughput % of peak")):
+        parts.append(f"DRAM busy **{row['DRAM throughput % of peak']:.0f}%** of its peak")
+    if pd.notna(row.get("achieved occupancy %")):
+        occ = f"achieved occupancy **{row['achieved occupancy %']:.0f}%** of the warp slots"
+        if pd.notna(row.get("theoretical occupancy %")):
+            occ += f" (at most {row['theoretical occupancy %']:.0f}%)"
+        parts.append(occ)
+    if pd.notna(row.get("registers / thread")):
+        parts.append(f"**{row['registers / thread']:.0f}** registers per thread")
+    if pd.notna(row.get("local (spill) ld+st instructions")):
+        n = row["local (spill) ld+st instructions"]
+        parts.append("no spill instruction executed" if n == 0 else
+                     f"**{n:.0f}** spill loads and stores executed")
+    if not parts:
+        return ""
+    return f"Nsight Compute, one launch at {shape} on the {RECORDED_GPU.upper()}: " \
+        + ", ".join(parts) + "."
+
+
+def recorded_sass(kernel: str, gpu: Optional[str] = None, root: Optional[Path] = None
+                  ) -> Optional[str]:
+    """The excerpt of ``kernel`` from ``results/<gpu>/sass-teach.txt``, or None."""
+    path = sass_path(gpu, root)
+    if not path.exists():
+        return None
+    text = path.read_text()
+    m = re.search(rf"^== {re.escape(kernel)} .*?$(.*?)(?=^== |\Z)", text, re.M | re.S)
+    return m.group(1).strip("\n") if m else None
+
+
+# ------------------------------------------------------------------------------------------------
+# how a teaching kernel is drawn
+
+_OI = {"blue": "#0072B2", "vermillion": "#D55E00", "green": "#009E73", "purple": "#CC79A7",
+       "orange": "#E69F00", "sky": "#56B4E9", "black": "#000000", "grey": "#999999"}
+TEACH_STYLES = {
+    "teach.scalar": (_OI["vermillion"], ":", "x"),
+    "teach.vectorized": (_OI["orange"], "-.", "D"),
+    "teach.cta_row": (_OI["blue"], "-", "o"),
+    "teach.warp_row": (_OI["green"], "--", "v"),
+    "teach.persistent": (_OI["purple"], "-", "^"),
+    "teach.split_dx": (_OI["sky"], "--", "s"),
+    "teach.split_dw": (_OI["orange"], "-.", "D"),
+    "teach.split": (_OI["purple"], "-", "^"),
+    "teach.fused": (_OI["blue"], "-", "o"),
+    "teach.copy": (_OI["black"], ":", ""),
+    "teach.copy2r1w": (_OI["black"], ":", ""),
+}
+
+
+def style(name: str) -> dict:
+    """matplotlib keywords for a series: the registry's style for the library's names, the
+    table above for the teaching kernels (same palette: Okabe and Ito's)."""
+    if name in TEACH_STYLES:
+        color, ls, marker = TEACH_STYLES[name]
+        return dict(color=color, linestyle=ls, marker=marker, label=name)
+    return _registry_impl(name).style
+
+
+# ------------------------------------------------------------------------------------------------
+# measuring live
+
+@dataclasses.dataclass
+class Case:
+    """One implementation at one shape: how to make an input set, run it, check it."""
+    impl: str
+    op: str
+    M: int
+    N: int
+    make_set: Callable[[], dict]
+    call: Callable[[dict], object]
+    check: Optional[Callable[[dict], Dict[str, float]]]  # output -> rel. error; None: a ceiling
+    bytes_moved: int
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN when ``out`` holds a NaN (a poisoned output the
+    kernel did not overwrite)."""
+    import torch
+    if torch.isnan(out).any():
+        return math.nan
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def ref_forward(x, w, eps: float = EPS):
+    """The forward in float64 with the llama rounding point (x·rstd rounded to bf16)."""
+    import torch
+    x64 = x.double()
+    rstd = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return (x64 * rstd).to(x.dtype).double() * w.double()
+
+
+def ref_backward(dy, x, w, rstd):
+    """dx and dw in float64 from the forward's fp32 rstd (llama: dw uses the rounded x·rstd)."""
+    r = rstd.double()[:, None]
+    x_hat = x.double() * r
+    m = dy.double() * w.double()
+    dx = r * (m - x_hat * (m * x_hat).mean(-1, keepdim=True))
+    x_hat_rounded = (x.float() * rstd[:, None]).to(x.dtype).double()
+    dw = (dy.double() * x_hat_rounded).sum(0)
+    return dx, dw
+
+
+def forward_set(M: int, N: int) -> dict:
+    """Fresh inputs (x, w near one) and a NaN-poisoned output, on the GPU."""
+    import torch
+    dev = device()
+    x = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(N, device=dev)).to(torch.bfloat16)
+    return {"x": x, "w": w, "y": torch.full_like(x, float("nan"))}
+
+
+def forward_case(impl: str, fn, M: int, N: int) -> Case:
+    """A teaching forward compiled with TVM-FFI: ``fn(x, w, y, eps)``."""
+    def check(s):
+        return {"y": rel_err(s["y"], ref_forward(s["x"], s["w"]))}
+    return Case(impl, "fwd", M, N, lambda: forward_set(M, N),
+                lambda s: fn(s["x"], s["w"], s["y"], EPS), check, 2 * M * N * 2 + N * 2)
+
+
+def forward_copy_case(M: int, N: int) -> Case:
+    """The forward's bytes (read M×N, write M×N) moved by ``torch.neg``: the ceiling at this
+    shape."""
+    import torch
+    return Case(COPY_OF["fwd"], "fwd", M, N, lambda: forward_set(M, N),
+                lambda s: torch.neg(s["x"], out=s["y"]), None, 2 * M * N * 2)
+
+
+def backward_set(M: int, N: int, G: int) -> dict:
+    """dy, x, w, the forward's fp32 rstd; dx and G fp32 partial rows of dW poisoned."""
+    import torch
+    s = forward_set(M, N)
+    x = s["x"]
+    dy = torch.randn(M, N, device=x.device, dtype=x.dtype)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
+    return {"x": x, "w": s["w"], "dy": dy, "rstd": rstd, "dx": torch.full_like(x, float("nan")),
+            "dwp": torch.full((G, N), float("nan"), device=x.device)}
+
+
+def backward_case(impl: str, fns: Sequence, M: int, N: int, G: int,
+                  outputs: Tuple[str, ...], finish_dw: bool) -> Case:
+    """Teaching backward kernels ``fn(dy, x, w, rstd, dx, dwp)`` launched in order, then (when
+    ``finish_dw``) ``dw = dwp.sum(0)`` in bf16. ``outputs``: what is checked (``dx``, ``dw``)."""
+    import torch
+
+    def call(s):
+        for fn in fns:
+            fn(s["dy"], s["x"], s["w"], s["rstd"], s["dx"], s["dwp"])
+        if finish_dw:
+            s["dw"] = s["dwp"].sum(0).to(torch.bfloat16)
+
+    def check(s):
+        dx_ref, dw_ref = ref_backward(s["dy"], s["x"], s["w"], s["rstd"])
+        errs = {}
+        if "dx" in outputs:
+            errs["dx"] = rel_err(s["dx"], dx_ref)
+        if "dw" in outputs:
+            errs["dw"] = rel_err(s["dwp"].sum(0).to(torch.bfloat16), dw_ref)
+        return errs
+
+    minimum = 3 * M * N * 2 + 4 * M + 2 * N * 2          # the whole backward (BWD.bytes_moved)
+    bytes_moved = {"dx": 3 * M * N * 2 + N * 2 + 4 * M,   # read dy, x, w, rstd; write dx
+                   "dw": 2 * M * N * 2 + 4 * M + N * 2}   # read dy, x, rstd; write dw
+    moved = minimum if len(outputs) == 2 else bytes_moved[outputs[0]]
+    return Case(impl, "bwd", M, N, lambda: backward_set(M, N, G), call, check, moved)
+
+
+def backward_copy_case(M: int, N: int) -> Case:
+    """The backward's pattern (read two M×N, write one) moved by ``torch.add``: the ceiling at
+    this shape."""
+    import torch
+    return Case(COPY_OF["bwd"], "bwd", M, N, lambda: backward_set(M, N, 1),
+                lambda s: torch.add(s["dy"], s["x"], out=s["dx"]), None, 3 * M * N * 2)
+
+
+def set_bytes(s: dict) -> int:
+    import torch
+    return sum(t.numel() * t.element_size() for t in s.values() if isinstance(t, torch.Tensor))
+
+
+def time_graph(fn: Callable[[], object], calls_multiple: int, replays: int = 20,
+               target_ms: float = 2.0):
+    """Device µs per call by CUDA-graph replay (``bench.timing.graph_time_us``, as the
+    benchmark times every implementation)."""
+    from ..bench.timing import graph_time_us
+    return graph_time_us(fn, replays=replays, target_ms=target_ms, calls_multiple=calls_multiple)
+
+
+def provenance() -> dict:
+    from ..results.provenance import collect
+    return collect()
+
+
+def _sticky(e: BaseException) -> bool:
+    """A CUDA error that leaves the context unusable: nothing later on the GPU can run."""
+    text = str(e).lower()
+    return any(s in text for s in ("illegal memory access", "illegal address", "unspecified launch",
+                                   "misaligned address", "device-side assert", "launch failure"))
+
+
+class LiveRun:
+    """Checks and times cases on the GPU and writes them as ``results/<gpu>/teach-<op>.csv``
+    (the results schema; rewritten after every case, so what was measured survives a crash).
+
+    Each case is checked once on fresh inputs with poisoned outputs (relative error against the
+    float64 reference below ``TOL``); only then is it timed, by CUDA-graph replay over enough
+    input sets to keep every call's inputs out of L2 (``bench.timing.rotation_count``), and
+    written as ``time`` (µs) and ``bandwidth`` (GB/s: the case's bytes over the time) rows. A
+    failure is reported and recorded in ``failures``; the lesson carries on."""
+
+    def __init__(self, op: str, replays: int = 20):
+        self.op, self.replays = op, replays
+        self.prov = provenance()
+        self.gpu = self.prov["gpu"]
+        self.path = teach_path(op, self.gpu)
+        self.rows: List[dict] = []
+        self.errors: Dict[Tuple[str, int, int], Dict[str, float]] = {}
+        self.failures: Dict[Tuple[str, int, int], str] = {}
+        self.broken: Optional[str] = None  # a sticky CUDA error: nothing more can run
+
+    def run(self, case: Case) -> Optional[Tuple[float, float, float]]:
+        """Check then time ``case``; the (p20, p50, p80) µs, or None when it failed."""
+        import torch
+        from ..bench.runner import bandwidth, make_row
+        from ..bench.timing import rotating, rotation_count
+
+        key = (case.impl, case.M, case.N)
+        where = f"{case.impl} at {fmt_shape(case.M, case.N)}"
+        if self.broken:
+            self.failures[key] = f"not run: an earlier CUDA error ({self.broken})"
+            return None
+        sets: list = []
+        try:
+            first = case.make_set()
+            sets.append(first)
+            if case.check is not None:
+                case.call(first)
+                sync()
+                errs = case.check(first)
+                self.errors[key] = errs
+                bad = {k: v for k, v in errs.items() if not v < TOL}  # NaN compares False
+                if bad:
+                    why = ", ".join(f"{k}: " + ("NaN left in the output" if math.isnan(v)
+                                                else f"rel. error {v:.2e}")
+                                    for k, v in bad.items())
+                    raise AssertionError(f"wrong answer ({why}; tolerance {TOL})")
+            k = rotation_count(set_bytes(first), l2_bytes())
+            sets += [case.make_set() for _ in range(k - 1)]
+            q = time_graph(rotating(case.call, sets), calls_multiple=k, replays=self.replays)
+        except Exception as e:  # noqa: BLE001 - one kernel failing is a finding, not a crash
+            msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            self.failures[key] = msg
+            print(f"FAILED {where}: {msg}")
+            if _sticky(e):
+                self.broken = msg
+            return None
+        finally:
+            del sets
+            try:
+                free_memory()
+            except Exception as e:  # noqa: BLE001
+                self.broken = self.broken or f"{type(e).__name__}: {e}"
+        for metric, v in (("time", q), ("bandwidth", bandwidth(case.bytes_moved, q))):
+            self.rows.append(make_row(self.prov, case.op, case.impl, "graph", case.M, case.N,
+                                      torch.bfloat16, metric, v))
+        self.save()
+        return (q.p20, q.p50, q.p80)
+
+    def compiled(self, impl: str, N: int, build: Callable[[], object]):
+        """``build()`` (a compilation for the GPU), or None with the failure recorded."""
+        if self.broken:
+            self.failures[(impl, "-", N)] = f"not compiled: an earlier CUDA error ({self.broken})"
+            return None
+        try:
+            return build()
+        except Exception as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            self.failures[(impl, "-", N)] = "did not compile: " + msg
+            print(f"FAILED {impl} N={N}: did not compile: {msg}")
+            return None
+
+    def save(self) -> Optional[Path]:
+        if not self.rows:
+            return None
+        return results_io.write(self.rows, self.path)
+
+    def summary(self) -> pd.DataFrame:
+        """What ran: rel. errors of the checks and failures, one row per case."""
+        keys = list(dict.fromkeys(list(self.errors) + list(self.failures)))
+        rows = []
+        for key in sorted(keys, key=lambda k: (k[0], k[2], -1 if k[1] == "-" else k[1])):
+            errs = self.errors.get(key, {})
+            rows.append({"impl": key[0], "M": key[1], "N": key[2],
+                         **{f"rel. error {k}": v for k, v in errs.items()},
+                         "status": "FAILED: " + self.failures[key] if key in self.failures
+                         else "ok"})
+        return pd.DataFrame(rows).set_index(["impl", "M", "N"]) if rows else pd.DataFrame()
+
+
+def supported(max_n: Optional[int], N: int) -> bool:
+    return max_n is None or N <= max_n
