@@ -299,7 +299,7 @@ def test_fwd_sweep_is_the_design():
     assert runner.FWD_SWEEP == [(1024, 4096), (4096, 4096), (8192, 4096), (16384, 4096),
                                 (32768, 4096), (65536, 4096), (16384, 1024), (16384, 2048),
                                 (16384, 8192), (16384, 16384)]
-    assert set(runner.OPS) == {"fwd", "bwd", "full"}
+    assert set(runner.OPS) == {"fwd", "bwd", "full", "fwd-add", "bwd-add"}
 
 
 def cpu_inputs(M=64, N=256):

@@ -41,7 +41,12 @@ def lab_impls(op: str) -> Dict[str, Callable]:
         impls["cute.auto-pdl"] = pinned_backward("auto", pdl=False)
         impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
         return impls
-    raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full")
+    if op in ("fwd-add", "bwd-add"):  # the fused residual add: fn(x, r, w) -> (y, h)
+        return {f"{impl}+add": (lambda backend: lambda x, r, w: rms_norm(
+                    x, w, residual=r, backend=backend))(backend)
+                for impl, backend in (("cute.auto", "cute"), ("triton.row", "triton"))}
+    raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full, fwd-add, "
+                     "bwd-add")
 
 
 def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:

@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import reference
+from . import fused_add
 from . import peers as peers_mod
 
 EPS = 1e-6
@@ -55,8 +56,8 @@ class Op:
     peers: Dict[str, Callable[[float], Optional[Impl]]]  # name -> factory(eps), None if absent
     sweep: Sequence[Tuple[int, int]]
     quick_sweep: Sequence[Tuple[int, int]]
-    #: the ceiling measured at each swept shape (``ceiling_at_shape``): its reads (it writes one)
-    same_shape_reads: int = 0
+    #: the ceiling measured at each swept shape (``ceilings.SAME_SHAPE``), or None
+    same_shape: Optional[str] = None
     #: per implementation and input set, untimed: turns ``make_inputs``' tuple into what ``run``
     #: takes (``bwd``: runs the forward and keeps its graph). None: ``run`` takes the inputs.
     prepare: Optional[Callable[[Impl, tuple], tuple]] = None
@@ -79,7 +80,7 @@ def _fwd_bytes(inputs: tuple) -> int:
 
 FWD = Op(
     name="fwd",
-    same_shape_reads=1,
+    same_shape="copy",
     make_inputs=_fwd_inputs,
     run=lambda impl, inputs: impl(*inputs),
     reference=lambda inputs: reference.rms_norm(inputs[0], inputs[1], EPS),
@@ -154,8 +155,21 @@ _GRADIENT_OP = dict(make_inputs=_bwd_inputs, reference=_bwd_reference,
                     peers=peers_mod.BACKWARD_PEERS, sweep=BWD_SWEEP, quick_sweep=QUICK_BWD_SWEEP)
 
 BWD = Op(name="bwd", run=_bwd_run, bytes_moved=_bwd_bytes, prepare=_bwd_prepare,
-         same_shape_reads=2, **_GRADIENT_OP)
+         same_shape="copy2r1w", **_GRADIENT_OP)
 
 FULL_OP = Op(name="full", run=_full_run, bytes_moved=_full_bytes, **_GRADIENT_OP)
 
-OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP}
+# the fused residual add (fused_add.py): op fwd and bwd, rows in fwd-add.csv and bwd-add.csv
+FWD_ADD = Op(name="fwd", make_inputs=fused_add.inputs, run=fused_add.fwd_run,
+             reference=fused_add.fwd_reference, bytes_moved=fused_add.fwd_bytes,
+             peers=fused_add.FORWARD_PEERS, sweep=fused_add.ADD_SWEEP,
+             quick_sweep=fused_add.QUICK_ADD_SWEEP, same_shape="copy2r2w")
+BWD_ADD = Op(name="bwd", make_inputs=fused_add.grad_inputs, run=fused_add.bwd_run,
+             reference=fused_add.bwd_reference, bytes_moved=fused_add.bwd_bytes,
+             peers=fused_add.BACKWARD_PEERS, sweep=fused_add.ADD_SWEEP,
+             quick_sweep=fused_add.QUICK_ADD_SWEEP, same_shape="copy3r1w",
+             prepare=fused_add.bwd_prepare)
+
+#: by the name ``bench --op`` takes (and its results file's)
+OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP, "fwd-add": FWD_ADD,
+                      "bwd-add": BWD_ADD}

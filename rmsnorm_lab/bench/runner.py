@@ -48,6 +48,7 @@ import torch
 from .. import results as results_io
 from ..results import provenance
 from . import peers as peers_mod
+from .fused_add import SAME_SHAPE as _ADD_CEILINGS
 from .timing import (Quantiles, eager_time_us, graph_time_us, host_time_us, peak_mem_mib,
                      rotating, rotation_count)
 
@@ -178,6 +179,14 @@ def _recover() -> None:
         pass
 
 
+#: same-shape ceiling name -> (tensors read, tensors written, factory of the kernel)
+SAME_SHAPE = {
+    "copy": (1, 1, lambda: lambda a, b: torch.neg(a, out=b)),
+    "copy2r1w": (2, 1, lambda: lambda a, b, c: torch.add(a, b, out=c)),
+    **_ADD_CEILINGS,
+}
+
+
 class _Sweep:
     """One run of the sweep; collects rows, failures and skips as it goes."""
 
@@ -222,31 +231,30 @@ class _Sweep:
             self.bar.update()
         device = next(t.device for t in first if isinstance(t, torch.Tensor))
         del sets, first, expected
-        if op.same_shape_reads:
-            self.ceiling_at_shape(M, N, op.same_shape_reads, device)
+        if op.same_shape:
+            self.ceiling_at_shape(M, N, op.same_shape, device)
         torch.cuda.empty_cache()
 
-    def ceiling_at_shape(self, M: int, N: int, reads: int, device: torch.device) -> None:
-        """The copy of an (M, N) shape: ``reads`` tensors in, one out, rotated past the L2 as
+    def ceiling_at_shape(self, M: int, N: int, ceiling: str, device: torch.device) -> None:
+        """``ceiling`` at an (M, N) shape (``<name>.shape``): its tensors rotated past the L2 as
         the kernels' inputs are, by graph replay: what any kernel moving those bytes at that
         size costs, launch and tail included."""
-        name = {1: "copy", 2: "copy2r1w"}[reads] + ".shape"
+        reads, writes, kernel = SAME_SHAPE[ceiling]
+        call = kernel()
+        name = ceiling + ".shape"
         elem = torch.empty((), dtype=DTYPE).element_size()
-        k = rotation_count((reads + 1) * M * N * elem, self.l2_bytes)
-        if reads == 1:
-            call = lambda s: torch.neg(s[0], out=s[1])  # noqa: E731
-        else:
-            call = lambda s: torch.add(s[0], s[1], out=s[2])  # noqa: E731
+        moved = (reads + writes) * M * N * elem
+        k = rotation_count(moved, self.l2_bytes)
         try:
-            sets = [[torch.randn(M, N, dtype=DTYPE, device=device) for _ in range(reads + 1)]
-                    for _ in range(k)]
-            t = graph_time_us(rotating(call, sets), replays=self.budget.graph_replays,
-                              calls_multiple=k)
+            sets = [[torch.randn(M, N, dtype=DTYPE, device=device)
+                     for _ in range(reads + writes)] for _ in range(k)]
+            t = graph_time_us(rotating(lambda s: call(*s), sets),
+                              replays=self.budget.graph_replays, calls_multiple=k)
         except Exception as e:  # noqa: BLE001
             self.fail(f"ceiling {name} at {M}x{N}: raised {type(e).__name__}: {e}")
             return
         self._row(name, "graph", M, N, "time", t)
-        self._row(name, "graph", M, N, "bandwidth", bandwidth((reads + 1) * M * N * elem, t))
+        self._row(name, "graph", M, N, "bandwidth", bandwidth(moved, t))
 
     def _time(self, name: str, impl: Impl, M: int, N: int, sets, k: int, moved: int,
               stream) -> None:
