@@ -188,7 +188,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         op=args.op, backend=args.backend, launch_path=args.launch_path,
         forward_variant=args.variant, backward=args.backward, M=args.M, N=args.N,
         dtype=args.dtype, iters=args.iters, warmup=args.warmup,
-        include_compile=args.include_compile)
+        include_compile=args.include_compile, graph=args.graph)
     if not torch.cuda.is_available():
         return _no_gpu("profile", "On a GPU host run: "
                        + workload.nsys_profile_line(cfg, args.backend or settings.backend))
@@ -205,8 +205,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except workload.ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_GPU
+    how = "replayed from one CUDA graph" if result.graph else "NVTX on"
     print(f"profiled {result.iters} iterations of {cfg.op} (backend {result.backend}, "
-          f"{cfg.M}x{cfg.N} {cfg.dtype}, NVTX on): {result.us_per_iter:.2f} µs per iteration "
+          f"{cfg.M}x{cfg.N} {cfg.dtype}, {how}): {result.us_per_iter:.2f} µs per iteration "
           f"(host wall, synchronized at the end)")
     print(f"then: python3 -m rmsnorm_lab nsys-summary {cfg.report_name(backend)}.nsys-rep")
     return 0
@@ -588,6 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="iterations before the capture (default %(default)s)")
     p.add_argument("--include-compile", action="store_true",
                    help="start the capture before the warm-up, so compile ranges are in it")
+    p.add_argument("--graph", action="store_true",
+                   help="capture the iterations into one CUDA graph (side stream, after the "
+                        "warm-up) and replay it inside the capture range: the same work with "
+                        "the host path taken out")
     p.set_defaults(func=cmd_profile)
 
     n = sub.add_parser(

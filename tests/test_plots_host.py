@@ -38,7 +38,7 @@ def row(op, impl, path, M, N, metric, p50, spread=0.5):
 HOST = {"cute.auto@tvm_ffi": (10.0, 15.0, 60.0), "cute.auto@cached": (14.0, 19.0, 70.0),
         "cute.auto@compiled": (50.0, 55.0, 150.0), "cute.auto@jit": (80.0, 85.0, 200.0),
         "cute.auto@tvm_ffi+nvtx": (10.3, 15.2, 61.0),
-        "cute.auto@tvm_ffi-sm_count_cache": (13.0, 18.0, 66.0),
+        "cute.auto@tvm_ffi+python_node": (13.0, 18.0, 66.0),
         "cute.auto@tvm_ffi+settings_per_call": (30.0, 35.0, 100.0),
         "triton.row": (30.0, 36.0, 90.0), "liger.triton": (60.0, 70.0, 160.0),
         "torch.native": (11.0, 16.0, 120.0)}
@@ -64,7 +64,17 @@ def synthetic_frame() -> pd.DataFrame:
         rows.append(row("full", f"cute.auto@cached:{cap}", "eager", 16384, 4096, "time", us))
     rows.append(row("full", "triton.row", "eager", 16384, 4096, "peak_mem", 1000.0, spread=0))
     rows.append(row("full", "triton.row", "eager", 16384, 4096, "time", 8600.0))
+    # a toggle the settings no longer have: every table leaves it out
+    rows.append(row("fwd", "cute.auto@tvm_ffi-sm_count_cache", "host", 128, 4096, "host", 12.0))
     return pd.DataFrame(rows, columns=list(results.COLUMNS))
+
+
+def varying_rows():
+    """Synthetic +varying_m rows (M is the largest row count drawn)."""
+    return [row(op, impl + "+varying_m", "host", 8192, 4096, "host", us)
+            for op, impl, us in (("fwd", "cute.auto@tvm_ffi", 11.0), ("full", "cute.auto@tvm_ffi",
+                                                                        70.0),
+                                 ("fwd", "torch.native", 12.5), ("full", "torch.native", 130.0))]
 
 
 @pytest.fixture
@@ -81,6 +91,8 @@ def test_split_impl():
     assert ph.split_impl("cute.auto@tvm_ffi+nvtx") == ("cute.auto", "tvm_ffi", "+nvtx")
     assert ph.split_impl("cute.auto@tvm_ffi-sm_count_cache") == ("cute.auto", "tvm_ffi",
                                                                  "-sm_count_cache")
+    assert not ph.known_impl("cute.auto@tvm_ffi-sm_count_cache")
+    assert ph.known_impl("cute.auto@cached:8") and ph.known_impl("quack")
     assert ph.split_impl("cute.auto@cached:8") == ("cute.auto", "cached", ":8")
     assert ph.split_impl("liger.triton") == ("liger.triton", None, "")
     assert ph.is_launch_path("cute.auto@jit") and not ph.is_launch_path("cute.auto@tvm_ffi+nvtx")
@@ -100,7 +112,8 @@ def test_host_table_has_three_workloads_in_order(frame):
     order = list(t.index)
     assert order[0] == "cute.auto@tvm_ffi"
     assert set(order[1:4]) == {"cute.auto@tvm_ffi+nvtx", "cute.auto@tvm_ffi+settings_per_call",
-                               "cute.auto@tvm_ffi-sm_count_cache"}
+                               "cute.auto@tvm_ffi+python_node"}
+    assert "cute.auto@tvm_ffi-sm_count_cache" not in order
     # lab paths before Triton, Triton before peers
     assert order.index("cute.auto@jit") < order.index("triton.row") < order.index("liger.triton")
     assert not any(i.endswith("+autograd") for i in order)
@@ -118,8 +131,57 @@ def test_savings_table_costs_and_noise(frame):
 
 
 def test_savings_table_empty_without_toggles(frame):
-    d = frame[~frame["impl"].str.contains(r"\+nvtx|-sm_count|\+settings")]
+    d = frame[~frame["impl"].str.contains(r"\+nvtx|\+python_node|\+settings")]
     assert ph.savings_table(d).empty
+
+
+def test_recorded_name_maps_settings_to_host_rows():
+    assert ph.recorded_name({}) == "cute.auto@tvm_ffi"
+    assert ph.recorded_name({"launch_path": "jit"}) == "cute.auto@jit"
+    # the other launch paths always take the Python node
+    assert ph.recorded_name({"launch_path": "cached", "autograd_node": "python"}) == \
+        "cute.auto@cached"
+    assert ph.recorded_name({"launch_path": "cached", "tensor_cache_cap": 0}) is None
+    assert ph.recorded_name({"nvtx": True}) == "cute.auto@tvm_ffi+nvtx"
+    assert ph.recorded_name({"autograd_node": "python"}) == "cute.auto@tvm_ffi+python_node"
+    assert ph.recorded_name({"nvtx": True, "settings_per_call": True}) is None  # not recorded
+    assert ph.recorded_name({"backend": "triton"}) is None
+    from rmsnorm_lab.settings import settings
+    with settings.override(launch_path="compiled"):
+        assert ph.recorded_name() == "cute.auto@compiled"
+
+
+def test_host_runs_look_up_the_recorded_rows_of_the_settings_in_force(frame, capsys):
+    from rmsnorm_lab.analysis.host_live import HostRuns
+    from rmsnorm_lab.settings import settings
+    runs = HostRuns(frame, live=False)
+    with settings.override(launch_path="cached"):
+        m = runs.measure("cached")
+    assert m.loc[("now", "fwd"), "p50"] == HOST["cute.auto@cached"][0]
+    assert m.loc[("default", "full"), "p50"] == HOST["cute.auto@tvm_ffi"][2]
+    assert m.loc[("torch", "fwd+autograd"), "p50"] == HOST["torch.native"][1]
+    s = runs.summary("cached")
+    assert list(s.index) == ["fwd", "fwd+autograd", "full"]
+    assert s.loc["fwd", "/ torch"] == pytest.approx(14.0 / 11.0)
+    with settings.override(nvtx=True, settings_per_call=True):
+        assert runs.measure("two toggles") is None
+    assert "not recorded" in capsys.readouterr().out
+    assert list(runs.runs) == ["cached"]
+    axes = ph.plot_ladder(runs.runs, ["cached"])
+    assert len(axes) == 3
+    plt.close("all")
+
+
+def test_varying_table_next_to_the_fixed_shape(frame, tmp_path):
+    assert ph.varying_table(frame).empty  # the committed file may not have these rows yet
+    d = results.load(results.write(synthetic_frame().to_dict("records") + varying_rows(),
+                                   tmp_path / "h200" / "host.csv"))
+    v = ph.varying_table(d)
+    assert v.loc[("cute.auto@tvm_ffi", "fwd"), "varying µs"] == 11.0
+    assert v.loc[("cute.auto@tvm_ffi", "fwd"), "fixed µs"] == HOST["cute.auto@tvm_ffi"][0]
+    assert v.loc[("torch.native", "full"), "M drawn from"] == "1..8192"
+    # the varying rows never reach the fixed-shape tables
+    assert not any("varying" in i for i in ph.host_table(d).index)
 
 
 # --- crossover -------------------------------------------------------------------------------
@@ -169,9 +231,14 @@ def test_plots_draw(frame):
     ph.plot_host(frame, toggles=True, ax=axes[0, 1])
     assert len(axes[0, 1].get_yticklabels()) == 10
     ax = ph.plot_crossover(frame, workload="fwd+autograd", ax=axes[0, 2])
-    assert any("M≈" in t.get_text() for t in ax.texts)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(legend) <= 5 and any("cute.auto@tvm_ffi" in t for t in legend)
     ph.plot_cache_cap(frame, axes=axes[1, :2])
     assert "triton.row" in " ".join(t.get_text() for t in axes[1, 0].get_legend().get_texts())
+    ax = ph.plot_vs_torch(ph.host_table(frame), ["cute.auto@tvm_ffi", "triton.row",
+                                                 "liger.triton"], ax=axes[1, 2])
+    lo, hi = ax.get_xlim()
+    assert lo * hi == pytest.approx(1.0)  # centred on 1
     plt.close(fig)
 
 
@@ -260,14 +327,74 @@ def test_timeline_draws_ranges_above_kernels():
     fig, ax = plt.subplots(figsize=(10, 3))
     ph.plot_timeline(trace, first=0, count=3, ax=ax)
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert labels[0] == "iter" and labels[-1] == "GPU" and "CUDA API (host)" in labels
+    assert labels[0] == "iter" and labels[-1] == "GPU kernels" and "CUDA API (host)" in labels
     assert ax.get_xlim()[0] < 0 < ax.get_xlim()[1]
     plt.close(fig)
     # without the API trace: ranges and kernels only
     fig, ax = plt.subplots()
     ph.plot_timeline(nt.Trace(trace.nvtx, trace.gpu, None, {}), ax=ax)
-    assert [t.get_text() for t in ax.get_yticklabels()][-1] == "GPU"
+    assert [t.get_text() for t in ax.get_yticklabels()][-1] == "GPU kernels"
     plt.close(fig)
+
+
+def graph_trace(eager):
+    """A SYNTHETIC trace of the fixture's kernels laid back to back, as a graph replay would
+    launch them (one cudaGraphLaunch before them, a replay range, no iter ranges)."""
+    import numpy as np
+    k = nt.kernels(eager)
+    d = k["dur_ns"].to_numpy()
+    start = float(k["start_ns"].iloc[0])
+    starts = start + np.concatenate([[0.0], np.cumsum(d[:-1] + 500.0)])
+    gpu = k.assign(start_ns=starts, end_ns=starts + d, corr_id=pd.array([90] * len(k),
+                                                                        dtype="Int64"))
+    api = pd.DataFrame({"start_ns": [start - 4000.0], "end_ns": [start - 1000.0],
+                        "dur_ns": [3000.0], "name": ["cudaGraphLaunch_v10000"],
+                        "corr_id": pd.array([90], dtype="Int64"), "launch": [True]})
+    nvtx = pd.DataFrame({"start_ns": [start - 5000.0], "end_ns": [start - 500.0],
+                         "dur_ns": [4500.0], "name": ["rmsnorm_lab:replay"],
+                         "range": ["replay"], "stage": ["replay"]})
+    return nt.Trace(nvtx, gpu, api, {})
+
+
+def test_steady_state_of_an_eager_loop_and_of_a_graph_replay():
+    eager = nt.load_trace(TRACE)
+    e = nt.steady_state(eager, skip=1)
+    assert e["iterations"] == 3 and e["kernels_per_iter"] == 1
+    assert e["iter_host_us"] == pytest.approx(17.0)
+    assert 0 < e["busy"] < 1 and e["period_us"] > e["kernel_us"]
+    g = nt.steady_state(graph_trace(eager), skip=1)
+    assert g["gap_us"] == pytest.approx(0.5)
+    assert g["period_us"] < e["period_us"] and g["busy"] > e["busy"]
+    assert math.isnan(g["iter_host_us"])
+    its = nt.kernel_iterations(graph_trace(eager))
+    assert len(its) == 4 and (its["kernels"] == 1).all()
+    # a graph trace has no iter ranges around its kernels: the window follows the kernels
+    t0, t1 = nt.steady_window(graph_trace(eager), skip=1, span_ns=3000.0)
+    assert t0 == its.loc[1, "start_ns"] and t1 == t0 + 3000.0
+
+
+def test_timelines_draw_the_eager_loop_above_the_graph_replay():
+    eager = nt.load_trace(TRACE)
+    axes = ph.plot_timelines(eager, graph_trace(eager), first=1, count=2)
+    assert len(axes) == 2
+    assert "eager loop" in axes[0].get_title(loc="left")
+    assert "CUDA graph" in axes[1].get_title(loc="left")
+    assert axes[0].get_xlim() == pytest.approx(axes[1].get_xlim(), rel=0.05)  # the same span
+    labels = [t.get_text() for t in axes[1].get_yticklabels()]
+    assert labels[-2:] == ["CUDA API (host)", "GPU kernels"]
+    assert any("no CUDA API calls" in t.get_text() for t in axes[1].texts)
+    plt.close("all")
+    only = ph.plot_timelines(eager, None)
+    assert len(only) == 1
+    plt.close("all")
+
+
+def test_short_kernel_names():
+    assert ph.short_kernel_name("kernel_cutlass_kernel_rmsnorm_labcuteforwardRMSNormForward_o"
+                                "bject_at__tensorptr") == "forward"
+    assert ph.short_kernel_name("kernel_cutlass_kernel_rmsnorm_labcutedw_reduceDwReduce_x") == \
+        "dW reduce"
+    assert ph.short_kernel_name("triton_poi_fused_0") == "triton_poi_fused_0"
 
 
 def test_host_parts_load_and_plot(tmp_path):

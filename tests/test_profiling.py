@@ -317,3 +317,72 @@ def test_profile_refuses_to_compile_inside_the_capture_by_accident():
     cfg = workload.ProfileConfig(backend="torch", warmup=0)
     with pytest.raises(workload.ProfileError, match="--include-compile"):
         workload.run_profile(cfg, device="cpu", hooks=Recorder().hooks())
+
+
+class GraphRecorder(Recorder):
+    """Recorder hooks that also 'capture': the body runs once at capture time (as a CUDA graph
+    capture runs the Python code once) and each replay is logged."""
+
+    def hooks(self):
+        h = super().hooks()
+
+        @contextlib.contextmanager
+        def replay_range():
+            self.log.append("replay-range")
+            yield
+
+        def capture(body, warm):
+            self.log.append("WARM")
+            warm()
+            self.log.append("CAPTURE")
+            body()
+            return lambda: self.log.append("REPLAY")
+
+        h.capture, h.replay_range = capture, replay_range
+        return h
+
+
+@pytest.mark.parametrize("op", ["fwd", "full"])
+def test_profile_graph_captures_after_the_warmup_and_replays_inside_the_capture(op):
+    rec, calls, grads = GraphRecorder(), [], []
+    cfg = workload.ProfileConfig(op=op, backend="torch", M=8, N=64, dtype="fp32", iters=4,
+                                  warmup=2, graph=True)
+    result = workload.run_profile(cfg, device="cpu", hooks=rec.hooks(),
+                                   rms_norm=spy_rms_norm(calls, grads))
+    assert rec.log == (["warmup"] * 2 + ["WARM", "CAPTURE"] + ["iter"] * 4
+                       + ["REPLAY", "START", "replay-range", "REPLAY", "STOP"])
+    assert len(calls) == 2 + 1 + 4  # warm-up, the side stream's warm-up, the captured loop
+    assert result.graph and result.iters == 4
+
+
+def test_profile_graph_refuses_what_cannot_be_captured():
+    for bad, match in ((dict(include_compile=True), "--include-compile"),
+                       (dict(warmup=0, include_compile=False), "--warmup")):
+        cfg = workload.ProfileConfig(backend="torch", graph=True, **bad)
+        with pytest.raises(workload.ProfileError, match=match):
+            workload.run_profile(cfg, device="cpu", hooks=GraphRecorder().hooks())
+    cfg = workload.ProfileConfig(backend="torch", M=4, N=32, dtype="fp32", iters=2, warmup=1,
+                                  graph=True)
+    with pytest.raises(workload.ProfileError, match="cannot capture"):
+        workload.run_profile(cfg, device="cpu", hooks=Recorder().hooks())
+
+
+def test_profile_graph_names_its_report_and_prints_its_nsys_line():
+    cfg = workload.ProfileConfig(op="fwd", M=128, N=4096, iters=50, graph=True)
+    assert cfg.report_name("cute").endswith("-graph")
+    assert workload.nsys_profile_line(cfg, "cute").endswith("--warmup 20 --graph")
+    p = cli("profile", "--graph", "--M", "64")
+    assert p.returncode == 2 and "--M 64 --N 4096" in p.stderr and "--graph" in p.stderr
+    assert "--graph" in cli("profile", "--help").stdout
+
+
+def test_capture_commands_export_what_the_timeline_reads():
+    cfg = workload.ProfileConfig(op="fwd", M=128, N=4096, iters=50, graph=True)
+    profile, stats = workload.capture_commands(cfg, "profiles/h200", "profile-fwd-graph",
+                                               report_dir="/tmp/nsys")
+    assert profile[:2] == ["nsys", "profile"] and profile[-1] == "--graph"
+    assert "/tmp/nsys/profile-fwd-graph" in profile
+    assert stats[:2] == ["nsys", "stats"] and stats[-1] == "/tmp/nsys/profile-fwd-graph.nsys-rep"
+    reports = stats[stats.index("--report") + 1].split(",")
+    assert {"nvtx_pushpop_trace", "cuda_gpu_trace", "cuda_api_trace"} <= set(reports)
+    assert stats[stats.index("--output") + 1] == "profiles/h200/profile-fwd-graph"

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..viz.sweeps import markdown_table
 from ..viz import gpus as figures
-from . import compiled, model
+from . import MODELLED, compiled, model, speed
 from .reported import load_reported
 from .specs import bandwidth_table
 
@@ -36,8 +36,9 @@ def _save(fig, path: Path) -> str:
 
 
 def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], List[str]]:
-    """Render the roofline, crossover and reported-vs-modelled figures into ``out``; return
-    (markdown lines, headline lines for stdout)."""
+    """Render the roofline (attainable TFLOP/s against arithmetic intensity, per GPU), the
+    crossover and the reported-vs-modelled figures into ``out``; return (markdown lines,
+    headline lines for stdout)."""
     from matplotlib.figure import Figure
 
     reported = load_reported(root)
@@ -61,22 +62,23 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
                                   hosts=model.with_host(hosts, "liger.cutedsl", era))
               if math.isfinite(era) else None)
     names = []
-    fig = Figure(figsize=(9, 5.5), layout="constrained")
-    figures.plot_roofline(df, reported, cal=cal, ax=fig.subplots())
+    gpus = model.MODEL_GPUS
+    fig = Figure(figsize=(4.6 * len(gpus) + 2.4, 4.2), layout="constrained")
+    figures.plot_speed_of_light(speed.sol_points(df, reported, cal), gpus, df=df,
+                                axes=fig.subplots(1, len(gpus), sharey=True))
     names.append(_save(fig, out / "gpus-roofline.png"))
     if not hosts.empty:
-        fig = Figure(figsize=(9, 5.5), layout="constrained")
-        figures.plot_crossover(df, cal=cal, hosts=hosts, ax=fig.subplots())
+        fig = Figure(figsize=(4.2 * len(gpus) + 2.4, 4.0), layout="constrained")
+        figures.plot_crossover(df, cal=cal, hosts=hosts,
+                               axes=fig.subplots(1, len(gpus), sharey=True))
         names.append(_save(fig, out / "gpus-crossover.png"))
-        fig = Figure(figsize=(12, 5), layout="constrained")
-        axes = fig.subplots(1, 2 if pr_era is not None else 1, squeeze=False).ravel()
+        fig = Figure(figsize=(11, 4.6), layout="constrained")
         liger = pr["pair"].str.startswith("liger")
-        figures.plot_reported_vs_modelled(pr[liger], ax=axes[0],
-                                          title_suffix="\nhost costs measured today")
-        if pr_era is not None:
-            figures.plot_reported_vs_modelled(
-                pr_era[pr_era["pair"].str.startswith("liger")], ax=axes[1],
-                title_suffix=f"\nCuTe host {era:.0f} µs as reported in PR #1388 (pre TVM-FFI)")
+        scenario = (pr_era[pr_era["pair"].str.startswith("liger")]
+                    if pr_era is not None else None)
+        figures.plot_reported_vs_modelled(
+            pr[liger], scenario, f"per call, CuTe host {era:.0f} µs as reported "
+            f"({MODELLED} scenario)", ax=fig.subplots())
         names.append(_save(fig, out / "gpus-reported-vs-modelled.png"))
         verdict = model.finding(pr)
         md += ["The PR's finding (B200: CuTe faster because the host dominates; H100: parity), "

@@ -35,30 +35,45 @@ class GPUSpec:
     source: str               # the vendor datasheet/whitepaper for the bandwidth
     detail_source: str        # where SMs, L2 and clock come from
     note: str = ""
+    #: peak FP32 throughput without tensor cores (TFLOP/s): the compute roof of an op like
+    #: RMSNorm, which runs on the CUDA cores; from ``fp32_source``
+    fp32_tflops: float = float("nan")
+    fp32_source: str = ""
 
     @property
     def bandwidth_gbps(self) -> float:
         return self.memory_bandwidth_tbps * 1000.0
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """The arithmetic intensity at which the FP32 roof meets the bandwidth roof: an op of
+        lower intensity cannot be limited by arithmetic on this GPU."""
+        return self.fp32_tflops * 1e12 / (self.memory_bandwidth_tbps * 1e12)
 
 
 _H100_WP = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
 SPECS: Dict[str, GPUSpec] = {s.key: s for s in (
     GPUSpec("h100_sxm", "H100 SXM5 80GB", "9.0", "sm_90a", "80 GB HBM3", 3.35, 132, 50, 1980,
             "https://www.nvidia.com/en-us/data-center/h100/", _H100_WP,
-            "SMs, L2 and boost clock from the Hopper whitepaper's H100 SXM5 column"),
+            "SMs, L2 and boost clock from the Hopper whitepaper's H100 SXM5 column",
+            67.0, "https://www.nvidia.com/en-us/data-center/h100/"),
     GPUSpec("h100_pcie", "H100 PCIe 80GB", "9.0", "sm_90a", "80 GB HBM2e", 2.0, 114, 50, 1755,
             "https://www.nvidia.com/en-us/data-center/h100/", _H100_WP,
-            "SMs, L2 and boost clock from the Hopper whitepaper's H100 PCIe column"),
+            "SMs, L2 and boost clock from the Hopper whitepaper's H100 PCIe column",
+            51.0, "https://www.nvidia.com/en-us/data-center/h100/"),
     GPUSpec("h200", "H200 SXM 141GB", "9.0", "sm_90a", "141 GB HBM3e", 4.8, 132, 50, 1980,
             "https://www.nvidia.com/en-us/data-center/h200/", _H100_WP,
             "same GH100 die as H100 SXM5 (SMs, L2, clock from the Hopper whitepaper); "
-            "the lab's results record 132 SMs"),
+            "the lab's results record 132 SMs",
+            67.0, "https://www.nvidia.com/en-us/data-center/h200/"),
     GPUSpec("b200", "B200 (HGX B200)", "10.0", "sm_100a", "180 GB HBM3e", 8.0, 148, 126, 1965,
             "https://www.nvidia.com/en-us/data-center/hgx/",
             "https://resources.nvidia.com/en-us-blackwell-architecture",
             "bandwidth per GPU from the HGX B200 datasheet (64 TB/s for 8 GPUs); SMs, L2 and "
             "clock are NOT datasheet figures (the brief gives none): commonly reported "
-            "device-query values, treat as approximate"),
+            "device-query values, treat as approximate; FP32 from the HGX B200 column of "
+            "NVIDIA's per-GPU Blackwell specifications",
+            75.0, "https://www.nvidia.com/en-us/data-center/hgx/"),
 )}
 
 #: other names a caller may use for a spec (results directories use the keys themselves)
@@ -76,7 +91,8 @@ def spec(gpu: str) -> GPUSpec:
 def spec_table() -> pd.DataFrame:
     """The spec table, one row per GPU, with its sources."""
     rows = [{"gpu": s.key, "name": s.name, "cc": s.compute_capability, "arch": s.arch,
-             "memory": s.memory, "bandwidth TB/s": s.memory_bandwidth_tbps, "SMs": s.sms,
+             "memory": s.memory, "bandwidth TB/s": s.memory_bandwidth_tbps,
+             "FP32 TFLOP/s": s.fp32_tflops, "ridge FLOP/B": s.ridge_flop_per_byte, "SMs": s.sms,
              "L2 MiB": s.l2_mib, "boost MHz": s.boost_clock_mhz, "source": s.source,
              "detail source": s.detail_source, "note": s.note} for s in SPECS.values()]
     return pd.DataFrame(rows).set_index("gpu")

@@ -73,10 +73,7 @@ def bwd_prepare(impl: AddFn, args: tuple) -> tuple:
     """The forward once, outside the timed region, its graph kept."""
     x, r, w, dy, dh = args
     with torch.enable_grad():
-        y, h = impl(x, r, w)
-    if y.grad_fn is None:
-        from .ops import WrongOutput
-        raise WrongOutput("the forward returned no differentiable tensor (no autograd support)")
+        y, h = impl(x, r, w)  # without autograd support the timed grad raises: a failed check
     return y, h, x, r, w, dy, dh
 
 

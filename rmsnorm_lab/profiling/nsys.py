@@ -30,16 +30,15 @@ import shlex
 import shutil
 import subprocess
 import textwrap
-import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..common.nvtx import DOMAIN
 
 #: the ``nsys stats`` reports this module reads (nsys 2023.x to 2025.x spell them so)
 NSYS_REPORTS = ("nvtx_sum", "cuda_gpu_kern_sum", "nvtx_kern_sum")
 #: the first word of every range the lab opens: common/nvtx.py's stages and this module's own
-STAGES = ("iter", "warmup", "compile", "marshal", "launch", "reduce")
+STAGES = ("iter", "replay", "warmup", "compile", "marshal", "launch", "reduce")
 
 #: how ``profile`` must be started under nsys; {out} and {args} are filled in
 NSYS_PROFILE = ("nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi "

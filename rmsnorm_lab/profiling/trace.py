@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -314,3 +315,100 @@ def stage_order(name: str):
     stage = name.split(" ", 1)[0]
     return (STAGES.index(stage) if stage in STAGES else len(STAGES), name)
 
+
+
+# ============================================================================ steady state
+
+def kernels(trace: Trace) -> pd.DataFrame:
+    """The capture's kernels (no memory operations), in start order."""
+    if trace.gpu is None or trace.gpu.empty:
+        return pd.DataFrame(columns=["start_ns", "end_ns", "dur_ns", "name"])
+    k = trace.gpu[trace.gpu["kind"] == "kernel"] if "kind" in trace.gpu else trace.gpu
+    return k.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def kernel_iterations(trace: Trace) -> pd.DataFrame:
+    """The capture's kernels grouped into iterations by the GPU alone: an iteration starts at
+    each launch of the first kernel of the capture (the forward, in a ``profile`` loop). What a
+    CUDA-graph replay has instead of ``iter`` ranges. Columns: ``start_ns`` (its first kernel's
+    start), ``end_ns`` (its last kernel's end), ``kernels``, ``busy_ns`` (kernel time)."""
+    k = kernels(trace)
+    if k.empty:
+        return pd.DataFrame(columns=["start_ns", "end_ns", "kernels", "busy_ns"])
+    group = (k["name"] == k["name"].iloc[0]).cumsum() - 1
+    g = k.groupby(group)
+    return pd.DataFrame({"start_ns": g["start_ns"].min(), "end_ns": g["end_ns"].max(),
+                         "kernels": g.size(), "busy_ns": g["dur_ns"].sum()}
+                        ).reset_index(drop=True)
+
+
+def steady_window(trace: Trace, skip: int = 1, count: int = 3,
+                  span_ns: Optional[float] = None) -> tuple:
+    """``(t0, t1)`` in ns: from the start of iteration ``skip`` (the first iteration pays for
+    whatever was cold and squeezes the rest when drawn) over ``count`` iterations, or over
+    ``span_ns`` when given. Iterations are the ``iter`` ranges when the capture has them inside
+    its kernels' span, else the kernel groups of ``kernel_iterations`` (a graph replay)."""
+    its = _iteration_starts(trace)
+    if its.empty:
+        raise TraceError("no iterations in this trace (no iter ranges and no kernels)")
+    skip = min(skip, len(its) - 1)
+    t0 = float(its["start_ns"].iloc[skip])
+    if span_ns is not None:
+        return t0, t0 + float(span_ns)
+    if "source" in its and its["source"].iloc[0] == "iter":
+        return window(trace, skip, count)
+    last = its.iloc[min(skip + count, len(its)) - 1]
+    return t0, float(last["end_ns"])
+
+
+def _iteration_starts(trace: Trace) -> pd.DataFrame:
+    if trace.nvtx is not None and not trace.nvtx.empty:
+        it = iterations(trace.nvtx)
+        k = kernels(trace)
+        # a graph replay's iter ranges (if any) were recorded at capture time, not around it
+        if not it.empty and (k.empty or it["end_ns"].max() >= k["start_ns"].min()):
+            return it.assign(source="iter")
+    return kernel_iterations(trace).assign(source="kernels")
+
+
+def steady_state(trace: Trace, skip: int = 1) -> Dict[str, float]:
+    """What the timeline shows in numbers, iteration ``skip`` on (µs): ``iterations`` counted,
+    ``kernels_per_iter``, ``kernel_us`` (median kernel time of one iteration), ``period_us``
+    (median start-to-start of consecutive iterations' first kernels: one loop iteration as the
+    GPU sees it), ``busy`` (kernel time over the span of the kernels), ``gap_us`` (median idle
+    time between consecutive kernels), ``iter_host_us`` (median ``iter`` range, host time; NaN
+    without iter ranges around the kernels), ``launch_api_us`` (median launch call on the host:
+    ``cu*LaunchKernel*`` or ``cudaGraphLaunch``)."""
+    import numpy as np
+    out: Dict[str, float] = {}
+    kit = kernel_iterations(trace).iloc[skip:]
+    k = kernels(trace)
+    if not kit.empty:
+        k = k[k["start_ns"] >= kit["start_ns"].iloc[0]]
+    out["iterations"] = float(len(kit))
+    out["kernels_per_iter"] = float(kit["kernels"].median()) if len(kit) else math.nan
+    out["kernel_us"] = float(kit["busy_ns"].median()) / 1e3 if len(kit) else math.nan
+    out["period_us"] = (float(np.median(np.diff(kit["start_ns"]))) / 1e3
+                        if len(kit) >= 2 else math.nan)
+    if len(k) >= 2:
+        span = float(k["end_ns"].max() - k["start_ns"].min())
+        out["busy"] = float(k["dur_ns"].sum()) / span if span > 0 else math.nan
+        gaps = (k["start_ns"].to_numpy()[1:] - k["end_ns"].to_numpy()[:-1]).clip(min=0)
+        out["gap_us"] = float(np.median(gaps)) / 1e3
+    else:
+        out["busy"] = out["gap_us"] = math.nan
+    its = _iteration_starts(trace)
+    if "source" in its and len(its) and its["source"].iloc[0] == "iter":
+        out["iter_host_us"] = float(its["dur_ns"].iloc[skip:].median()) / 1e3
+    else:
+        out["iter_host_us"] = math.nan
+    api = trace.api
+    if api is not None and not api.empty and "launch" in api:
+        launch = api[api["launch"]]
+        if not kit.empty:
+            launch = launch[launch["end_ns"] >= kit["start_ns"].iloc[0] - 1e6]
+        out["launch_api_us"] = (float(launch["dur_ns"].median()) / 1e3 if not launch.empty
+                                else math.nan)
+    else:
+        out["launch_api_us"] = math.nan
+    return out

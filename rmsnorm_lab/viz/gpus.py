@@ -1,179 +1,291 @@
 """The cross-GPU figures (notebook 04 and the report). Every point says what it is, by marker and
-legend: measured (filled circle, solid line), modelled (hollow square, dashed line), reported
-(star). Each function takes an ``ax`` (a new figure when omitted) and returns it."""
+legend: measured (filled marker, solid line), modelled (hollow marker, dashed line), reported
+(star). Colours follow the GPU (Okabe and Ito's palette); at most five series per axes, small
+multiples (one panel per GPU) where there would be more; legends beside the data. Each function
+takes an ``ax`` (or ``axes``; a new figure when omitted) and returns it."""
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
+import matplotlib.lines
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
-from ..analysis import MEASURED, MODELLED, REPORTED, model
+from ..analysis import MEASURED, MODELLED, REPORTED, model, speed
 from ..analysis.specs import measured_copy_bandwidth, spec
 
+BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
+ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
+GPU_COLORS = {"h200": BLUE, "h100_sxm": ORANGE, "h100": ORANGE, "h100_pcie": VERMILLION,
+              "b200": GREEN}
+OP_MARKERS = {"fwd": "o", "bwd": "^"}
+OP_COLORS = {"fwd": BLUE, "bwd": VERMILLION}
 STYLE = {
     MEASURED: dict(marker="o", linestyle="-", fillstyle="full"),
     MODELLED: dict(marker="s", linestyle="--", fillstyle="none"),
     REPORTED: dict(marker="*", linestyle="none", markersize=13),
 }
-GPU_COLORS = {"h200": "tab:blue", "h100_sxm": "tab:orange", "h100_pcie": "tab:brown",
-              "b200": "tab:green", "h100": "tab:orange"}
 
 
 def _color(gpu: str) -> str:
-    return GPU_COLORS.get(gpu, "tab:gray")
+    return GPU_COLORS.get(gpu, GREY)
 
 
 def _axes(ax, size=(7.5, 4.8)):
     if ax is not None:
         return ax
     import matplotlib.pyplot as plt
-    return plt.subplots(figsize=size)[1]
+    return plt.subplots(figsize=size, constrained_layout=True)[1]
+
+
+def _panels(n: int, width: float = 4.6, height: float = 4.2, sharey: bool = True):
+    import matplotlib.pyplot as plt
+    return plt.subplots(1, n, figsize=(width * n + 2.4, height), sharey=sharey,
+                        constrained_layout=True, squeeze=False)[1][0]
 
 
 def _log2_x(ax, values) -> None:
-    import matplotlib.ticker
     ticks = sorted(set(int(v) for v in values))
     ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45)
+    ax.set_xticks(ticks, [f"{t:,}" if t < 1024 else f"{t // 1024}K" for t in ticks])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def plot_roofline(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "cute.auto",
-                  op: str = "fwd", gpus: Sequence[str] = model.MODEL_GPUS, N: int = model.REF_N,
-                  cal: Optional[pd.DataFrame] = None, ax=None):
-    """Memory roofline of a memory-bound op: achieved GB/s against M at width N. Roofs: each
-    GPU's datasheet bandwidth (dotted) and, where the lab ran, its measured copy (dash-dot).
-    Measured points of every GPU with results; the model's curve for every GPU; reported device
-    times converted to GB/s with the same byte count."""
-    cal = model.calibrate(df) if cal is None else cal
-    ax = _axes(ax)
-    Ms = np.array(model.MODEL_M, dtype=float)
-    meas = model.measured_points(df, op, N)
-    xs = list(Ms)
-    for gpu in gpus:
-        s, c = spec(gpu), _color(gpu)
-        ax.axhline(s.bandwidth_gbps, color=c, linestyle=":", linewidth=1,
-                   label=f"{gpu} datasheet {s.memory_bandwidth_tbps:g} TB/s")
-        copy = measured_copy_bandwidth(df, gpu)
+def _plain(axis) -> None:
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _legend_right(ax, handles=None) -> None:
+    if handles is None:
+        handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.03, 1.0),
+                  fontsize="small", frameon=False)
+
+
+def _handle(label, **kw):
+    kw.setdefault("linestyle", "none")
+    return matplotlib.lines.Line2D([], [], label=label, **kw)
+
+
+# ============================================================================ speed of light
+
+def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_GPUS,
+                        df: Optional[pd.DataFrame] = None, axes=None,
+                        ai_range=(0.1, 100.0)):
+    """The roofline, one panel per GPU: attainable TFLOP/s against arithmetic intensity
+    (FLOP/byte, log-log). The roof is min(FP32 peak, intensity × datasheet bandwidth), its
+    corner the ridge point; where the lab measured a copy on that GPU, the bandwidth it reached
+    is a second, dashed roof. ``points`` (``analysis.speed.sol_points``): RMSNorm's forward
+    (circle) and backward (triangle), filled where measured, hollow where modelled, stars where
+    reported."""
+    axes = _panels(len(gpus)) if axes is None else axes
+    ai = np.geomspace(*ai_range, 200)
+    for ax, g in zip(axes, gpus):
+        s, c = spec(g), _color(g)
+        ax.plot(ai, speed.roof_tflops(g, ai), color=BLACK, linewidth=1.6)
+        copy = measured_copy_bandwidth(df, g) if df is not None and not df.empty else None
         if copy:
-            ax.axhline(copy, color=c, linestyle="-.", linewidth=1,
-                       label=f"{gpu} copy ({MEASURED})")
-        t = model.device_us(cal, op, impl, gpu, Ms, N)
+            ax.plot(ai, speed.roof_tflops(g, ai, copy), color=BLACK, linestyle="--",
+                    linewidth=1)
+        ax.axvline(s.ridge_flop_per_byte, color=GREY, linestyle=":", linewidth=1)
+        ax.annotate(f"ridge {s.ridge_flop_per_byte:.0f} FLOP/B", (s.ridge_flop_per_byte,
+                                                                 s.fp32_tflops),
+                    xytext=(4, -14), textcoords="offset points", fontsize=8, color="#444444")
+        p = points[points["gpu"] == g]
+        for r in p.sort_values("kind", key=lambda k: k == REPORTED).itertuples(index=False):
+            oc = OP_COLORS.get(r.op, GREY)
+            if r.kind == REPORTED:
+                ax.plot([r.intensity], [r.TFLOPs], marker="*", color=oc, markersize=12,
+                        markeredgecolor=BLACK, markeredgewidth=0.5, linestyle="none",
+                        alpha=0.85)
+            else:
+                ax.plot([r.intensity], [r.TFLOPs], marker=OP_MARKERS.get(r.op, "o"), color=oc,
+                        markersize=9, linestyle="none", zorder=3,
+                        fillstyle="full" if r.kind == MEASURED else "none",
+                        markeredgewidth=1.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain(ax.xaxis)
+        _plain(ax.yaxis)
+        ax.set_xlim(*ai_range)
+        ax.set_title(f"{s.name}: {s.memory_bandwidth_tbps:g} TB/s, {s.fp32_tflops:g} FP32 "
+                     "TFLOP/s", fontsize="medium", color=c)
+        ax.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("attainable TFLOP/s")
+    handles = [_handle("roof: datasheet bandwidth × intensity, FP32 peak", color=BLACK,
+                       linestyle="-"),
+               _handle("roof at the bandwidth a copy reached (measured)", color=BLACK,
+                       linestyle="--"),
+               _handle("forward, cute.auto (filled: measured; hollow: modelled)", marker="o",
+                       color=BLUE, markersize=8),
+               _handle("backward, cute.auto (filled: measured; hollow: modelled)", marker="^",
+                       color=VERMILLION, markersize=8, fillstyle="none", markeredgewidth=1.5),
+               _handle("reported elsewhere (colour: forward / backward)", marker="*",
+                       color=GREY, markersize=11, markeredgecolor=BLACK, markeredgewidth=0.5)]
+    _legend_right(axes[-1], handles)
+    return axes
+
+
+def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "cute.auto",
+                        op: str = "fwd", gpus: Sequence[str] = model.MODEL_GPUS,
+                        N: int = model.REF_N, cal: Optional[pd.DataFrame] = None, ax=None):
+    """How close to its datasheet bandwidth each GPU's kernel gets as M grows: achieved GB/s as a
+    % of the datasheet figure, modelled (dashed, hollow) for every GPU, measured (solid, filled)
+    where the lab ran, reported device times (stars) converted with the same byte count."""
+    cal = model.calibrate(df) if cal is None else cal
+    ax = _axes(ax, (8.5, 4.6))
+    Ms = np.array(model.MODEL_M, dtype=float)
+    for g in gpus:
+        t = model.device_us(cal, op, impl, g, Ms, N)
         if not np.all(np.isnan(t)):
-            gbps = model.bytes_moved(op, Ms, N) / t / 1e3
-            ax.plot(Ms, gbps, color=c, label=f"{gpu} {impl} ({MODELLED})", **STYLE[MODELLED])
-    for gpu in sorted(meas["gpu"].unique()) if not meas.empty else []:
-        m = meas[(meas["gpu"] == gpu) & (meas["impl"] == impl)].sort_values("M")
+            pct = 100 * model.bytes_moved(op, Ms, N) / t / 1e3 / spec(g).bandwidth_gbps
+            ax.plot(Ms, pct, color=_color(g), label=f"{g} ({MODELLED})", **STYLE[MODELLED])
+    meas = model.measured_points(df, op, N)
+    for g in sorted(meas["gpu"].unique()) if not meas.empty else []:
+        m = meas[(meas["gpu"] == g) & (meas["impl"] == impl)].sort_values("M")
         if not m.empty:
-            ax.plot(m["M"], m["GBps"], color=_color(gpu), label=f"{gpu} {impl} ({MEASURED})",
-                    **STYLE[MEASURED])
-            xs += list(m["M"])
+            ax.plot(m["M"], 100 * m["GBps"] / model.spec_of(g).bandwidth_gbps, color=_color(g),
+                    label=f"{g} ({MEASURED})", **STYLE[MEASURED])
     if not reported.empty:
         r = reported[(reported["op"] == op) & (reported["metric"] == "time")
                      & reported["path"].isin(["graph", "device"]) & (reported["N"] == N)
                      & reported["M"].notna()]
+        seen = set()
         for x in r.itertuples():
             gbps = model.bytes_moved(op, int(x.M), N) / x.value / 1e3
-            ax.plot([int(x.M)], [gbps], color=_color(x.gpu),
-                    label=f"{x.gpu} {x.impl} ({REPORTED}, {x.source.rsplit('/', 1)[-1]})",
-                    **STYLE[REPORTED])
-    _log2_x(ax, xs)
-    ax.set_ylim(0, max(spec(g).bandwidth_gbps for g in gpus) * 1.08)
-    ax.set_xlabel("M (rows)")
-    ax.set_ylabel("GB/s (minimum traffic / time)")
-    ax.set_title(f"{op} memory roofline, N={N}, bf16: {impl}")
+            ax.plot([int(x.M)], [100 * gbps / spec(x.gpu).bandwidth_gbps], color=_color(x.gpu),
+                    label=None if x.gpu in seen else f"{x.gpu} ({REPORTED} device times)",
+                    markeredgecolor=BLACK, markeredgewidth=0.5, **STYLE[REPORTED])
+            seen.add(x.gpu)
+    _log2_x(ax, Ms)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel(f"M (rows), N={N} bf16")
+    ax.set_ylabel("% of the datasheet bandwidth")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", ncol=2, loc="lower right")
+    _legend_right(ax)
     return ax
 
 
-def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = ("liger.cutedsl", "liger.triton",
-                                                              "cute.auto", "triton.row"),
-                   op: str = "fwd", gpus: Sequence[str] = model.MODEL_GPUS, N: int = model.REF_N,
+# ============================================================================ crossover
+
+CROSSOVER_IMPLS = ("liger.cutedsl", "liger.triton", "cute.auto")
+_HOST_STYLES = (("--", VERMILLION), (":", PURPLE), ("-.", BLUE), ((0, (5, 2, 1, 2)), GREEN))
+
+
+def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = CROSSOVER_IMPLS, op: str = "fwd",
+                   gpus: Sequence[str] = model.MODEL_GPUS, N: int = model.REF_N,
                    cal: Optional[pd.DataFrame] = None, hosts: Optional[pd.DataFrame] = None,
-                   device_impl: str = "liger.triton", ax=None):
-    """Device µs against M per GPU (modelled dashed; measured solid) and each implementation's
-    measured host µs per call (horizontal lines, the same on every GPU by assumption). Where a
-    device curve crosses a host line is that implementation's crossover M on that GPU: left of
-    it the call is host-bound."""
+                   device_impl: str = "liger.triton", axes=None, ax=None):
+    """One panel per GPU: device µs of ``device_impl`` against M (modelled dashed; measured
+    solid where the lab ran) and the measured host µs per call of each of ``impls`` (the same
+    on every GPU, by assumption) as horizontal lines; each crossover (modelled) marked. Left
+    of a crossover the call is host-bound."""
     cal = model.calibrate(df) if cal is None else cal
     hosts = model.host_costs(df, op=op) if hosts is None else hosts
-    ax = _axes(ax)
+    if axes is None:
+        axes = [ax] if ax is not None else _panels(len(gpus), 4.2, 4.0)
+        gpus = gpus[:len(axes)]
     Ms = np.array(model.MODEL_M, dtype=float)
-    for gpu in gpus:
-        t = model.device_us(cal, op, device_impl, gpu, Ms, N)
-        if not np.all(np.isnan(t)):
-            ax.plot(Ms, t, color=_color(gpu),
-                    label=f"{gpu} device, {device_impl} ({MODELLED})", **STYLE[MODELLED])
     meas = model.measured_points(df, op, N)
-    for gpu in sorted(meas["gpu"].unique()) if not meas.empty else []:
-        m = meas[(meas["gpu"] == gpu) & (meas["impl"] == device_impl)].sort_values("M")
+    for a, g in zip(axes, gpus):
+        t = model.device_us(cal, op, device_impl, g, Ms, N)
+        if not np.all(np.isnan(t)):
+            a.plot(Ms, t, color=GREY, markersize=4, **STYLE[MODELLED])
+        m = meas[(meas["gpu"] == g) & (meas["impl"] == device_impl)].sort_values("M") \
+            if not meas.empty else meas
         if not m.empty:
-            ax.plot(m["M"], m["time_us"], color=_color(gpu),
-                    label=f"{gpu} device, {device_impl} ({MEASURED})", **STYLE[MEASURED])
-    styles = ["-", "--", "-.", ":"]
+            a.plot(m["M"], m["time_us"], color=BLACK, markersize=4, **STYLE[MEASURED])
+        for i, name in enumerate(impls):
+            shown, h = model.resolve_host(hosts, name)
+            if not math.isfinite(h):
+                continue
+            ls, c = _HOST_STYLES[i % len(_HOST_STYLES)]
+            a.axhline(h, color=c, linestyle=ls, linewidth=1.4)
+            x = model.crossover_M(cal, op, model.device_impl(name), h, g, N)
+            if math.isfinite(x) and Ms[0] <= x <= Ms[-1]:
+                a.plot([x], [h], "o", color=c, markersize=7, markerfacecolor="white",
+                       markeredgewidth=1.5)
+        _log2_x(a, Ms[::2])
+        a.set_yscale("log")
+        a.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        _plain(a.yaxis)
+        a.set_title(spec(g).name, fontsize="medium", color=_color(g))
+        a.set_xlabel(f"M (rows), N={N}")
+        a.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("µs per call")
+    handles = [_handle(f"device µs, {device_impl} ({MODELLED})", color=GREY, linestyle="--",
+                       marker="s", fillstyle="none"),
+               _handle(f"device µs, {device_impl} ({MEASURED})", color=BLACK, linestyle="-",
+                       marker="o")]
     for i, name in enumerate(impls):
         shown, h = model.resolve_host(hosts, name)
-        if not math.isfinite(h):
-            continue
-        ax.axhline(h, color="black", linestyle=styles[i % 4], linewidth=1.2, alpha=0.7,
-                   label=f"host {shown}: {h:.0f} µs ({MEASURED} on h200's host)")
-        for gpu in gpus:
-            m = model.crossover_M(cal, op, model.device_impl(name), h, gpu, N)
-            if math.isfinite(m) and Ms[0] <= m <= Ms[-1]:
-                ax.plot([m], [h], marker="s", fillstyle="none", color=_color(gpu), markersize=9,
-                        linestyle="none")
-    _log2_x(ax, Ms)
+        if math.isfinite(h):
+            ls, c = _HOST_STYLES[i % len(_HOST_STYLES)]
+            handles.append(_handle(f"host µs, {shown} ({h:.0f}, {MEASURED})", color=c,
+                                   linestyle=ls))
+    _legend_right(axes[-1], handles[:5])
+    return axes
+
+
+# ============================================================================ the PR's ratios
+
+def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame] = None,
+                              scenario_label: str = "", ax=None, title_suffix: str = ""):
+    """CuTe time / Triton time per GPU and M (the PR's pair), on a log axis centred on 1 with
+    the parity band: reported (star), modelled per call (hollow square), modelled kernels alone
+    (hollow triangle), ``scenario``'s modelled per-call ratio (hollow diamond) and the ratio
+    measured eagerly on the H200 (filled circle). Below 1: CuTe faster."""
+    ax = _axes(ax, (9, 4.6))
+    keys = list(pr[["gpu", "M"]].itertuples(index=False, name=None))
+    xs = np.arange(len(keys))
+    series = [("call ratio (modelled)", f"per call ({MODELLED})",
+               dict(marker="s", fillstyle="none", color=BLUE, markersize=9)),
+              ("device ratio", f"kernels alone ({MODELLED})",
+               dict(marker="^", fillstyle="none", color=GREY, markersize=9)),
+              ("reported ratio", f"{REPORTED}", dict(marker="*", color=VERMILLION,
+                                                     markersize=14)),
+              ("measured eager ratio", f"eager ({MEASURED}, H200)",
+               dict(marker="o", color=BLACK, markersize=7))]
+    values = []
+    for col, label, kw in series:
+        v = pr[col].to_numpy(dtype=float)
+        if np.isfinite(v).any():
+            ax.plot(xs, v, linestyle="none", label=label, **kw)
+            values.append(v)
+    if scenario is not None and not scenario.empty:
+        sv = scenario.set_index(["gpu", "M"]).reindex(keys)["call ratio (modelled)"]
+        ax.plot(xs, sv.to_numpy(dtype=float), linestyle="none", marker="D", fillstyle="none",
+                color=GREEN, markersize=8, label=scenario_label or "scenario")
+        values.append(sv.to_numpy(dtype=float))
+    allv = np.concatenate(values) if values else np.array([1.0])
+    allv = allv[np.isfinite(allv) & (allv > 0)]
+    span = max(1.3, float(np.exp(np.max(np.abs(np.log(allv))))) * 1.15) if allv.size else 1.3
     ax.set_yscale("log")
-    ax.set_xlabel("M (rows)")
-    ax.set_ylabel("µs per call")
-    ax.set_title(f"{op}, N={N}: host enqueue vs device time; squares = crossover M (modelled)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper left")
-    return ax
-
-
-def plot_reported_vs_modelled(pr: pd.DataFrame, ax=None, title_suffix: str = ""):
-    """CuTe / Triton time per GPU and M: reported (star), modelled per-call (hollow square),
-    modelled device-only (hollow triangle), measured eager on the H200 (filled circle).
-    Below 1: CuTe faster."""
-    ax = _axes(ax)
-    labels, x = [], 0
-    seen = set()
-
-    def once(label):
-        if label in seen:
-            return None
-        seen.add(label)
-        return label
-
-    for pair, g in pr.groupby("pair", sort=False):
-        for _, r in g.iterrows():
-            c = _color(r["gpu"])
-            ax.plot([x], [r["call ratio (modelled)"]], color=c,
-                    label=once(f"call ratio ({MODELLED})"),
-                    **{**STYLE[MODELLED], "linestyle": "none", "markersize": 8})
-            ax.plot([x], [r["device ratio"]], color=c, marker="^", fillstyle="none",
-                    linestyle="none",
-                    label=once(f"device-only ratio ({MODELLED})"))
-            if math.isfinite(r["reported ratio"]):
-                ax.plot([x], [r["reported ratio"]], color=c, label=once(f"ratio ({REPORTED})"),
-                        **STYLE[REPORTED])
-            if math.isfinite(r["measured eager ratio"]):
-                ax.plot([x], [r["measured eager ratio"]], color=c,
-                        label=once(f"eager ratio ({MEASURED})"),
-                        **{**STYLE[MEASURED], "linestyle": "none"})
-            labels.append(f"{r['gpu']}\nM={r['M']}\n{pair.split(' / ')[0]}")
-            x += 1
-    ax.axhline(1.0, color="black", linewidth=1)
-    ax.axhspan(1 - model.PARITY, 1 + model.PARITY, color="gray", alpha=0.15, lw=0)
-    ax.set_xticks(range(x), labels, fontsize="x-small")
-    ax.set_ylabel("CuTe time / Triton time")
-    ax.set_title("CuTe vs Triton per call (colour = GPU; grey band = parity ±5%)" + title_suffix)
+    ax.set_ylim(1 / span, span)
+    candidates = ((0.1, 0.2, 0.33, 0.5, 0.67, 1.0, 1.5, 2, 3, 5, 10) if span > 2 else
+                  (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2))
+    ticks = [t for t in candidates if 1 / span <= t <= span]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.axhline(1.0, color=BLACK, linewidth=1)
+    ax.axhspan(1 - model.PARITY, 1 + model.PARITY, color=GREY, alpha=0.2, lw=0)
+    ax.set_xticks(xs, [f"{g}\nM={m}" for g, m in keys], fontsize="small")
+    ax.set_xlim(-0.5, len(keys) - 0.5)
+    ax.set_ylabel("CuTe time / Triton time (log)")
+    ax.set_title("Liger-Kernel's CuTe DSL vs Triton forward, N=4096 (grey band: parity ±5%)"
+                 + title_suffix, fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize="x-small")
+    _legend_right(ax)
     return ax
+
+
+def kind_counts(points: pd.DataFrame) -> Dict[str, int]:
+    """How many points of each kind a figure drew (for the text under it)."""
+    return {k: int((points["kind"] == k).sum()) for k in (MEASURED, MODELLED, REPORTED)}

@@ -1,208 +1,453 @@
-"""Figures and tables of the host-overhead study (notebooks/03_host_overhead.ipynb), drawn from
-``results/<gpu>/host.csv`` (``rmsnorm_lab.bench.host``) and from nsys trace CSVs
-(``rmsnorm_lab.profiling.trace``).
+"""The host-overhead lesson's figures (notebooks/03_host_overhead.ipynb, the report): the launch
+path step by step, against torch and the peers, the crossover, the tensor-cache cap and the nsys
+timelines of an eager loop and of the same work replayed from a CUDA graph. Drawn from
+``results/<gpu>/host.csv`` (tables: ``rmsnorm_lab.analysis.host``, re-exported here) and from nsys
+trace CSVs (``rmsnorm_lab.profiling.trace``).
 
-Impl names in host.csv carry the launch path after ``@`` and a toggle after it:
-``cute.auto@tvm_ffi``, ``cute.auto@cached``, ``cute.auto@tvm_ffi+nvtx``,
-``cute.auto@tvm_ffi-sm_count_cache``, ``cute.auto@tvm_ffi+settings_per_call``,
-``cute.auto@tvm_ffi+python_node``; peers keep their
-names (``liger.triton``, ``torch.native``...). Op ``fwd`` rows whose impl ends in ``+autograd``
-built the autograd graph; op ``full`` is forward + backward. Here these become a *workload*:
-``fwd``, ``fwd+autograd`` or ``full``.
-
-Every function takes a results DataFrame (``results.load``/``load_all``) and uses the newest
-measurement of each point (``results.latest``); plots take an ``ax`` and return it.
+Every figure follows the lab's rules: at most five series per axes, Okabe and Ito's palette with
+markers and line styles, log axes where values span decades (ratios centred on 1), legends beside
+the data. Plots take an ``ax`` (a new figure when omitted) and return it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import matplotlib
 import matplotlib.patches
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from ..profiling.trace import Trace, launches, stage_order, window
-from ..results import read_jsonl
-from ..settings import LAUNCH_PATHS, Experiments
-from .sweeps import _axes, _log2_x, _one_gpu, whisker_barh
+from ..analysis.host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, DEFAULT_PATH,  # noqa: F401
+                             HOST_SHAPE, PART_LAYERS, STEPS, TOGGLES, TORCH, VARYING, WORKLOADS,
+                             Crossover, Step, Toggle, _one_gpu, cache_table, crossover_M,
+                             crossover_table, device_times, host_order, host_rows, host_table,
+                             is_launch_path, is_toggle, known_impl, load_host_parts,
+                             recorded_name, savings_table, split_impl, step_of, triton_step,
+                             varying_table)
+from ..profiling.trace import (Trace, kernels, launches, stage_order, steady_state,
+                               steady_window)
+from ..registry import impl as registry_impl
 
-HOST_SHAPE = (128, 4096)
-CACHE_SHAPE = (16384, 4096)
-WORKLOADS = ("fwd", "fwd+autograd", "full")
-AUTOGRAD = "+autograd"
-#: the launch path of the default experiments, and its impl name in host.csv
-DEFAULT_PATH = Experiments().launch_path
-DEFAULT_IMPL = f"cute.auto@{DEFAULT_PATH}"
-#: what each toggle row measures, against DEFAULT_IMPL
-TOGGLES = {
-    "+nvtx": "NVTX ranges on (settings.nvtx)",
-    "-sm_count_cache": "SM count asked of the driver per call (no SM-count cache)",
-    "+settings_per_call": "RMSNORM_LAB_* environment re-read per call",
-    "+python_node": "Python launch path and autograd node instead of the C++ extension "
-                    "(settings.experiments.autograd_node)",
-}
-#: the most NVTX ranges may add to a forward call, µs: the target the notebook holds the
-#: measured cost of ranges on, and of ranges off, against
-NVTX_BUDGET_US = 0.5
+# Okabe and Ito's palette (distinct under the common colour-vision deficiencies)
+BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
+ORANGE, SKY, YELLOW, BLACK, GREY = "#E69F00", "#56B4E9", "#F0E442", "#000000", "#999999"
+#: how each workload is drawn: colour, marker
+WORKLOAD_STYLE = {"fwd": (BLUE, "o"), "fwd+autograd": (ORANGE, "s"), "full": (GREEN, "D")}
 
 
-# ============================================================================ names
+# ============================================================================ figures: helpers
 
-def split_impl(impl: str) -> Tuple[str, Optional[str], str]:
-    """``"cute.auto@tvm_ffi+nvtx"`` -> ``("cute.auto", "tvm_ffi", "+nvtx")``; a peer ->
-    ``(name, None, "")``; ``"cute.auto@cached:8"`` -> ``("cute.auto", "cached", ":8")``."""
-    if "@" not in impl:
-        return impl, None, ""
-    base, rest = impl.split("@", 1)
-    for path in sorted(LAUNCH_PATHS, key=len, reverse=True):
-        if rest.startswith(path):
-            return base, path, rest[len(path):]
-    return base, rest, ""
+def _axes(ax, size=(7.5, 4.5)):
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+    return plt.subplots(figsize=size, constrained_layout=True)[1]
 
 
-def _workload(op: str, impl: str) -> Tuple[Optional[str], str]:
-    if op == "full":
-        return "full", impl
-    if op == "fwd":
-        if impl.endswith(AUTOGRAD):
-            return "fwd+autograd", impl[:-len(AUTOGRAD)]
-        return "fwd", impl
-    return None, impl
+def _plain_log(axis) -> None:
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
-def host_rows(df: pd.DataFrame, gpu: Optional[str] = None,
-              shape: Tuple[int, int] = HOST_SHAPE) -> pd.DataFrame:
-    """The host µs rows at ``shape`` as ``impl`` (without ``+autograd``), ``workload``, ``p20``,
-    ``p50``, ``p80``."""
-    d, _ = _one_gpu(df, gpu)
-    d = d[(d["metric"] == "host") & (d["path"] == "host") & (d["M"] == shape[0])
-          & (d["N"] == shape[1])]
+def _log2_x(ax, values) -> None:
+    ticks = sorted(set(int(v) for v in values))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def _legend_right(ax, handles=None, **kw) -> None:
+    if handles is None:
+        handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  fontsize="small", frameon=False, **kw)
+
+
+def _dots(ax, ys, mid, low, high, color, marker, label=None, size=6):
+    """Medians as markers with p20-p80 whiskers, on horizontal rows ``ys``."""
+    mid, low, high = (np.asarray(a, dtype=float) for a in (mid, low, high))
+    ok = ~np.isnan(mid)
+    ax.errorbar(mid[ok], np.asarray(ys, dtype=float)[ok],
+                xerr=[(mid - low)[ok], (high - mid)[ok]], fmt=marker, color=color,
+                markersize=size, capsize=2, elinewidth=1, label=label, linestyle="none")
+
+
+# ============================================================================ the ladder
+
+def ladder_frame(runs: Dict[str, pd.DataFrame], workloads: Sequence[str] = WORKLOADS
+                 ) -> pd.DataFrame:
+    """``HostRuns.runs`` as one row per (step label, workload): p20, p50, p80 of ``now``, and
+    torch's median of the same measurement."""
     rows = []
-    for r in d.itertuples(index=False):
-        w, impl = _workload(r.op, r.impl)
-        if w is not None:
-            rows.append({"impl": impl, "workload": w, "p20": r.p20, "p50": r.p50, "p80": r.p80})
-    return pd.DataFrame(rows, columns=["impl", "workload", "p20", "p50", "p80"])
+    for label, f in runs.items():
+        for w in workloads:
+            if ("now", w) not in f.index:
+                continue
+            r = f.loc[("now", w)]
+            t = f.loc[("torch", w), "p50"] if ("torch", w) in f.index else math.nan
+            rows.append({"step": label, "workload": w, "p20": r["p20"], "p50": r["p50"],
+                         "p80": r["p80"], "torch": t})
+    return pd.DataFrame(rows, columns=["step", "workload", "p20", "p50", "p80", "torch"])
 
 
-def host_order(impls: Sequence[str]) -> List[str]:
-    """Launch paths of the lab in ``LAUNCH_PATHS`` order (toggles after their path), then Triton,
-    then peers alphabetically."""
-    def key(name):
-        base, path, toggle = split_impl(name)
-        if path is not None:
-            p = LAUNCH_PATHS.index(path) if path in LAUNCH_PATHS else len(LAUNCH_PATHS)
-            return (0, p, toggle)
-        return (1 if name.startswith(("cute.", "triton.")) else 2, 0, name)
-    return sorted(set(impls), key=key)
+def plot_ladder(runs: Dict[str, pd.DataFrame], steps: Sequence[str],
+                workloads: Sequence[str] = WORKLOADS, axes=None, title: str = ""):
+    """One panel per workload: host µs per call (log scale; median, whiskers p20-p80) of each
+    step of the launch path, top to bottom in ``steps`` order, with torch's ``F.rms_norm``
+    (the median over the steps' measurements) as a dashed line."""
+    f = ladder_frame({k: runs[k] for k in steps if k in runs}, workloads)
+    ws = [w for w in workloads if w in set(f["workload"])]
+    if axes is None:
+        import matplotlib.pyplot as plt
+        axes = plt.subplots(1, len(ws), figsize=(4.2 * len(ws) + 2.2, 0.55 * len(steps) + 1.8),
+                            sharey=True, constrained_layout=True, squeeze=False)[1][0]
+    labels = [s for s in steps if s in set(f["step"])]
+    ys = np.arange(len(labels))
+    for ax, w in zip(axes, ws):
+        d = f[f["workload"] == w].set_index("step").reindex(labels)
+        color, marker = WORKLOAD_STYLE[w]
+        _dots(ax, ys, d["p50"], d["p20"], d["p80"], color, marker)
+        torch_us = float(np.nanmedian(d["torch"])) if d["torch"].notna().any() else math.nan
+        if math.isfinite(torch_us):
+            ax.axvline(torch_us, color=GREY, linestyle="--", linewidth=1.2)
+            shown = f"{torch_us:.1f}" if torch_us < 100 else f"{torch_us:.0f}"
+            ax.annotate(f"torch {shown} µs", (torch_us, -0.5), xytext=(3, 0),
+                        textcoords="offset points", fontsize=8, color="#555555",
+                        va="bottom", ha="left")
+        for y, v in zip(ys, d["p50"]):
+            if pd.notna(v):
+                ax.annotate(f"{v:.1f}" if v < 100 else f"{v:.0f}", (v, y), xytext=(0, 7),
+                            textcoords="offset points", ha="center", fontsize=8)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        _plain_log(ax.xaxis)
+        lo = np.nanmin([d["p20"].min(), torch_us]) if math.isfinite(torch_us) else d["p20"].min()
+        hi = np.nanmax([d["p80"].max(), torch_us]) if math.isfinite(torch_us) else d["p80"].max()
+        ax.set_xlim(lo / 1.6, hi * 1.6)
+        ax.set_title(w, fontsize="medium")
+        ax.set_xlabel("host µs per call (log)")
+        ax.grid(True, axis="x", which="both", alpha=0.3)
+    axes[0].set_yticks(ys, labels)
+    axes[0].set_ylim(len(labels) - 0.5, -0.9)
+    if title:
+        axes[0].figure.suptitle(title, fontsize="medium")
+    return axes
 
 
-def host_table(df: pd.DataFrame, gpu: Optional[str] = None,
-               shape: Tuple[int, int] = HOST_SHAPE, quantile: str = "p50") -> pd.DataFrame:
-    """Host µs per call (``quantile``), one row per implementation, one column per workload."""
-    h = host_rows(df, gpu, shape)
-    t = h.pivot_table(index="impl", columns="workload", values=quantile, aggfunc="last")
-    t = t.reindex(index=host_order(t.index), columns=[w for w in WORKLOADS if w in t.columns])
-    t.columns.name = None
-    return t
+# ============================================================================ against torch
 
+def plot_vs_torch(table: pd.DataFrame, impls: Sequence[str], torch_name: str = TORCH,
+                  ax=None, labels: Optional[Dict[str, str]] = None):
+    """Host µs per call over torch's ``F.rms_norm`` (``table``: ``host_table``), one row per
+    implementation, one marker per workload, on a log axis centred on 1 (left of the line:
+    cheaper than torch)."""
+    ax = _axes(ax, (8, 0.5 * len(impls) + 1.6))
+    impls = [i for i in impls if i in table.index]
+    ys = np.arange(len(impls))
+    ratios = table.loc[impls] / table.loc[torch_name]
+    k = len(table.columns)
+    for j, w in enumerate(table.columns):
+        color, marker = WORKLOAD_STYLE.get(w, (GREY, "o"))
+        off = (j - (k - 1) / 2) * 0.18
+        ax.plot(ratios[w], ys + off, marker, color=color, linestyle="none", markersize=7,
+                label=w)
+    finite = ratios.to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    span = max(2.0, float(np.max(np.abs(np.log2(finite)))) + 0.4) if finite.size else 2.0
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(2 ** -span, 2 ** span)
+    ticks = [2.0 ** e for e in range(-int(span), int(span) + 1)]
+    ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.axvline(1.0, color=BLACK, linewidth=1)
+    ax.set_yticks(ys, [(labels or {}).get(i, i) for i in impls])
+    ax.set_ylim(len(impls) - 0.5, -0.5)
+    ax.set_xlabel(f"host time per call / {(labels or {}).get(torch_name, torch_name)}'s "
+                  "(log scale; < 1: cheaper)")
+    ax.grid(True, axis="x", alpha=0.3)
+    _legend_right(ax, title="workload", title_fontsize="small")
+    return ax
 
-def is_launch_path(impl: str) -> bool:
-    base, path, toggle = split_impl(impl)
-    return path in LAUNCH_PATHS and toggle == ""
-
-
-def is_toggle(impl: str) -> bool:
-    base, path, toggle = split_impl(impl)
-    return path is not None and toggle in TOGGLES
-
-
-# ============================================================================ host µs bars
 
 def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
               toggles: bool = False, ax=None):
-    """Host µs per call (median, whiskers p20-p80) per launch path and per peer, one bar per
-    workload (fwd, fwd+autograd, full); toggle rows only with ``toggles``."""
+    """Host µs per call (log scale; median, whiskers p20-p80) per launch path and per peer, one
+    marker per workload; toggle rows only with ``toggles``."""
     d, gpu = _one_gpu(df, gpu)
     h = host_rows(d, gpu, shape)
     if not toggles:
         h = h[[not is_toggle(i) for i in h["impl"]]]
     impls = host_order(h["impl"])
-    ax = _axes(ax)
+    ax = _axes(ax, (9, 0.4 * len(impls) + 1.5))
     workloads = [w for w in WORKLOADS if w in set(h["workload"])]
-    height = 0.8 / max(len(workloads), 1)
     ys = np.arange(len(impls))
     for j, w in enumerate(workloads):
         s = h[h["workload"] == w].set_index("impl").reindex(impls)
-        y = ys + (j - (len(workloads) - 1) / 2) * height
-        ax.barh(y, s["p50"], height, label=w,
-                xerr=[(s["p50"] - s["p20"]).fillna(0), (s["p80"] - s["p50"]).fillna(0)],
-                capsize=2)
-        for yy, v in zip(y, s["p50"]):
-            if pd.notna(v):
-                ax.annotate(f"{v:.1f}", (v, yy), xytext=(3, 0), textcoords="offset points",
-                            va="center", fontsize=7)
+        color, marker = WORKLOAD_STYLE[w]
+        off = (j - (len(workloads) - 1) / 2) * 0.22
+        _dots(ax, ys + off, s["p50"], s["p20"], s["p80"], color, marker, label=w, size=5)
     ax.set_yticks(ys, impls)
-    ax.invert_yaxis()
-    # log scale: the jit path (tens of ms) and the TVM-FFI path (tens of µs) on one axis
+    ax.set_ylim(len(impls) - 0.5, -0.5)
     ax.set_xscale("log")
+    _plain_log(ax.xaxis)
     ax.set_xlabel("host µs per call (median; whiskers p20-p80; log scale)")
-    ax.set_title(f"{gpu}: host enqueue time per call, {shape[0]}×{shape[1]} bf16")
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right")
+    ax.set_title(f"{gpu}: host time per call, {shape[0]}×{shape[1]} bf16", fontsize="medium")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    _legend_right(ax)
     return ax
 
 
-# ============================================================================ savings
+# ============================================================================ crossover
 
-def savings_table(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
-                  baseline: str = DEFAULT_IMPL) -> pd.DataFrame:
-    """One row per (toggle, workload): the baseline's and the toggled path's median host µs and
-    their difference (``cost µs``: what turning the saving off, or NVTX on, adds per call), with
-    ``noise µs``, the larger of the two p20-p80 spreads: a difference inside it is not resolved
-    by this measurement."""
-    h = host_rows(df, gpu, shape).set_index(["impl", "workload"])
-    rows = []
-    for toggle, what in TOGGLES.items():
-        impl = baseline + toggle
-        for w in WORKLOADS:
-            if (impl, w) not in h.index or (baseline, w) not in h.index:
-                continue
-            b, t = h.loc[(baseline, w)], h.loc[(impl, w)]
-            cost = t["p50"] - b["p50"]
-            noise = max(b["p80"] - b["p20"], t["p80"] - t["p20"])
-            rows.append({"toggle": toggle, "what": what, "workload": w,
-                         "baseline µs": b["p50"], "toggled µs": t["p50"], "cost µs": cost,
-                         "noise µs": noise, "resolved": abs(cost) > noise})
-    return pd.DataFrame(rows, columns=["toggle", "what", "workload", "baseline µs", "toggled µs",
-                                       "cost µs", "noise µs", "resolved"])
+#: host lines of the crossover figure, at most four: the default, torch, and two slower paths
+CROSSOVER_IMPLS = (DEFAULT_IMPL, TORCH, "cute.auto@tvm_ffi+python_node", "cute.auto@cached")
+_HOST_LINE_STYLE = (("--", BLUE), (":", GREY), ("-.", PURPLE), ((0, (5, 2, 1, 2)), VERMILLION))
+
+
+def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",
+                   impls: Optional[Sequence[str]] = CROSSOVER_IMPLS, ax=None,
+                   labels: Optional[Dict[str, str]] = None):
+    """Device µs of the default kernel against M (CUDA-graph replay, p20-p80 band) and the host
+    µs of up to four implementations (``workload``) as horizontal lines, each crossover marked
+    and its M written on the M axis. Left of a crossover, a loop of eager calls on that path is
+    host-bound (the GPU waits for the CPU); right of it, device-bound."""
+    d, gpu = _one_gpu(df, gpu)
+    dev = device_times(d, gpu)
+    table = crossover_table(d, gpu, workload, impls)
+    ax = _axes(ax, (8.5, 4.5))
+    ax.plot(dev["M"], dev["p50"], "-o", color=BLACK, markersize=4,
+            label="device µs, default kernel (graph replay)")
+    ax.fill_between(dev["M"], dev["p20"], dev["p80"], color=BLACK, alpha=0.12, linewidth=0)
+    for k, (impl, r) in enumerate(table.head(4).iterrows()):
+        ls, c = _HOST_LINE_STYLE[k]
+        ax.axhline(r["host µs"], color=c, linestyle=ls, linewidth=1.5,
+                   label=f"host µs, {(labels or {}).get(impl, impl)} ({r['host µs']:.1f})")
+        if r["bound"] == "=":
+            ax.plot([r["crossover M"]], [r["host µs"]], "o", color=c, markersize=8,
+                    markerfacecolor="white", markeredgewidth=1.5)
+            ax.axvline(r["crossover M"], color=c, linestyle=ls, linewidth=0.8, alpha=0.6)
+    _log2_x(ax, dev["M"])
+    ax.tick_params(axis="x", labelrotation=45)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    _plain_log(ax.yaxis)
+    ax.set_xlabel(f"M (rows), N={HOST_SHAPE[1]} bf16")
+    ax.set_ylabel(f"µs per call ({workload})")
+    ax.grid(True, which="both", alpha=0.3)
+    _legend_right(ax)
+    return ax
+
+
+# ============================================================================ cache cap
+
+def plot_cache_steps(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE, ax=None,
+                     references: Sequence[str] = (DEFAULT_IMPL, "triton.row")):
+    """Step time (ms; median, whiskers p20-p80) of the training-like step per tensor-cache cap
+    of the ``cached`` path, with the default path's and Triton's steps as horizontal lines."""
+    d, gpu = _one_gpu(df, gpu)
+    t = cache_table(d, gpu, shape)
+    ax = _axes(ax, (7.5, 4))
+    xs = np.arange(len(t))
+    ms = t["step µs"] / 1e3
+    ax.errorbar(xs, ms, yerr=[(ms - t["step p20"] / 1e3).fillna(0),
+                              (t["step p80"] / 1e3 - ms).fillna(0)],
+                fmt="o", color=VERMILLION, markersize=7, capsize=3,
+                label="cached path, per cap")
+    for x, v in zip(xs, ms):
+        if pd.notna(v):
+            ax.annotate(f"{v:.1f}", (x, v), xytext=(8, 0), textcoords="offset points",
+                        va="center", fontsize=8)
+    for ref, (ls, c) in zip(references, (("--", BLUE), (":", GREEN))):
+        s = step_of(d, ref, gpu, shape)
+        if "time" in s:
+            name = f"{ref} (the default)" if ref == DEFAULT_IMPL else ref
+            ax.axhline(s["time"] / 1e3, color=c, linestyle=ls, linewidth=1.5,
+                       label=f"{name}: {s['time'] / 1e3:.1f} ms")
+    ax.set_xticks(xs, list(t.index))
+    ax.set_xlim(-0.5, len(t) - 0.5)
+    lo = np.nanmin([ms.min()] + [step_of(d, r, gpu, shape).get("time", np.nan) / 1e3
+                                 for r in references])
+    ax.set_ylim(0.8 * lo, None)
+    ax.set_xlabel("tensor_cache_cap of the cached path (handles kept)")
+    ax.set_ylabel(f"ms per step ({shape[0]}×{shape[1]}, fwd+bwd)")
+    ax.grid(True, axis="y", alpha=0.3)
+    _legend_right(ax)
+    return ax
+
+
+def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
+                   axes=None, triton: str = "triton.row"):
+    """Two panels: peak memory (MiB above what was allocated when the step began) and step
+    time against the ``cached`` path's tensor-cache cap, with Triton's as a dashed line."""
+    d, gpu = _one_gpu(df, gpu)
+    t = cache_table(d, gpu, shape, triton)
+    tr = triton_step(d, gpu, shape, triton)
+    if axes is None:
+        import matplotlib.pyplot as plt
+        axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True)[1]
+    ax_m, ax_t = axes
+    xs = np.arange(len(t))
+    ax_m.plot(xs, t["peak MiB"], "o", color=VERMILLION, markersize=7, label="cached path")
+    if "peak_mem" in tr:
+        ax_m.axhline(tr["peak_mem"], color=GREEN, linestyle=":", linewidth=1.5,
+                     label=f"{triton} ({tr['peak_mem']:,.0f} MiB)")
+    ax_m.set_xticks(xs, list(t.index))
+    ax_m.set_xlabel("tensor_cache_cap")
+    ax_m.set_ylabel("peak MiB above the step's start")
+    ax_m.grid(True, axis="y", alpha=0.3)
+    _legend_right(ax_m)
+    plot_cache_steps(d, gpu, shape, ax=ax_t, references=(triton,))
+    return axes
+
+
+# ============================================================================ timeline
+
+#: kernel-name fragments -> the short name a timeline shows
+KERNEL_NAMES = (("RMSNormFusedAddForward", "forward + add"), ("RMSNormForward", "forward"),
+                ("DwReduce", "dW reduce"), ("RMSNormBackward", "backward"),
+                ("Dx", "dx"), ("Dw", "dW partials"))
+_KERNEL_COLORS = (BLUE, ORANGE, GREEN, PURPLE, SKY, YELLOW)
+#: NVTX ranges by stage (launch calls are vermillion, kernels take _KERNEL_COLORS)
+RANGE_COLORS = {"iter": "#CCCCCC", "replay": "#CCCCCC", "warmup": "#CCCCCC", "launch": SKY,
+                "reduce": PURPLE, "marshal": YELLOW, "compile": GREEN}
+
+
+def short_kernel_name(name: str) -> str:
+    """A mangled CuTe kernel name as a reader knows it (``forward``, ``backward``, ``dW
+    reduce``); any other kernel keeps its first 30 characters."""
+    for part, short in KERNEL_NAMES:
+        if part in name:
+            return short
+    return name if len(name) <= 30 else name[:29] + "…"
+
+
+def _short(name: str, width: int = 40) -> str:
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
+def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
+                  api: bool = True, connect: bool = True, span_us: Optional[float] = None,
+                  kernel_colors: Optional[Dict[str, str]] = None, legend: bool = True):
+    """NVTX ranges (one row per range name, ordered by stage) above the CUDA API calls and the
+    kernels, on one time axis in µs from the start of iteration ``first`` (default 1: the first
+    iteration pays for what was cold and would squeeze the rest), over ``count`` iterations or
+    ``span_us``. Iterations are the ``iter`` ranges, or for a graph replay the kernel groups.
+    Thin grey lines join each launch call to the kernel it launched (correlation id)."""
+    t0, t1 = steady_window(trace, first, count, None if span_us is None else span_us * 1e3)
+    pad = 0.02 * (t1 - t0)
+    lo, hi = t0 - pad, t1 + pad
+
+    def clip(f):
+        if f is None or f.empty:
+            return None
+        f = f[(f["end_ns"] >= lo) & (f["start_ns"] <= hi)]
+        return f if not f.empty else None
+
+    nv = clip(trace.nvtx)
+    gpu_df = clip(kernels(trace)) if trace.gpu is not None else None
+    api_df = clip(trace.api) if api else None
+    rows: List[Tuple[str, pd.DataFrame, object]] = []
+    if nv is not None:
+        for name in sorted(nv["range"].unique(), key=stage_order):
+            rows.append((name, nv[nv["range"] == name],
+                         RANGE_COLORS.get(name.split(" ", 1)[0], GREY)))
+    if api_df is not None or (api and trace.api is not None):
+        # kept when empty: a span without launch calls is what a graph replay looks like
+        rows.append(("CUDA API (host)", api_df if api_df is not None else trace.api.iloc[:0],
+                     None))
+    if gpu_df is not None:
+        rows.append(("GPU kernels", gpu_df, None))
+    if not rows:
+        raise ValueError("nothing to draw in this window")
+    ax = _axes(ax, (12, 3.5))
+    colors_of = dict(kernel_colors or {})
+    height = 0.7
+    for y, (label, f, color) in enumerate(rows):
+        starts = (f["start_ns"] - t0) / 1e3
+        widths = np.maximum(f["dur_ns"] / 1e3, (hi - lo) / 1e3 * 2e-3)
+        if label == "GPU kernels":
+            colors = []
+            for n in f["name"]:
+                s = short_kernel_name(n)
+                if s not in colors_of:
+                    colors_of[s] = _KERNEL_COLORS[len(colors_of) % len(_KERNEL_COLORS)]
+                colors.append(colors_of[s])
+        elif label.startswith("CUDA API"):
+            colors = [VERMILLION if x else "#DDDDDD" for x in f.get("launch", [True] * len(f))]
+        else:
+            colors = [color] * len(f)
+        ax.broken_barh(list(zip(starts, widths)), (y - height / 2, height),
+                       facecolors=colors, edgecolor=BLACK, linewidth=0.3)
+    labels = [_short(r[0]) for r in rows]
+    for y, (label, f, _) in enumerate(rows):
+        if label.startswith("CUDA API") and f.empty:
+            ax.text(0.5, y, "no CUDA API calls in this span", transform=ax.get_yaxis_transform(),
+                    ha="center", va="center", fontsize=9, color="#555555")
+    if connect and api_df is not None and gpu_df is not None:
+        joined = launches(Trace(None, gpu_df, api_df, {}))
+        if joined is not None:
+            y_api = next(i for i, r in enumerate(rows) if r[0].startswith("CUDA API"))
+            y_gpu = len(rows) - 1
+            for a, s in zip(joined["api_start_ns"], joined["start_ns"]):
+                ax.plot([(a - t0) / 1e3, (s - t0) / 1e3], [y_api + height / 2, y_gpu - height / 2],
+                        color=GREY, linewidth=0.6, alpha=0.8)
+    ax.set_yticks(range(len(rows)), labels)
+    ax.set_ylim(len(rows) - 0.4, -0.6)
+    ax.set_xlim((lo - t0) / 1e3, (hi - t0) / 1e3)
+    ax.set_xlabel("µs from the start of the first iteration shown")
+    ax.grid(True, axis="x", alpha=0.3)
+    if legend:
+        used = sorted({short_kernel_name(n) for n in gpu_df["name"]}) if gpu_df is not None else []
+        handles = [matplotlib.patches.Patch(facecolor=colors_of[s], edgecolor=BLACK, label=s)
+                   for s in used]
+        if api_df is not None:
+            handles.append(matplotlib.patches.Patch(facecolor=VERMILLION, edgecolor=BLACK,
+                                                    label="launch call"))
+        _legend_right(ax, handles)
+    return ax
+
+
+def plot_timelines(eager: Trace, graph: Optional[Trace], first: int = 1, count: int = 3,
+                   axes=None):
+    """The eager loop (``count`` iterations from ``first``) above the same work replayed from a
+    CUDA graph, on the same time span, so that their paces compare at a glance; each panel's
+    title gives its pace from the trace (``steady_state``). Without ``graph`` the eager loop
+    alone. Returns the axes."""
+    n = 2 if graph is not None else 1
+    if axes is None:
+        import matplotlib.pyplot as plt
+        ranges = eager.nvtx["range"].nunique() if eager.nvtx is not None else 0
+        heights = [ranges + 2, 2][:n]
+        axes = plt.subplots(n, 1, figsize=(12, 0.55 * sum(heights) + 1.2 * n),
+                            constrained_layout=True, squeeze=False,
+                            gridspec_kw={"height_ratios": heights})[1][:, 0]
+    t0, t1 = steady_window(eager, first, count)
+    span_us = (t1 - t0) / 1e3
+    colors: Dict[str, str] = {}
+    for t in (eager, graph):
+        for k in (kernels(t)["name"] if t is not None else []):
+            colors.setdefault(short_kernel_name(k),
+                              _KERNEL_COLORS[len(colors) % len(_KERNEL_COLORS)])
+    s = steady_state(eager, first)
+    plot_timeline(eager, first, count, ax=axes[0], kernel_colors=colors)
+    axes[0].set_title(f"eager loop: one iteration every {s['period_us']:.1f} µs, "
+                      f"{s['kernel_us']:.1f} µs of it on the GPU ({s['busy']:.0%} busy)",
+                      fontsize="medium", loc="left")
+    if graph is not None:
+        g = steady_state(graph, first)
+        plot_timeline(graph, first, span_us=span_us, ax=axes[1], kernel_colors=colors)
+        axes[1].set_title(f"the same work replayed from one CUDA graph: one iteration every "
+                          f"{g['period_us']:.1f} µs ({g['busy']:.0%} busy)",
+                          fontsize="medium", loc="left")
+        axes[0].set_xlabel("")
+    return axes
 
 
 # ============================================================================ host parts
-
-#: the layers of ``rmsnorm_lab.bench.host_parts``, outermost first, with what each adds
-PART_LAYERS = {
-    "lab fwd+autograd": "rms_norm(x, w): the gate, then C++",
-    "native_launch.rms_norm": "gate closed: memo probed from Python",
-    "fast_call": "C++: call memo + native node",
-    "ext.apply": "native node: allocate, launch, tape",
-    "ext.apply no grad inputs": "native node, no tape",
-    "tvm_ffi kernel call": "compiled kernel from Python",
-    "torch fwd+autograd": "torch F.rms_norm, requires grad",
-    "torch fwd": "torch F.rms_norm, inference",
-    "torch.add": "one small torch op",
-    "empty_like": "one allocation",
-}
-
-
-def load_host_parts(path) -> pd.DataFrame:
-    """The JSON lines of ``python -m rmsnorm_lab.bench.host_parts`` as a frame indexed by task."""
-    return pd.DataFrame([r for r in read_jsonl(path) if "task" in r]).set_index("task")
-
 
 def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
     """Forward-with-autograd layers against torch (left) and forward + backward (right)."""
@@ -214,8 +459,9 @@ def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
     for a, tasks in ((left, [t for t in PART_LAYERS if t in parts.index]),
                      (right, [t for t in ("torch full", "lab full") if t in parts.index])):
         d = parts.loc[tasks]
-        whisker_barh(a, range(len(d)), d["p50"], d["p20"], d["p80"],
-                     ["tab:orange" if t.startswith("torch") else "tab:blue" for t in tasks])
+        colors = [GREY if t.startswith("torch") else BLUE for t in tasks]
+        a.barh(range(len(d)), d["p50"], color=colors,
+               xerr=[d["p50"] - d["p20"], d["p80"] - d["p50"]], capsize=2)
         labels = [f"{t}\n({PART_LAYERS[t]})" if t in PART_LAYERS else t for t in tasks]
         a.set_yticks(range(len(d)), labels, fontsize=8)
         a.invert_yaxis()
@@ -226,260 +472,6 @@ def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
     return ax
 
 
-# ============================================================================ crossover
-
-@dataclasses.dataclass(frozen=True)
-class Crossover:
-    """Where device time reaches a constant host time. ``M`` is the interpolated row count when
-    the sweep brackets it (``bound == "="``); otherwise ``M`` is the sweep's edge and ``bound``
-    says the crossover lies below it (``"<"``) or beyond it (``">"``)."""
-    host_us: float
-    M: float
-    bound: str
-
-    def __str__(self) -> str:
-        return f"{'≈' if self.bound == '=' else self.bound} {self.M:,.0f}"
-
-
-def crossover_M(Ms: Sequence[float], device_us: Sequence[float], host_us: float) -> Crossover:
-    """The first M at which ``device_us(M)`` reaches ``host_us``, by linear interpolation of
-    log(device time) against log(M) between the two sweep points around it."""
-    pts = sorted(zip(Ms, device_us))
-    if not pts:
-        raise ValueError("no device-time points")
-    Ms = [float(m) for m, _ in pts]
-    dev = [float(t) for _, t in pts]
-    if dev[0] >= host_us:
-        return Crossover(host_us, Ms[0], "<")
-    for (m0, d0), (m1, d1) in zip(zip(Ms, dev), zip(Ms[1:], dev[1:])):
-        if d0 < host_us <= d1:
-            f = (math.log(host_us) - math.log(d0)) / (math.log(d1) - math.log(d0))
-            return Crossover(host_us, math.exp(math.log(m0) + f * (math.log(m1) - math.log(m0))),
-                             "=")
-    return Crossover(host_us, Ms[-1], ">")
-
-
-def device_times(df: pd.DataFrame, gpu: Optional[str] = None, impl: str = DEFAULT_IMPL,
-                 N: int = HOST_SHAPE[1]) -> pd.DataFrame:
-    """The CUDA-graph device µs of ``impl``'s forward against M at width N (p20, p50, p80)."""
-    d, _ = _one_gpu(df, gpu)
-    d = d[(d["op"] == "fwd") & (d["impl"] == impl) & (d["path"] == "graph")
-          & (d["metric"] == "time") & (d["N"] == N)]
-    return d.sort_values("M")[["M", "p20", "p50", "p80"]].reset_index(drop=True)
-
-
-def crossover_table(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",
-                    impls: Optional[Sequence[str]] = None) -> pd.DataFrame:
-    """Per launch path (or ``impls``): its host µs for ``workload`` at HOST_SHAPE and the M at
-    which the default kernel's device time reaches it."""
-    dev = device_times(df, gpu)
-    t = host_table(df, gpu)
-    if dev.empty or workload not in t.columns:
-        return pd.DataFrame(columns=["host µs", "crossover M", "bound"])
-    impls = [i for i in (impls or [i for i in t.index if is_launch_path(i)])
-             if i in t.index and pd.notna(t.loc[i, workload])]
-    rows = {}
-    for i in impls:
-        c = crossover_M(dev["M"], dev["p50"], float(t.loc[i, workload]))
-        rows[i] = {"host µs": c.host_us, "crossover M": c.M, "bound": c.bound,
-                   "reads": str(c)}
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",
-                   impls: Optional[Sequence[str]] = None, ax=None):
-    """Device µs of ``cute.auto`` against M (CUDA-graph replay) and each path's constant host
-    µs (``workload``); each crossover marked and annotated. Left of a crossover, a loop of eager
-    calls on that path is host-bound (the GPU waits for the CPU); right of it, device-bound."""
-    d, gpu = _one_gpu(df, gpu)
-    dev = device_times(d, gpu)
-    table = crossover_table(d, gpu, workload, impls)
-    ax = _axes(ax)
-    line, = ax.plot(dev["M"], dev["p50"], "-o", color="black", markersize=4,
-                    label="cute.auto device µs (graph)")
-    ax.fill_between(dev["M"], dev["p20"], dev["p80"], color="black", alpha=0.12)
-    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, (impl, r) in enumerate(table.iterrows()):
-        c = colors[k % len(colors)]
-        ax.axhline(r["host µs"], color=c, linestyle="--", linewidth=1,
-                   label=f"{impl} host {r['host µs']:.1f} µs ({workload})")
-        if r["bound"] == "=":
-            ax.plot([r["crossover M"]], [r["host µs"]], "o", color=c, markersize=7,
-                    markerfacecolor="none")
-            ax.annotate(f"M≈{r['crossover M']:,.0f}", (r["crossover M"], r["host µs"]),
-                        xytext=(-4, 6 + 9 * (k % 2)), textcoords="offset points", ha="right",
-                        fontsize=8, color=c)
-    _log2_x(ax, dev["M"])
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(f"M (rows), N={HOST_SHAPE[1]}")
-    ax.set_ylabel("µs per call")
-    ax.set_title(f"{gpu}: where device time overtakes host time ({workload})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper left")
-    return ax
-
-
-# ============================================================================ cache cap
-
-def _cap_key(label: str) -> float:
-    return math.inf if label == "unbounded" else float(label)
-
-
-def cache_table(df: pd.DataFrame, gpu: Optional[str] = None,
-                shape: Tuple[int, int] = CACHE_SHAPE, triton: str = "triton.row") -> pd.DataFrame:
-    """Peak MiB and step µs of the training-like step (op ``full``, eager) per tensor-cache cap
-    of the ``cached`` path, and the same as a ratio to ``triton``'s (when measured)."""
-    d, _ = _one_gpu(df, gpu)
-    d = d[(d["op"] == "full") & (d["path"] == "eager") & (d["M"] == shape[0])
-          & (d["N"] == shape[1]) & d["metric"].isin(["peak_mem", "time"])]
-    rows: Dict[str, Dict[str, float]] = {}
-    for r in d.itertuples(index=False):
-        if r.impl.startswith("cute.auto@cached:"):
-            label = r.impl.split(":", 1)[1]
-        elif r.impl == triton:
-            label = triton
-        else:
-            continue
-        e = rows.setdefault(label, {})
-        if r.metric == "peak_mem":
-            e["peak MiB"] = r.p50
-        else:
-            e["step µs"], e["step p20"], e["step p80"] = r.p50, r.p20, r.p80
-    caps = sorted((k for k in rows if k != triton), key=_cap_key)
-    t = pd.DataFrame.from_dict(rows, orient="index").reindex(
-        index=caps, columns=["peak MiB", "step µs", "step p20", "step p80"])
-    t.index.name = "cap"
-    if triton in rows:
-        tr = rows[triton]
-        if "peak MiB" in tr and tr["peak MiB"] > 0:
-            t[f"peak / {triton}"] = t["peak MiB"] / tr["peak MiB"]
-        if "step µs" in tr and tr["step µs"] > 0:
-            t[f"step / {triton}"] = t["step µs"] / tr["step µs"]
-    return t
-
-
-def triton_step(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
-                triton: str = "triton.row") -> Dict[str, float]:
-    d, _ = _one_gpu(df, gpu)
-    d = d[(d["op"] == "full") & (d["path"] == "eager") & (d["impl"] == triton)
-          & (d["M"] == shape[0]) & (d["N"] == shape[1])]
-    return {m: float(v) for m, v in zip(d["metric"], d["p50"])}
-
-
-def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
-                   axes=None, triton: str = "triton.row"):
-    """Two panels: peak memory (MiB above the step's inputs) and step time (ms) against the
-    ``cached`` path's tensor-cache cap, with the lab Triton path's as a dashed line."""
-    d, gpu = _one_gpu(df, gpu)
-    t = cache_table(d, gpu, shape, triton)
-    tr = triton_step(d, gpu, shape, triton)
-    if axes is None:
-        import matplotlib.pyplot as plt
-        axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)[1]
-    ax_m, ax_t = axes
-    xs = np.arange(len(t))
-    ax_m.bar(xs, t["peak MiB"], color="tab:blue", label="cute.auto@cached")
-    for x, v in zip(xs, t["peak MiB"]):
-        if pd.notna(v):
-            ax_m.annotate(f"{v:,.0f}", (x, v), xytext=(0, 2), textcoords="offset points",
-                          ha="center", fontsize=8)
-    if "peak_mem" in tr:
-        ax_m.axhline(tr["peak_mem"], color="black", linestyle="--", linewidth=1,
-                     label=f"{triton} {tr['peak_mem']:,.0f} MiB")
-    ax_m.set_ylabel("peak MiB above the inputs")
-    ax_m.set_title(f"{gpu}: peak memory vs tensor-cache cap")
-    step_ms = t["step µs"] / 1e3
-    ax_t.bar(xs, step_ms, color="tab:orange", label="cute.auto@cached",
-             yerr=[((t["step µs"] - t["step p20"]) / 1e3).fillna(0),
-                   ((t["step p80"] - t["step µs"]) / 1e3).fillna(0)], capsize=3)
-    if "time" in tr:
-        ax_t.axhline(tr["time"] / 1e3, color="black", linestyle="--", linewidth=1,
-                     label=f"{triton} {tr['time'] / 1e3:,.2f} ms")
-    ax_t.set_ylabel("ms per step (median; p20-p80)")
-    ax_t.set_title(f"{gpu}: training-like step time vs cap")
-    for ax in axes:
-        ax.set_xticks(xs, list(t.index))
-        ax.set_xlabel(f"tensor-cache cap (full fwd+bwd, {shape[0]}×{shape[1]})")
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize="small", loc="upper left")
-    return axes
-
-
-# ============================================================================ timeline
-
-def _short(name: str, width: int = 40) -> str:
-    return name if len(name) <= width else name[:width - 1] + "…"
-
-
-def plot_timeline(trace: Trace, first: int = 0, count: int = 3, ax=None,
-                  api: bool = True, connect: bool = True):
-    """NVTX ranges (one row per range name, ordered by stage) above the CUDA API calls and the
-    GPU activities, on one time axis in µs from the start of iteration ``first``, for ``count``
-    iterations. Thin grey lines join each launch call to the kernel it launched (correlation
-    id) when both traces are there."""
-    t0, t1 = window(trace, first, count)
-    pad = 0.02 * (t1 - t0)
-    lo, hi = t0 - pad, t1 + pad
-
-    def clip(f):
-        if f is None or f.empty:
-            return None
-        f = f[(f["end_ns"] >= lo) & (f["start_ns"] <= hi)]
-        return f if not f.empty else None
-
-    nv, gpu_df = clip(trace.nvtx), clip(trace.gpu)
-    api_df = clip(trace.api) if api else None
-    rows: List[Tuple[str, pd.DataFrame, object]] = []
-    cmap = matplotlib.colormaps["tab10"]
-    if nv is not None:
-        for k, name in enumerate(sorted(nv["range"].unique(), key=stage_order)):
-            rows.append((name, nv[nv["range"] == name], cmap(k % 10)))
-    if api_df is not None:
-        rows.append(("CUDA API (host)", api_df, None))
-    if gpu_df is not None:
-        rows.append(("GPU", gpu_df, None))
-    if not rows:
-        raise ValueError("nothing to draw in this window")
-    ax = _axes(ax)
-    kernel_colors: Dict[str, object] = {}
-    pastel = matplotlib.colormaps["Set2"]
-    height = 0.7
-    for y, (label, f, color) in enumerate(rows):
-        starts = (f["start_ns"] - t0) / 1e3
-        widths = np.maximum(f["dur_ns"] / 1e3, (hi - lo) / 1e3 * 1e-3)
-        if label == "GPU":
-            colors = []
-            for n, kind in zip(f["name"], f.get("kind", ["kernel"] * len(f))):
-                if n not in kernel_colors:
-                    kernel_colors[n] = pastel(len(kernel_colors) % 8)
-                colors.append(kernel_colors[n])
-        elif label.startswith("CUDA API"):
-            colors = ["tab:red" if x else "lightgray" for x in f.get("launch", [True] * len(f))]
-        else:
-            colors = [color] * len(f)
-        ax.broken_barh(list(zip(starts, widths)), (y - height / 2, height),
-                       facecolors=colors, edgecolor="black", linewidth=0.3)
-    labels = [_short(r[0]) for r in rows]
-    if connect and api_df is not None and gpu_df is not None:
-        joined = launches(Trace(None, gpu_df, api_df, {}))
-        if joined is not None:
-            y_api = next(i for i, r in enumerate(rows) if r[0].startswith("CUDA API"))
-            y_gpu = len(rows) - 1
-            for a, s in zip(joined["api_start_ns"], joined["start_ns"]):
-                ax.plot([(a - t0) / 1e3, (s - t0) / 1e3], [y_api + height / 2, y_gpu - height / 2],
-                        color="gray", linewidth=0.5, alpha=0.7)
-    ax.set_yticks(range(len(rows)), labels)
-    ax.set_ylim(len(rows) - 0.4, -0.6)
-    ax.set_xlim((lo - t0) / 1e3, (hi - t0) / 1e3)
-    ax.set_xlabel("µs from the start of the first iteration shown")
-    ax.grid(True, axis="x", alpha=0.3)
-    handles = [matplotlib.patches.Patch(facecolor=c, edgecolor="black", label=_short(n, 60))
-               for n, c in kernel_colors.items()]
-    if handles:
-        ax.legend(handles=handles, fontsize="x-small", loc="upper left",
-                  bbox_to_anchor=(0.0, -0.15), ncol=2, title="GPU activity",
-                  title_fontsize="x-small", frameon=False)
-    ax.set_title(f"NVTX ranges above GPU work, iterations {first}–{first + count - 1}")
-    return ax
+def impl_label(name: str) -> str:
+    """The registry's legend text of an implementation (``cute.auto (the default)``...)."""
+    return registry_impl(name).style["label"]

@@ -1,0 +1,283 @@
+"""The host-overhead lesson's live measurements (notebooks/03_host_overhead.ipynb on a CUDA
+GPU): the same quantities ``rmsnorm_lab.bench.host`` records, with fewer rounds, so that the
+notebook shows what it just measured. Without a GPU the notebook reads the recorded rows instead
+(``HostRuns`` looks them up by the settings in force: ``analysis.host.recorded_name``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..settings import settings
+from .host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, HOST_SHAPE, TORCH, VARYING, WORKLOADS,
+                   changed_toggles, default_toggles, host_rows, recorded_name)
+
+EPS = 1e-6
+
+
+def _lab_call(x, w):
+    from ..api import rms_norm
+    return rms_norm(x, w, EPS, backend="cute")
+
+
+def _torch_call(x, w):
+    import torch
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+class HostRuns:
+    """Host µs per call of the lab's call under the settings in force, next to the defaults and
+    torch's ``F.rms_norm``: measured now when ``live`` (interleaved rounds, collector off, as
+    ``bench.host`` does, with fewer rounds), otherwise the rows ``recorded`` in host.csv for
+    those settings. Each ``measure`` is kept under its label for ``plot_ladder``."""
+
+    def __init__(self, recorded: Optional[pd.DataFrame], live: bool, gpu: str = "h200",
+                 calls: int = 100, repeats: int = 5):
+        self.recorded, self.live, self.gpu = recorded, live, gpu
+        self.calls, self.repeats = calls, repeats
+        self.runs: Dict[str, pd.DataFrame] = {}
+        self.names: Dict[str, Optional[str]] = {}  # label -> the host.csv name of its settings
+        self.failures: List[str] = []
+
+    # what one measurement returns: index (who, workload), columns p20, p50, p80
+    def measure(self, label: str, workloads: Sequence[str] = WORKLOADS
+                ) -> Optional[pd.DataFrame]:
+        """The host µs of ``workloads`` for: ``now`` (the settings in force), ``default`` (the
+        lab's defaults) and ``torch``. None (with a line saying why) when these settings were
+        not recorded and cannot be measured here."""
+        changed = changed_toggles()
+        if self.live:
+            frame = self._measure_live(changed, workloads)
+        else:
+            frame = self._lookup(changed, workloads)
+        if frame is not None:
+            self.runs[label] = frame
+            self.names[label] = recorded_name(changed)
+        return frame
+
+    def as_rows(self, prov: dict, skip: Sequence[str] = (DEFAULT_IMPL,)) -> List[dict]:
+        """The ``now`` measurements as host.csv rows (``prov``: the provenance), named as the
+        benchmark names the settings they ran under; labels whose settings the benchmark does
+        not name, and the names in ``skip``, are left out."""
+        import torch
+
+        from ..bench.runner import make_row
+        from ..bench.timing import Quantiles
+        rows = []
+        for label, frame in self.runs.items():
+            name = self.names.get(label)
+            if name is None or name in skip:
+                continue
+            for (who, w), r in frame.iterrows():
+                if who != "now":
+                    continue
+                op = "full" if w == "full" else "fwd"
+                impl = name + (AUTOGRAD if w == "fwd+autograd" else "")
+                rows.append(make_row(prov, op, impl, "host", HOST_SHAPE[0], HOST_SHAPE[1],
+                                     torch.bfloat16, "host",
+                                     Quantiles(r["p20"], r["p50"], r["p80"])))
+        return rows
+
+    def _lookup(self, changed, workloads) -> Optional[pd.DataFrame]:
+        name = recorded_name(changed)
+        if self.recorded is None or name is None:
+            print("not recorded: the benchmark has no row for these settings "
+                  f"({', '.join(f'{k}={v!r}' for k, v in changed.items()) or 'defaults'}); "
+                  "a CUDA GPU measures them here")
+            return None
+        h = host_rows(self.recorded, self.gpu).set_index(["impl", "workload"])
+        rows = []
+        for who, impl in (("now", name), ("default", DEFAULT_IMPL), ("torch", TORCH)):
+            for w in workloads:
+                if (impl, w) in h.index:
+                    r = h.loc[(impl, w)]
+                    rows.append({"who": who, "workload": w, "p20": r["p20"], "p50": r["p50"],
+                                 "p80": r["p80"]})
+        if not any(r["who"] == "now" for r in rows):
+            print(f"not recorded: no {name} rows in the recorded host results")
+            return None
+        return pd.DataFrame(rows).set_index(["who", "workload"])
+
+    def _measure_live(self, changed, workloads) -> Optional[pd.DataFrame]:
+        from ..bench.host import host_tasks
+        from ..bench.timing import interleaved_host_time_us
+        impls = {"now": (_lab_call, dict(changed)), "torch": (_torch_call, {})}
+        if changed:
+            impls["default"] = (_lab_call, default_toggles())
+        tasks, failures = host_tasks(impls, calls=self.calls)
+        self.failures += failures
+        for f in failures:
+            print(f"failed: {f}")
+        keep = {k: t for k, t in tasks.items() if _task_workload(*k) in workloads}
+        if not keep:
+            return None
+        timed = interleaved_host_time_us(keep, repeats=self.repeats, warmup=5)
+        rows = [{"who": _task_who(impl), "workload": _task_workload(op, impl), "p20": q.p20,
+                 "p50": q.p50, "p80": q.p80} for (op, impl), q in timed.items()]
+        frame = pd.DataFrame(rows).set_index(["who", "workload"])
+        if not changed:  # the defaults are "now"
+            frame = pd.concat([frame, frame.loc[["now"]].rename(index={"now": "default"})])
+        return frame
+
+    def summary(self, label: str) -> pd.DataFrame:
+        """One row per workload: µs now, at the defaults and torch's, and now / torch."""
+        return summarize(self.runs[label])
+
+
+def _task_workload(op: str, impl: str) -> str:
+    return "fwd+autograd" if impl.endswith(AUTOGRAD) else op
+
+
+def _task_who(impl: str) -> str:
+    return impl[:-len(AUTOGRAD)] if impl.endswith(AUTOGRAD) else impl
+
+
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """A ``HostRuns.measure`` frame as one row per workload: ``µs`` (now), ``default µs``,
+    ``torch µs``, ``/ torch``, ``spread µs`` (the larger p20-p80 of now and default)."""
+    p50 = frame["p50"].unstack("who")
+    spread = (frame["p80"] - frame["p20"]).unstack("who")
+    out = pd.DataFrame(index=[w for w in WORKLOADS if w in p50.index])
+    out["µs"] = p50["now"]
+    if "default" in p50:
+        out["default µs"] = p50["default"]
+    if "torch" in p50:
+        out["torch µs"] = p50["torch"]
+        out["/ torch"] = p50["now"] / p50["torch"]
+    out["spread µs"] = spread[[c for c in ("now", "default") if c in spread]].max(axis=1)
+    out.index.name = "workload"
+    return out
+
+
+def live_rows(kind: str, **kw) -> List[dict]:
+    """Results rows measured now on the GPU (``results.write``'s format, this machine's
+    provenance), as ``bench.host`` records them with fewer rounds. ``kind``:
+
+    * ``crossover``: the default path's forward by graph replay against M (kw ``Ms``);
+    * ``varying``: the varying-M workloads of the default path and torch, with their fixed-M
+      ``fwd`` and ``full`` beside them (kw ``calls``, ``repeats``);
+    * ``peers``: the three workloads of the default path, the lab's Triton path and every
+      installed peer but those in kw ``skip`` (default ``torch.compile``: it compiles for longer
+      than a lesson runs);
+    * ``cache``: the training-like step per tensor-cache cap (kw ``caps``, ``layers``), the
+      default path's and Triton's."""
+    import torch
+
+    from ..bench import host as hb
+    from ..bench.runner import make_row
+    from ..bench.timing import eager_time_us, graph_time_us, interleaved_host_time_us
+    from ..results import provenance
+    prov = provenance.collect()
+    M0, N0 = HOST_SHAPE
+    rows: List[dict] = []
+    if kind == "crossover":
+        for M in kw.get("Ms", hb.CROSSOVER_M):
+            x = torch.randn(M, N0, device="cuda", dtype=hb.DTYPE)
+            w = torch.randn(N0, device="cuda", dtype=hb.DTYPE)
+            q = graph_time_us(lambda: _lab_call(x, w), replays=kw.get("replays", 10))
+            rows.append(make_row(prov, "fwd", DEFAULT_IMPL, "graph", M, N0, hb.DTYPE, "time", q))
+        return rows
+    if kind == "varying":
+        impls = {DEFAULT_IMPL: (_lab_call, default_toggles()), TORCH: (_torch_call, {})}
+        tasks, failures = hb.host_tasks(impls, calls=kw.get("calls", 100))
+        for f in failures:
+            print(f"failed: {f}")
+        tasks = {k: t for k, t in tasks.items()
+                 if k[1].endswith(VARYING) or not k[1].endswith(AUTOGRAD)}
+        timed = interleaved_host_time_us(tasks, repeats=kw.get("repeats", 5), warmup=5)
+        for (op, impl), q in timed.items():
+            M = hb.VARYING_M_MAX if impl.endswith(VARYING) else M0
+            rows.append(make_row(prov, op, impl, "host", M, N0, hb.DTYPE, "host", q))
+        return rows
+    if kind == "peers":
+        from ..api import rms_norm
+        from ..bench import peers
+        impls = {DEFAULT_IMPL: _lab_call,
+                 "triton.row": lambda x, w: rms_norm(x, w, EPS, backend="triton")}
+        impls.update({n: f for n, f in peers.forward_peers(EPS).items()
+                      if n not in kw.get("skip", ("torch.compile",))})
+        # aliases: the benchmark adds its varying-M workloads to some names, not wanted here
+        alias = {f"impl{k}": name for k, name in enumerate(impls)}
+        tasks, failures = hb.host_tasks({a: (impls[n], default_toggles())
+                                         for a, n in alias.items()}, calls=kw.get("calls", 50))
+        for f in failures:
+            print(f"failed: {f}")
+        timed = interleaved_host_time_us(tasks, repeats=kw.get("repeats", 3), warmup=5)
+        for (op, a), q in timed.items():
+            base, suffix = (a[:-len(AUTOGRAD)], AUTOGRAD) if a.endswith(AUTOGRAD) else (a, "")
+            rows.append(make_row(prov, op, alias[base] + suffix, "host", M0, N0, hb.DTYPE,
+                                 "host", q))
+        return rows
+    if kind == "cache":
+        from ..cute import runner as cute_runner
+        M, N = CACHE_SHAPE
+        layers = kw.get("layers", hb.LAYERS)
+        configs = [(f"cute.auto@cached:{'unbounded' if c < 0 else c}",
+                    {"launch_path": "cached", "tensor_cache_cap": c}, "cute")
+                   for c in kw.get("caps", hb.CACHE_CAPS)]
+        configs += [(DEFAULT_IMPL, default_toggles(), "cute"), ("triton.row", {}, "triton")]
+        for name, overrides, backend in configs:
+            cute_runner.clear_caches()
+            with settings.override(**overrides):
+                step = _training_step(backend, M, N, layers)
+                step()  # compile, warm the allocator
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+                rows.append(make_row(prov, "full", name, "eager", M, N, hb.DTYPE, "peak_mem",
+                                     hb.Quantiles(mib, mib, mib)))
+                rows.append(make_row(prov, "full", name, "eager", M, N, hb.DTYPE, "time",
+                                     eager_time_us(step, rep_ms=kw.get("rep_ms", 100))))
+            cute_runner.clear_caches()
+        return rows
+    raise ValueError(f"kind must be crossover, varying, peers or cache, got {kind!r}")
+
+
+def _training_step(backend: str, M: int, N: int, layers: int) -> Callable[[], None]:
+    """The benchmark's training-like step: ``layers`` fresh activations normalized, kept for the
+    backward (as autograd keeps them), then back-propagated."""
+    import torch
+
+    from ..api import rms_norm
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        outs = []
+        for _ in range(layers):
+            x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            outs.append(rms_norm(x, w, EPS, backend=backend))
+        for y in reversed(outs):
+            y.backward(torch.ones_like(y))
+    return step
+
+
+def loop_us(M: int = HOST_SHAPE[0], N: int = HOST_SHAPE[1], iters: int = 200
+            ) -> Dict[str, float]:
+    """What the nsys picture shows, measured now: µs per iteration of a loop of ``iters``
+    forward calls launched eagerly (wall time, synchronized at the end: the pace of a loop the
+    host sets) and the same calls replayed from one CUDA graph (device time per call)."""
+    import time
+
+    import torch
+
+    from ..bench.timing import graph_time_us
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(20):
+        _lab_call(x, w)
+    samples = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            _lab_call(x, w)
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e6 / iters)
+    graph = graph_time_us(lambda: _lab_call(x, w), replays=10)
+    return {"eager_us": float(np.median(samples)), "graph_us": graph.p50}
