@@ -373,6 +373,29 @@ def test_steady_state_of_an_eager_loop_and_of_a_graph_replay():
     assert t0 == its.loc[1, "start_ns"] and t1 == t0 + 3000.0
 
 
+def test_kernels_before_the_first_iter_range_are_not_the_loop():
+    """A capture taken whole holds the set-up's and warm-up's kernels before the loop."""
+    eager = nt.load_trace(TRACE)
+    loop = nt.kernels(eager)
+    first_iter = nt.iterations(eager.nvtx)["start_ns"].min()
+    early = loop.iloc[:1].assign(start_ns=first_iter - 10_000.0, end_ns=first_iter - 9_000.0,
+                                 name="setup_fill_kernel")
+    whole = nt.Trace(eager.nvtx, pd.concat([early, eager.gpu]), eager.api, {})
+    assert len(nt.kernels(whole)) == len(loop)
+    assert nt.steady_state(whole, skip=1)["kernels_per_iter"] == 1
+
+
+def test_a_graph_replay_traced_as_one_unit_is_recognised():
+    eager = nt.load_trace(TRACE)
+    assert nt.replay_kernels_traced(eager)  # no graph launch: nothing is missing
+    graph = graph_trace(eager)
+    assert nt.replay_kernels_traced(graph)
+    # nsys's default graph tracing: the launch is there, the replay's kernels are not
+    before = graph.api["start_ns"].min() - 1.0
+    untraced = nt.Trace(graph.nvtx, graph.gpu[graph.gpu["start_ns"] < before], graph.api, {})
+    assert not nt.replay_kernels_traced(untraced)
+
+
 def test_timelines_draw_the_eager_loop_above_the_graph_replay():
     eager = nt.load_trace(TRACE)
     axes = ph.plot_timelines(eager, graph_trace(eager), first=1, count=2)

@@ -226,8 +226,8 @@ def test_nsys_summary_on_a_folder_without_csvs_exits_1(tmp_path):
 
 # --- profile ---------------------------------------------------------------------------------
 
-NSYS_LINE = ("nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi "
-             "--capture-range-end=stop")
+NSYS_LINE = ("nsys profile -t cuda,nvtx --cuda-graph-trace=node "
+             "--capture-range=cudaProfilerApi --capture-range-end=stop")
 
 
 def test_profile_without_cuda_exits_2_and_prints_the_nsys_line():

@@ -252,6 +252,23 @@ def sass_record(module, kernel: str, N: int, arch: str) -> str:
     return head + "\n" + c.excerpt(("LDG", "STG", "LDL", "STL"), limit=12) + "\n"
 
 
+def write_outputs(out_dir: Path, rows: List[Dict[str, object]], sass: List[str], arch: str,
+                  prov: dict) -> None:
+    """``ncu-teach.csv`` and ``sass-teach.txt`` from what has been profiled so far."""
+    from ..viz import lesson
+
+    if rows:
+        with open(out_dir / "ncu-teach.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows)
+    if sass:
+        head = (f"# SASS excerpts of the teaching kernels ({arch}, cuobjdump "
+                f"{lesson.tool_version('cuobjdump')}); gpu {prov['gpu']}, commit "
+                f"{prov['commit']}, {prov['timestamp']}\n")
+        (out_dir / "sass-teach.txt").write_text(head + "\n".join(sass))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "results"), help="results root (default: "
@@ -319,18 +336,9 @@ def main(argv=None) -> int:
                 sass.append(sass_record(modules[op], kernel, args.N, arch))
             except Exception as e:  # noqa: BLE001 - the profile still counts
                 print(f"  {kernel}: no SASS excerpt ({type(e).__name__}: {e})")
-    if rows:
-        with open(out_dir / "ncu-teach.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {out_dir / 'ncu-teach.csv'} ({len(rows)} rows)")
-    if sass:
-        head = (f"# SASS excerpts of the teaching kernels ({arch}, cuobjdump "
-                f"{lesson.tool_version('cuobjdump')}); gpu {prov['gpu']}, commit "
-                f"{prov['commit']}, {prov['timestamp']}\n")
-        (out_dir / "sass-teach.txt").write_text(head + "\n".join(sass))
-        print(f"wrote {out_dir / 'sass-teach.txt'}")
+            write_outputs(out_dir, rows, sass, arch, prov)  # after each kernel: a run cut
+            # short by a time limit keeps what it profiled
+    print(f"wrote {out_dir / 'ncu-teach.csv'} ({len(rows)} rows) and {out_dir / 'sass-teach.txt'}")
     if failed:
         print(f"FAILED: {', '.join(failed)} (see {log_path})")
         return 1

@@ -41,8 +41,8 @@ NSYS_REPORTS = ("nvtx_sum", "cuda_gpu_kern_sum", "nvtx_kern_sum")
 STAGES = ("iter", "replay", "warmup", "compile", "marshal", "launch", "reduce")
 
 #: how ``profile`` must be started under nsys; {out} and {args} are filled in
-NSYS_PROFILE = ("nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi "
-                "--capture-range-end=stop --force-overwrite true -o {out} "
+NSYS_PROFILE = ("nsys profile -t cuda,nvtx --cuda-graph-trace=node "
+                "--capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true -o {out} "
                 "python3 -m rmsnorm_lab profile{args}")
 NSYS_MISSING = ("nsys (the Nsight Systems command line) is not on PATH. Install Nsight Systems "
                 "(https://developer.nvidia.com/nsight-systems; also shipped with the CUDA toolkit "

@@ -320,11 +320,35 @@ def stage_order(name: str):
 # ============================================================================ steady state
 
 def kernels(trace: Trace) -> pd.DataFrame:
-    """The capture's kernels (no memory operations), in start order."""
+    """The loop's kernels (no memory operations), in start order: those that start after the
+    first ``iter`` range opened. A capture taken whole, without ``--capture-range``, also holds
+    the set-up, the compile and the warm-up before it."""
     if trace.gpu is None or trace.gpu.empty:
         return pd.DataFrame(columns=["start_ns", "end_ns", "dur_ns", "name"])
     k = trace.gpu[trace.gpu["kind"] == "kernel"] if "kind" in trace.gpu else trace.gpu
+    if trace.nvtx is not None and not trace.nvtx.empty:
+        it = iterations(trace.nvtx)
+        if not it.empty:
+            k = k[k["start_ns"] >= it["start_ns"].min()]
     return k.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def graph_launches(trace: Trace) -> int:
+    """``cudaGraphLaunch`` calls in the capture (0 for an eager loop)."""
+    if trace.api is None or trace.api.empty:
+        return 0
+    return int(trace.api["name"].str.contains("GraphLaunch").sum())
+
+
+def replay_kernels_traced(trace: Trace) -> bool:
+    """Does the export list the kernels a graph replay ran? nsys traces a graph as one unit
+    unless captured with ``--cuda-graph-trace=node``, and then its kernels are not in
+    ``cuda_gpu_trace``. True for an eager loop."""
+    if not graph_launches(trace):
+        return True
+    first = trace.api[trace.api["name"].str.contains("GraphLaunch")]["start_ns"].min()
+    k = kernels(trace)
+    return bool((k["start_ns"] >= first).any()) and len(k) > 1
 
 
 def kernel_iterations(trace: Trace) -> pd.DataFrame:

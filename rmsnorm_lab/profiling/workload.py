@@ -274,8 +274,10 @@ def capture_commands(cfg: ProfileConfig, out_dir: str, stem: str, python: str = 
     reads): ``nsys profile ... <python> -m rmsnorm_lab profile ...`` writing
     ``<report_dir>/<stem>.nsys-rep``, then ``nsys stats``. Each command is a list of arguments."""
     report = f"{report_dir.rstrip('/')}/{stem}"
-    profile = (["nsys", "profile", "-t", "cuda,nvtx", "--capture-range=cudaProfilerApi",
-                "--capture-range-end=stop", "--force-overwrite", "true", "-o", report,
+    # node: a graph replay's kernels listed one by one (nsys's default traces the graph whole)
+    profile = (["nsys", "profile", "-t", "cuda,nvtx", "--cuda-graph-trace=node",
+                "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+                "--force-overwrite", "true", "-o", report,
                 python, "-m", "rmsnorm_lab", "profile"] + shlex.split(cfg.cli_args()))
     stats = ["nsys", "stats", "--report", ",".join(EXPORT_REPORTS), "--format", "csv",
              "--output", f"{out_dir.rstrip('/')}/{stem}", "--force-export", "true",
