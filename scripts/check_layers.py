@@ -17,7 +17,7 @@ from typing import Dict, List, Set
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "rmsnorm_lab"
 #: the lab's measuring tools: they import the library, the library never imports them
-TOOLING = ("bench", "profiling", "viz", "analysis", "results")
+TOOLING = ("bench", "profiling", "viz", "analysis", "results", "cli")
 #: modules beside __init__/__main__ at the top of the package
 MAX_TOP_MODULES = 8
 MAX_LINES = 500

@@ -9,6 +9,7 @@ import torch
 
 from rmsnorm_lab import reference, results
 from rmsnorm_lab.bench import impls as lab
+from rmsnorm_lab.analysis import tables
 from rmsnorm_lab.viz import sweeps as plots
 from rmsnorm_lab import autograd as lab_autograd
 from rmsnorm_lab.bench import peers, runner
@@ -299,7 +300,7 @@ def test_bandwidth_plots_for_bwd_draw_the_2r1w_ceiling(bwd_df):
     plots.plot_bandwidth_vs_N(bwd_df, "full", M=16384, ax=ax)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert not any("measured" in t for t in labels)  # full: no ceiling
-    table = plots.bwd_table(bwd_df)
+    table = tables.bwd_table(bwd_df)
     assert "% of copy2r1w" in table.columns.get_level_values(0)
     assert table["% of copy2r1w"].notna().any().any()
 
@@ -307,20 +308,20 @@ def test_bandwidth_plots_for_bwd_draw_the_2r1w_ceiling(bwd_df):
 def test_time_ratio_and_its_plot(bwd_df):
     from matplotlib.figure import Figure
 
-    r = plots.time_ratio(bwd_df, "bwd")
+    r = tables.time_ratio(bwd_df, "bwd")
     assert list(r.index) == [(16384, 1024), (1024, 4096), (16384, 4096)]  # not N=16384
     assert r["ratio"].round(6).tolist() == pytest.approx(
         [(0.6 * 1.2 * M * N / 1e6 + 2) / (0.6 * M * N / 1e6 + 2) for M, N in r.index])
     assert (r["lo"] < r["ratio"]).all() and (r["hi"] > r["ratio"]).all()
     ax = plots.plot_time_ratio(bwd_df, ax=Figure().subplots())
     assert len(ax.patches) == 3
-    empty = plots.time_ratio(bwd_df, "bwd", slower="nobody")
+    empty = tables.time_ratio(bwd_df, "bwd", slower="nobody")
     assert empty.empty
     plots.plot_time_ratio(bwd_df, ax=Figure().subplots(), slower="nobody")
 
 
 def test_op_breakdown_reads_rows_only(bwd_df):
-    t = plots.op_breakdown(bwd_df, impls=["cute.fused", "torch.native"])
+    t = tables.op_breakdown(bwd_df, impls=["cute.fused", "torch.native"])
     assert list(t.columns) == ["fwd", "bwd", "full", "fwd+bwd", "full / (fwd+bwd)"]
     assert t.index.get_level_values("impl")[0] == "cute.fused"
     one = t.loc[("torch.native", 16384, 4096)]

@@ -188,10 +188,11 @@ def test_report_out_in_a_read_only_folder(tmp_path):
 
 def test_a_write_that_fails_midway_is_one_line(tmp_path, monkeypatch, capsys):
     from rmsnorm_lab import __main__ as cli_main
+    from rmsnorm_lab.cli import report as cli_report
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device", str(tmp_path / "report" / "x.png"))
-    monkeypatch.setattr(cli_main, "write_report", full)
+    monkeypatch.setattr(cli_report, "write_report", full)
     res = tmp_path / "results"
     results.write(synthetic_rows(), res / SYNTHETIC_GPU / "fwd.csv")
     status = cli_main.main(["report", "--no-bench", "--results", str(res),
@@ -280,7 +281,7 @@ def test_every_command_has_a_one_line_help_and_a_description():
 
 def test_ninja_of_the_environment_is_put_on_path(tmp_path, monkeypatch):
     """`.venv/bin/python -m rmsnorm_lab` without activating .venv: torch finds ninja anyway."""
-    from rmsnorm_lab import __main__ as cli_main
+    from rmsnorm_lab.cli.common import put_ninja_on_path
 
     venv_bin = tmp_path / "bin"
     venv_bin.mkdir()
@@ -289,7 +290,7 @@ def test_ninja_of_the_environment_is_put_on_path(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setitem(sys.modules, "ninja", None)  # the package's own BIN_DIR not consulted
-    cli_main._put_ninja_on_path()
+    put_ninja_on_path()
     assert os.environ["PATH"].split(os.pathsep)[0] == str(venv_bin)
 
 

@@ -14,7 +14,7 @@ import torch
 from rmsnorm_lab import results
 from rmsnorm_lab.bench.timing import Quantiles
 from rmsnorm_lab.profiling import ncu_teach
-from rmsnorm_lab.viz import lesson
+from rmsnorm_lab.viz import lesson, recorded
 
 REPO = Path(__file__).resolve().parent.parent
 BF16 = torch.bfloat16
@@ -142,7 +142,7 @@ def cpu_live(monkeypatch, tmp_path):
         return Quantiles(9.0, 10.0, 11.0)
 
     monkeypatch.setattr(lesson, "device", lambda: "cpu")
-    monkeypatch.setattr(lesson, "RESULTS_ROOT", tmp_path)
+    monkeypatch.setattr(recorded, "RESULTS_ROOT", tmp_path)
     monkeypatch.setattr(lesson, "provenance", lambda: prov)
     monkeypatch.setattr(lesson, "time_graph", timer)
     monkeypatch.setattr(lesson, "l2_bytes", lambda: 2**14)

@@ -13,6 +13,7 @@ import pytest
 
 from rmsnorm_lab import results
 from rmsnorm_lab.results import provenance
+from rmsnorm_lab.analysis import tables
 from rmsnorm_lab.viz import sweeps as plots
 from rmsnorm_lab.results import COLUMNS, ResultsError
 
@@ -226,7 +227,7 @@ def synthetic_df():
 
 
 def test_fwd_table_pivots_gbps_and_percent_of_copy(synthetic_df):
-    table = plots.fwd_table(synthetic_df)
+    table = tables.fwd_table(synthetic_df)
     gbps, pct = table["GB/s"], table["% of copy"]
     assert list(gbps.columns) == ["cute.row", "triton.row", "torch.native"]  # lab first
     assert list(gbps.index.names) == ["M", "N"]
@@ -240,8 +241,8 @@ def test_fwd_table_pivots_gbps_and_percent_of_copy(synthetic_df):
 def test_table_needs_a_gpu_when_there_are_several(synthetic_df):
     two = pd.concat([synthetic_df, synthetic_df.assign(gpu="othergpu")])
     with pytest.raises(ValueError, match="pass gpu="):
-        plots.fwd_table(two)
-    assert len(plots.fwd_table(two, gpu="othergpu")) == 5
+        tables.fwd_table(two)
+    assert len(tables.fwd_table(two, gpu="othergpu")) == 5
 
 
 def test_bandwidth_plots_draw_a_line_per_impl_and_the_measured_copy(synthetic_df, tmp_path):
@@ -318,12 +319,12 @@ def test_fixed_cost_fit_recovers_the_line_it_was_built_from():
             rows += [row(impl=impl, M=M, metric="time", unit="us", p50=t),
                      row(impl=impl, M=M, metric="bandwidth", unit="GBps", p50=moved / t / 1e3)]
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    fit = plots.fixed_cost_fit(df, ["cute.a", "cute.b", "cute.absent"], min_M=4096)
+    fit = tables.fixed_cost_fit(df, ["cute.a", "cute.b", "cute.absent"], min_M=4096)
     assert list(fit.index) == ["cute.a", "cute.b"] and list(fit["points"]) == [3, 3]
     assert fit.loc["cute.a", "fixed µs"] == pytest.approx(1.5)
     assert fit.loc["cute.b", "streaming GB/s"] == pytest.approx(3950.0)
     # with the off-line point the fit no longer matches: min_M is what excluded it
-    assert plots.fixed_cost_fit(df, ["cute.a"]).loc["cute.a", "fixed µs"] != pytest.approx(1.5)
+    assert tables.fixed_cost_fit(df, ["cute.a"]).loc["cute.a", "fixed µs"] != pytest.approx(1.5)
     ax = plots.plot_fixed_cost(df, ["cute.a", "cute.b"], min_M=4096, ax=Figure().subplots())
     a = ax.get_lines()[0]
     assert a.get_label() == "cute.a\nfixed 1.50 µs, streams at 3900 GB/s"
@@ -374,7 +375,7 @@ def test_bandwidth_plot_highlights_at_most_five_series_and_shows_the_differences
 
 def test_tables_leave_out_the_teaching_kernels():
     df = many_impls_df(3)
-    assert "teach.cta_row" not in plots.fwd_table(df)["GB/s"].columns
+    assert "teach.cta_row" not in tables.fwd_table(df)["GB/s"].columns
     two = df[df["impl"].isin(["triton.row", "cute.row"])]
     assert plots.highlight(two, "M") == ["cute.row", "triton.row"]
 

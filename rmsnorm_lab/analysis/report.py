@@ -10,9 +10,9 @@ from typing import List, Tuple
 
 import pandas as pd
 
-from ..viz.sweeps import markdown_table
 from ..viz import gpus as figures
 from . import MODELLED, compiled, model, speed
+from .tables import markdown_table
 from .reported import load_reported
 from .specs import bandwidth_table
 

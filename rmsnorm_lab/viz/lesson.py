@@ -12,28 +12,29 @@ ways of running a lesson:
 * **live or recorded** -- with a CUDA GPU the lesson compiles, checks and times its kernels and
   writes ``results/<gpu>/teach-<op>.csv``; without one it reads those files.
 
-Compiled-code facts come from the files CuTe DSL keeps (``--keep-ptx --keep-cubin``): the PTX
-(``rmsnorm_lab.cute.inspect_ptx.ptx_facts``) and the cubin, read with ``cuobjdump`` (registers,
-stack, shared memory, SASS). That needs no GPU: it is the cubin a GPU would load.
+The pieces live beside it and are reached through it: ``viz/compiled.py`` (what the compiler
+made of a kernel, read without a GPU) and ``viz/recorded.py`` (the measurements a GPU recorded).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import math
 import os
-import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
 from .. import results as results_io
 from ..registry import impl as _registry_impl
+# The notebooks reach everything through this one module: what the compiler made of a kernel
+# and the recorded measurements live beside it.
+from .compiled import (Compiled, compiled_table, inspect, read_compiled,  # noqa: F401
+                       target_arch, tool_version)
+from .recorded import (COPY_OF, RECORDED_GPU, RESULTS_ROOT, TEACH_PREFIX,  # noqa: F401
+                       fmt_shape, load_ncu, load_teach, ncu_path, ncu_sentence, ncu_shape,
+                       ncu_view, recorded_sass, sass_path, teach_path, teach_table)
 
 # ------------------------------------------------------------------------------------------------
 # showing things
@@ -105,17 +106,9 @@ def show_figure(fig, name: str) -> None:
         plt.close(fig)
 
 
-def fmt_shape(M: int, N: int) -> str:
-    return f"{M}×{N}"
-
-
 # ------------------------------------------------------------------------------------------------
 # where the lesson runs
 
-#: where results are read and written (the repository's results/); a dry run points it elsewhere
-RESULTS_ROOT: Path = results_io.results_dir()
-#: the GPU whose recorded results a lesson reads when it cannot measure
-RECORDED_GPU = "h200"
 #: the L2 size assumed when the device does not report one (the H200's)
 L2_BYTES_DEFAULT = 50 * 2**20
 
@@ -128,16 +121,6 @@ def gpu_available() -> bool:
 
 def device() -> str:
     return "cuda"
-
-
-def target_arch() -> str:
-    """The compile target: the GPU's (``sm_90a`` on an H100/H200) or, without one,
-    ``CUTE_DSL_ARCH`` (the notebooks set ``sm_90a``: the H200 the results were recorded on)."""
-    import torch
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
-    return os.environ.get("CUTE_DSL_ARCH", "sm_90a")
 
 
 def sync() -> None:
@@ -159,308 +142,6 @@ def l2_bytes() -> int:
         return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
                    or L2_BYTES_DEFAULT)
     return L2_BYTES_DEFAULT
-
-
-# ------------------------------------------------------------------------------------------------
-# what the compiler made of a kernel
-
-def _tool(name: str) -> Optional[str]:
-    """``cuobjdump``/``nvdisasm``: on PATH, in a CUDA toolkit, or the copy Triton ships."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for path in sorted(glob.glob(f"/usr/local/cuda*/bin/{name}"), reverse=True):
-        return path
-    try:
-        import triton
-        path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-        if os.path.exists(path):
-            return path
-    except ImportError:
-        pass
-    return None
-
-
-def tool_version(name: str = "cuobjdump") -> str:
-    path = _tool(name)
-    if path is None:
-        return "none"
-    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"release (\d+\.\d+)", out)
-    return m.group(1) if m else "unknown"
-
-
-_SASS_MEM = re.compile(r"\b(LDG|STG|LDL|STL|LDS|STS)(\.[A-Z0-9_]+)*")
-
-
-@dataclasses.dataclass
-class Compiled:
-    """One kernel compiled for one row width: its PTX and cubin, read."""
-    name: str
-    N: int
-    arch: str
-    ptx: str = dataclasses.field(repr=False)
-    sass: str = dataclasses.field(repr=False)  # "" when no cuobjdump was found
-    registers: Optional[int] = None
-    stack_bytes: Optional[int] = None           # spilled registers live here
-    smem_bytes: Optional[int] = None
-    ptx_ld16: int = 0       # ld.global of 16 bytes (v4.b32 ...), static count in the PTX
-    ptx_ld_narrow: int = 0  # narrower ld.global
-    ptx_st16: int = 0
-    ptx_shfl: int = 0
-    ptx_bar: int = 0
-
-    def sass_counts(self) -> Dict[str, int]:
-        """Static count of each memory instruction form in the SASS (``LDG.E.128``, ``STL``...)."""
-        counts: Dict[str, int] = {}
-        for m in _SASS_MEM.finditer(self.sass):
-            counts[m.group(0)] = counts.get(m.group(0), 0) + 1
-        return dict(sorted(counts.items()))
-
-    def spills(self) -> Optional[int]:
-        """Spill instructions (STL + LDL) in the SASS; None without a SASS listing."""
-        if not self.sass:
-            return None
-        c = self.sass_counts()
-        return sum(v for k, v in c.items() if k.startswith(("STL", "LDL")))
-
-    def row(self) -> dict:
-        """The facts a learner reads, as one table row."""
-        c = self.sass_counts()
-        wide = sum(v for k, v in c.items() if k.startswith("LDG") and k.endswith(".128"))
-        narrow = sum(v for k, v in c.items() if k.startswith("LDG") and not k.endswith(".128"))
-        return {"kernel": self.name, "N": self.N,
-                "PTX ld.global 16 B": self.ptx_ld16, "PTX ld.global narrower": self.ptx_ld_narrow,
-                "PTX st.global 16 B": self.ptx_st16, "shfl.sync": self.ptx_shfl,
-                "bar.sync": self.ptx_bar,
-                "SASS LDG.E.128": wide if self.sass else None,
-                "SASS narrower LDG": narrow if self.sass else None,
-                "registers": self.registers, "spill STL+LDL": self.spills(),
-                "stack bytes": self.stack_bytes}
-
-    def excerpt(self, patterns: Sequence[str] = ("LDG", "STG", "STL", "LDL"),
-                limit: int = 8) -> str:
-        """The SASS lines holding any of ``patterns`` (their addresses and encodings dropped),
-        at most ``limit``, with a count of the rest."""
-        if not self.sass:
-            recorded = recorded_sass(f"{TEACH_PREFIX}{self.name}")
-            if recorded:
-                return ("(no cuobjdump here: the excerpt recorded on the "
-                        f"{RECORDED_GPU.upper()})\n{recorded}")
-            return "(no SASS: cuobjdump was not found)"
-        rx = re.compile(r"\b(" + "|".join(re.escape(p) for p in patterns) + r")")
-        lines = []
-        for line in self.sass.splitlines():
-            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
-            if m and rx.search(m.group(1)):
-                lines.append("    " + re.sub(r"\s+", " ", m.group(1)))
-        shown = lines[:limit]
-        if len(lines) > limit:
-            shown.append(f"    ... and {len(lines) - limit} more")
-        return "\n".join(shown) if shown else "(none)"
-
-
-def read_compiled(dump_dir: str, name: str, N: int, arch: str) -> Compiled:
-    """Read the PTX and cubin CuTe DSL kept in ``dump_dir`` (one kernel compiled there)."""
-    from ..cute.inspect_ptx import ptx_facts
-
-    ptx_paths = glob.glob(os.path.join(dump_dir, "*.ptx"))
-    cubins = glob.glob(os.path.join(dump_dir, "*.cubin"))
-    if len(ptx_paths) != 1:
-        raise RuntimeError(f"expected one PTX file in the dump directory, found {len(ptx_paths)}")
-    ptx = Path(ptx_paths[0]).read_text()
-    f = ptx_facts(ptx, arch)
-    every_load = len(re.findall(r"\bld\.global\b", ptx))
-    out = Compiled(name, N, arch, ptx, "", ptx_ld16=f.global_loads_16B,
-                   ptx_ld_narrow=every_load - f.global_loads_16B, ptx_st16=f.global_stores_16B,
-                   ptx_shfl=f.shuffles, ptx_bar=f.barriers)
-    tool = _tool("cuobjdump")
-    if cubins and tool:
-        res = subprocess.run([tool, "-res-usage", cubins[0]], capture_output=True, text=True)
-        m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)", res.stdout)
-        if m:
-            out.registers, out.stack_bytes, out.smem_bytes = (int(v) for v in m.groups())
-        out.sass = subprocess.run([tool, "-sass", cubins[0]], capture_output=True,
-                                  text=True).stdout
-    else:  # no cuobjdump: registers from ptxas -v where one is installed
-        from ..cute.inspect_ptx import ptxas_report
-        try:
-            rep = ptxas_report(ptx_paths[0], arch)
-        except (RuntimeError, OSError):
-            rep = None
-        if rep is not None:
-            out.registers, out.stack_bytes = rep["registers"], rep["stack_bytes"]
-    return out
-
-
-def inspect(compile_fn: Callable, launcher, fake_args, name: str, N: int,
-            arch: Optional[str] = None) -> Compiled:
-    """Compile ``launcher`` for rows of ``N`` with ``compile_fn(launcher, fake_args, arch,
-    dump_dir)`` (the notebook's ``compile_for``), keeping its PTX and cubin, and read them."""
-    arch = arch or target_arch()
-    with tempfile.TemporaryDirectory() as d:
-        compile_fn(launcher, fake_args, arch, d)
-        return read_compiled(d, name, N, arch)
-
-
-def compiled_table(items: Iterable[Compiled]) -> pd.DataFrame:
-    """One row per compiled kernel (``Compiled.row``), without the columns that are all empty."""
-    df = pd.DataFrame([c.row() for c in items]).set_index(["kernel", "N"])
-    return df.dropna(axis=1, how="all")
-
-
-# ------------------------------------------------------------------------------------------------
-# recorded results
-
-TEACH_PREFIX = "teach."
-#: the same bytes moved by the simplest kernel with the op's access pattern, at each shape
-COPY_OF = {"fwd": "teach.copy", "bwd": "teach.copy2r1w"}
-
-
-def teach_path(op: str, gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
-    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / f"teach-{op}.csv"
-
-
-def load_teach(op: str, gpu: Optional[str] = None, root: Optional[Path] = None
-               ) -> Optional[pd.DataFrame]:
-    """The newest teaching-kernel rows of ``op`` (``results/<gpu>/teach-<op>.csv``), or None
-    when the file is not there."""
-    path = teach_path(op, gpu, root)
-    if not path.exists():
-        return None
-    return results_io.latest(results_io.load(path))
-
-
-def teach_table(df: pd.DataFrame, op: str) -> pd.DataFrame:
-    """Per implementation and shape: median µs, GB/s, and both against the same-shape copy
-    (``% of copy``: the copy's time over the kernel's; above 100 the kernel moved its bytes
-    faster than the copy moved the same number)."""
-    d = df[(df["op"] == op) & (df["path"] == "graph")]
-    t = d[d["metric"] == "time"].pivot_table(index=["impl", "M", "N"], values="p50",
-                                             aggfunc="last")["p50"]
-    bw = d[d["metric"] == "bandwidth"].pivot_table(index=["impl", "M", "N"], values="p50",
-                                                   aggfunc="last")["p50"]
-    out = pd.DataFrame({"µs": t, "GB/s": bw})
-    copy = out.xs(COPY_OF[op], level="impl") if COPY_OF[op] in out.index.get_level_values(0) \
-        else None
-    if copy is not None:
-        ref = copy["GB/s"]
-        out["copy GB/s"] = [ref.get((m, n), math.nan) for _, m, n in out.index]
-        out["% of copy"] = 100 * out["GB/s"] / out["copy GB/s"]
-    return out
-
-
-def ncu_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
-    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / "ncu-teach.csv"
-
-
-def sass_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
-    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / "sass-teach.txt"
-
-
-#: what the lessons show of an Nsight Compute record: label -> (metric names, first found wins)
-NCU_VIEW = {
-    "duration µs": ("gpu__time_duration.sum",),
-    "DRAM throughput % of peak": ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
-                                  "SpeedOfLight/DRAM Throughput"),
-    "DRAM GB read": ("dram__bytes_read.sum",),
-    "DRAM GB written": ("dram__bytes_write.sum",),
-    "achieved occupancy %": ("sm__warps_active.avg.pct_of_peak_sustained_active",
-                             "Occupancy/Achieved Occupancy"),
-    "theoretical occupancy %": ("sm__maximum_warps_per_active_cycle_pct",
-                                "Occupancy/Theoretical Occupancy"),
-    "registers / thread": ("launch__registers_per_thread", "LaunchStats/Registers Per Thread"),
-    "CTAs / SM (register limit)": ("launch__occupancy_limit_registers",
-                                   "Occupancy/Block Limit Registers"),
-    "global load instructions (M)": ("smsp__sass_inst_executed_op_global_ld.sum",),
-    "local (spill) ld+st instructions": ("smsp__sass_inst_executed_op_local_ld.sum",
-                                         "smsp__sass_inst_executed_op_local_st.sum"),
-}
-
-
-def load_ncu(gpu: Optional[str] = None, root: Optional[Path] = None) -> Optional[pd.DataFrame]:
-    """``results/<gpu>/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a GPU)
-    or None."""
-    path = ncu_path(gpu, root)
-    if not path.exists():
-        return None
-    return pd.read_csv(path)
-
-
-def _unit_scale(unit: str, label: str) -> float:
-    unit = (unit or "").strip().lower()
-    if label == "duration µs":
-        return {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
-                "msecond": 1e3, "s": 1e6, "second": 1e6}.get(unit, 1e-3)
-    if label.startswith("DRAM GB"):
-        return {"byte": 1e-9, "kbyte": 1e-6, "mbyte": 1e-3, "gbyte": 1.0}.get(unit, 1e-9)
-    if label == "global load instructions (M)":
-        return 1e-6
-    return 1.0
-
-
-def ncu_view(ncu: pd.DataFrame, kernels: Optional[Sequence[str]] = None) -> pd.DataFrame:
-    """One row per kernel, the ``NCU_VIEW`` columns (missing metrics left empty)."""
-    rows = []
-    for kernel in (kernels or list(dict.fromkeys(ncu["kernel"]))):
-        k = ncu[ncu["kernel"] == kernel]
-        if k.empty:
-            continue
-        row = {"kernel": kernel}
-        for label, names in NCU_VIEW.items():
-            vals = []
-            for name in names:
-                hit = k[k["metric"] == name]
-                if not hit.empty:
-                    vals.append(float(hit["value"].iloc[0])
-                                * _unit_scale(str(hit["unit"].iloc[0]), label))
-                    if label != "local (spill) ld+st instructions":
-                        break
-            row[label] = sum(vals) if vals else math.nan
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("kernel") if rows else pd.DataFrame()
-
-
-def ncu_shape(ncu: pd.DataFrame, kernel: Optional[str] = None) -> str:
-    """The M×N the record was taken at (of ``kernel``, or of the first row)."""
-    d = ncu[ncu["kernel"] == kernel] if kernel is not None else ncu
-    d = d if not d.empty else ncu
-    if {"M", "N"} <= set(d.columns):
-        return fmt_shape(int(d["M"].iloc[0]), int(d["N"].iloc[0]))
-    return "?×?"
-
-
-def ncu_sentence(row: pd.Series, shape: str) -> str:
-    """One sentence of what Nsight Compute saw (the ``ncu_view`` columns that were recorded)."""
-    parts = []
-    if pd.notna(row.get("DRAM throughput % of peak")):
-        parts.append(f"DRAM busy **{row['DRAM throughput % of peak']:.0f}%** of its peak")
-    if pd.notna(row.get("achieved occupancy %")):
-        occ = f"achieved occupancy **{row['achieved occupancy %']:.0f}%** of the warp slots"
-        if pd.notna(row.get("theoretical occupancy %")):
-            occ += f" (at most {row['theoretical occupancy %']:.0f}%)"
-        parts.append(occ)
-    if pd.notna(row.get("registers / thread")):
-        parts.append(f"**{row['registers / thread']:.0f}** registers per thread")
-    if pd.notna(row.get("local (spill) ld+st instructions")):
-        n = row["local (spill) ld+st instructions"]
-        parts.append("no spill instruction executed" if n == 0 else
-                     f"**{n:.0f}** spill loads and stores executed")
-    if not parts:
-        return ""
-    return f"Nsight Compute, one launch at {shape} on the {RECORDED_GPU.upper()}: " \
-        + ", ".join(parts) + "."
-
-
-def recorded_sass(kernel: str, gpu: Optional[str] = None, root: Optional[Path] = None
-                  ) -> Optional[str]:
-    """The excerpt of ``kernel`` from ``results/<gpu>/sass-teach.txt``, or None."""
-    path = sass_path(gpu, root)
-    if not path.exists():
-        return None
-    text = path.read_text()
-    m = re.search(rf"^== {re.escape(kernel)} .*?$(.*?)(?=^== |\Z)", text, re.M | re.S)
-    return m.group(1).strip("\n") if m else None
 
 
 # ------------------------------------------------------------------------------------------------

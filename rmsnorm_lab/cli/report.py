@@ -1,0 +1,259 @@
+"""``python -m rmsnorm_lab report``: benchmark on a GPU, then render every recorded result into
+figures and ``report.md``; without a GPU, render what is recorded."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import pandas as pd
+import torch
+
+from .. import results as results_io
+from ..bench.runner import OPS
+from ..registry import impl_order
+from ..analysis import tables
+from ..viz import sweeps
+from .bench import run_bench
+from .common import EXIT_FAILED, EXIT_USAGE, error, existing_dir, reason, writable_dir
+
+
+def _provenance(df: pd.DataFrame) -> str:
+    d = results_io.latest(df)
+    lines = []
+    for col in ("sm_count", "driver", "torch", "triton", "cutlass_dsl", "commit"):
+        lines.append(f"- {col}: " + ", ".join(str(v) for v in sorted(d[col].unique())))
+    times = sorted(d["timestamp"].unique())
+    lines.append(f"- measured: {times[0]}" + (f" to {times[-1]}" if len(times) > 1 else ""))
+    return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
+    """Render the op's figures for one GPU; returns the file names (those with data only)."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state in a loop
+
+    d = df[(df["gpu"] == gpu) & (df["op"] == op)]
+    bw = d[(d["metric"] == "bandwidth") & (d["path"] == "graph")
+           & ~d["impl"].isin(results_io.CEILINGS)]
+    names = []
+    if not bw[bw["N"] == 4096].empty:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        sweeps.plot_bandwidth_vs_M(df, op, N=4096, gpu=gpu, ax=fig.subplots())
+        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"))
+    if not bw[bw["M"] == 16384].empty:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        sweeps.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
+        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
+    timed = d[(d["metric"] == "time") & (d["N"] == 4096) & ~d["impl"].isin(results_io.CEILINGS)]
+    impls = impl_order(timed["impl"])
+    if impls:
+        cols = min(3, len(impls))
+        rows = -(-len(impls) // cols)
+        fig = Figure(figsize=(4.5 * cols, 3.4 * rows), layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+        for ax, impl in zip(axes, impls):
+            sweeps.plot_eager_vs_graph(df, op, impl, N=4096, gpu=gpu, ax=ax)
+            ax.set_title(impl, fontsize="medium")
+        for ax in axes[len(impls):]:
+            ax.set_visible(False)
+        fig.suptitle(f"{gpu}: {op}, µs per call, eager vs CUDA-graph replay (N=4096)")
+        names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
+    return names
+
+
+def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List[str]:
+    """The other notebooks' data figures for one GPU: 02's fused/split ratio, 03's host µs per
+    launch path, host/device crossover, tensor-cache cost and nsys timeline."""
+    from matplotlib.figure import Figure
+
+    from ..profiling import trace as nsys_trace
+    from ..viz import host as plots_host
+
+    g = df[df["gpu"] == gpu]
+    names = []
+
+    def render(name, draw, size=(8, 4.5), panels=1):
+        fig = Figure(figsize=size, layout="constrained")
+        axes = fig.subplots(1, panels) if panels > 1 else fig.subplots()
+        try:
+            draw(axes)
+        except (KeyError, ValueError) as e:  # not enough rows for this figure in these results
+            print(f"report: {gpu} {name} not drawn ({e})", file=sys.stderr)
+            return
+        names.append(_save(fig, out / f"{gpu}-{name}.png"))
+
+    if {"cute.fused", "cute.split"} <= set(g[g["op"] == "bwd"]["impl"]):
+        render("bwd-fused-vs-split", lambda ax: sweeps.plot_time_ratio(df, gpu=gpu, ax=ax))
+    if any("@" in i for i in g[g["path"] == "host"]["impl"]):
+        render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6))
+        render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax))
+    if any(i.startswith("cute.auto@cached:") for i in g["impl"]):
+        render("host-cache-cap", lambda axes: plots_host.plot_cache_cap(df, gpu=gpu, axes=axes),
+               (11, 4), panels=2)
+    trace_dir = root.parent / "profiles" / gpu  # nsys exports beside results/, not in it
+    if trace_dir.is_dir():
+        try:
+            trace = nsys_trace.load_trace(trace_dir)
+        except (OSError, ValueError) as e:
+            print(f"report: {gpu} nsys trace not read ({e})", file=sys.stderr)
+        else:
+            render("nsys-timeline", lambda ax: plots_host.plot_timeline(trace, first=10, ax=ax), (11, 4.5))
+    return names
+
+
+def _explainer_figures(out: Path) -> List[str]:
+    """The figures that need no measurements: notebook 01's thread/value layout of the row and
+    warp kernels, notebook 02's data flow of the split and fused backward."""
+    import torch
+    from matplotlib.figure import Figure
+
+    from ..viz import flow as flow_plot
+    from ..cute.plan import plan_forward
+    from ..viz.layout import draw_row_layout
+
+    names = []
+    fig = Figure(figsize=(12, 10), layout="constrained")
+    for ax, variant in zip(fig.subplots(2, 1, height_ratios=(1, 3)), ("row", "warp")):
+        draw_row_layout(plan_forward(variant, 4096, torch.bfloat16, torch.bfloat16, "llama",
+                                     True, True), ax=ax, lanes=8)
+    names.append(_save(fig, out / "layout-row-and-warp-4096-bf16.png"))
+    flows, sizes = flow_plot.backward_flows(16384, 4096, 132)
+    fig = Figure(figsize=(15, 4.8), layout="constrained")
+    for ax, (mode, steps) in zip(fig.subplots(1, 2), flows.items()):
+        flow_plot.draw_flow(ax, f"{mode}: 16384×4096 bf16", steps, sizes)
+    names.append(_save(fig, out / "backward-data-flow-16384x4096-bf16.png"))
+    return names
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def write_report(df: pd.DataFrame, out: Path, root: Path,
+                 progress: Callable[[str], None] = _quiet) -> str:
+    """Render figures into ``out`` and write ``out/report.md``; returns the headline text.
+    ``progress`` is told what is being rendered, one line per group of figures."""
+    md = ["# rmsnorm-lab report", "",
+          f"Measured by this lab's benchmark; results read from `{root}` (figures quoted from "
+          "elsewhere, in `results/reported/`, appear only in the last section, labelled "
+          "reported). `graph` is device "
+          "time by CUDA-graph replay with L2-cold inputs; `eager` is `triton.testing.do_bench` "
+          "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
+          "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
+          "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
+          "in the same run.", ""]
+    headline = []
+    gpus = sorted(df["gpu"].unique())
+    # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU comparison
+    total = sum(len(set(df[df["gpu"] == gpu]["op"]) & set(results_io.OPS)) + 1
+                for gpu in gpus) + 2
+    step = iter(range(1, total + 1))
+    for gpu in gpus:
+        g = df[df["gpu"] == gpu]
+        md += [f"## {gpu}", "", _provenance(g), ""]
+        for op in [o for o in results_io.OPS if o in set(g["op"])]:
+            progress(f"[{next(step)}/{total}] {gpu} {op}: tables, bandwidth and "
+                     "eager-vs-graph figures")
+            md += [f"### {op}", ""]
+            table = tables.bandwidth_table(df, op, gpu)
+            for part in table.columns.get_level_values(0).unique():
+                unit = "GB/s" if part == "GB/s" else part
+                md += [f"{op}, CUDA-graph replay, median, {unit}:", "",
+                       tables.markdown_table(table[part], 0 if part == "GB/s" else 1,
+                                            right_align=True), ""]
+                headline += [f"{gpu} {op} ({unit}, graph, median)",
+                             table[part].to_string(float_format=lambda v: f"{v:.0f}"), ""]
+            host = tables.host_table(df, op, gpu)
+            if not host.empty:
+                md += [f"{op}, host µs per call:", "",
+                       tables.markdown_table(host, 1, right_align=True), ""]
+            for name in _figures(df, gpu, op, out):
+                md += [f"![{name}]({name})", ""]
+        progress(f"[{next(step)}/{total}] {gpu}: backward and host figures "
+                 "(notebooks 02 and 03)")
+        extra = _notebook_figures(df, gpu, out, root)
+        if extra:
+            md += ["### backward and host figures (notebooks 02 and 03)", ""]
+            md += [f"![{name}]({name})\n" for name in extra]
+    progress(f"[{next(step)}/{total}] how the kernels work: thread layout and backward "
+             "data flow (notebooks 01 and 02)")
+    md += ["## how the kernels work (notebooks 01 and 02)", ""]
+    md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
+    from ..analysis.report import gpu_section  # notebook 04's figures (reads only, no compiling)
+
+    progress(f"[{next(step)}/{total}] across GPUs: roofline, crossover, reported vs "
+             "modelled (notebook 04)")
+    section, lines = gpu_section(df, out, root)
+    md += section
+    headline += lines
+    (out / "report.md").write_text("\n".join(md))
+    return "\n".join(headline)
+
+
+def _progress(line: str) -> None:
+    print(f"report: {line}", file=sys.stderr, flush=True)
+
+
+def _mtimes(out: Path) -> Dict[str, int]:
+    return {f.name: f.stat().st_mtime_ns for f in out.iterdir() if f.is_file()}
+
+
+def _written(out: Path, before: Dict[str, int], start_ns: int) -> List[Path]:
+    """The files in ``out`` written since ``before`` was taken at ``start_ns``: new, changed, or
+    stamped since then (a rewrite within the file system's time resolution); report.md first."""
+    files = [out / name for name, t in _mtimes(out).items()
+             if before.get(name) != t or t >= start_ns]
+    return sorted(files, key=lambda f: (f.name != "report.md", f.name))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    bench = not args.no_bench and torch.cuda.is_available()
+    root = args.results if args.results is not None else results_io.results_dir()
+    label = "--results" if args.results is not None else "the results folder (--results)"
+    if bench:  # benchmarking writes into it
+        writable_dir(root, label)
+    else:
+        existing_dir(root, label)
+    writable_dir(args.out, "--out")  # before benchmarking or rendering anything
+    status = 0
+    if bench:
+        for op in OPS:  # every op the bench knows, so a new op joins the report by itself
+            _progress(f"benchmarking {op} on {torch.cuda.get_device_name()}")
+            status = max(status, run_bench(op, args.quick, root, None))
+    elif not args.no_bench:
+        print(f"no CUDA GPU here: rendering the recorded results in {root}")
+    _progress(f"reading the results in {root}")
+    try:
+        df = results_io.load_all(root)
+    except results_io.ResultsError as e:
+        return error(f"malformed results: {e}", EXIT_FAILED)
+    before, start_ns, started = _mtimes(args.out), time.time_ns(), time.perf_counter()
+    report_md = args.out / "report.md"
+    try:
+        if df.empty:
+            report_md.write_text(
+                "# rmsnorm-lab report\n\nThere are no results: no `<gpu>/*.csv` files in "
+                f"`{root}`. Record some on a GPU with `python -m rmsnorm_lab bench --op fwd`.\n")
+            print(f"no results in {root}; wrote {report_md} saying so")
+            return status
+        gpus = sorted(df["gpu"].unique())
+        _progress(f"{len(df)} measurements of {len(gpus)} GPU(s) ({', '.join(gpus)}); "
+                  f"rendering into {args.out}")
+        headline = write_report(df, args.out, root, progress=_progress)
+    except OSError as e:
+        where = e.filename if e.filename else args.out
+        return error(f"could not write {where} ({reason(e)})", EXIT_USAGE)
+    print(headline)
+    written = _written(args.out, before, start_ns)
+    print(f"wrote {len(written)} files to {args.out} in {time.perf_counter() - started:.0f} s:")
+    for f in written:
+        print(f"  {args.out / f.name}")
+    return status
