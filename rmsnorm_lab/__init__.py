@@ -11,7 +11,7 @@ from .settings import settings  # noqa: E402
 from .reference import CASTING_MODES  # noqa: E402
 from .api import rms_norm  # noqa: E402
 from .module import FusedAddRMSNorm, RMSNorm  # noqa: E402
-from .models import patch, unpatch  # noqa: E402
+from .models import carry_residual, patch, uncarry_residual, unpatch  # noqa: E402
 
-__all__ = ["rms_norm", "RMSNorm", "FusedAddRMSNorm", "patch", "unpatch", "settings",
-           "CASTING_MODES", "__version__"]
+__all__ = ["rms_norm", "RMSNorm", "FusedAddRMSNorm", "patch", "unpatch", "carry_residual",
+           "uncarry_residual", "settings", "CASTING_MODES", "__version__"]

@@ -157,3 +157,33 @@ def test_patched_models_through_the_kernels(family):
     close(ours, expected, tol=2e-2)
     ours.float().pow(2).mean().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_carried_residual_through_the_fused_add_kernels(family):
+    """Every residual add in the fused add kernel: the logits of the model's own norms, the
+    gradients within bf16 of the model's."""
+    transformers = pytest.importorskip("transformers")
+    from rmsnorm_lab import carry_residual
+    t = transformers
+    config, cls, extra = {
+        "llama": (t.LlamaConfig, t.LlamaForCausalLM, {}),
+        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM, dict(head_dim=128)),
+    }[family]
+    torch.manual_seed(0)
+    model = cls(config(hidden_size=1024, intermediate_size=2048, num_hidden_layers=3,
+                       num_attention_heads=8, num_key_value_heads=4, vocab_size=512,
+                       **extra)).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 512, (2, 64), device="cuda")
+    logits = model(ids).logits
+    logits.float().pow(2).mean().backward()
+    expected = logits.detach().double()
+    expected_grads = {n: p.grad.double() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    patch(model)
+    carry_residual(model)
+    ours = model(ids).logits
+    close(ours, expected, tol=2e-2)
+    ours.float().pow(2).mean().backward()
+    for n, p in model.named_parameters():
+        close(p.grad, expected_grads[n], tol=5e-2)

@@ -93,3 +93,73 @@ def test_torch_rmsnorm_is_patched_and_a_promoting_llama_norm_keeps_its_forward()
     after = model.model.norm(x)
     assert after.dtype == before.dtype == torch.float32  # transformers' promotion, kept
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+# --- the residual carried into the next norm ------------------------------------------------
+
+from rmsnorm_lab import carry_residual, uncarry_residual  # noqa: E402
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_carried_residual_gives_the_models_own_logits_and_gradients(family, dtype):
+    model, _ = build(family)
+    model = model.to(dtype)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    expected_logits, expected_grads = step(model, ids)
+    keys = list(model.state_dict())
+    replaced = patch(model)
+    carried = carry_residual(model)
+    assert len(carried.layers) == TINY["num_hidden_layers"]
+    assert list(model.state_dict()) == keys
+    logits, grads = step(model, ids)
+    # the forward rounds as the model does, add by add: the same logits, bit for bit
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=0)
+    # the backward adds h's gradient to the norm's in fp32, before one rounding (the model: in
+    # the activations' dtype, after the norm's gradient was rounded)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    for name, g in expected_grads.items():
+        torch.testing.assert_close(grads[name].float(), g.float(), **tol, msg=name)
+    assert carried.carry.residual is None  # the final norm took it
+    uncarry_residual(carried)
+    assert all("forward" not in m.__dict__ for m in carried.layers + [carried.final_norm])
+    unpatch(model, replaced)
+    torch.testing.assert_close(step(model, ids)[0], expected_logits)
+
+
+def test_carrying_the_residual_moves_no_add_out_of_the_norms():
+    """Each layer's two adds run inside the lab's fused norm: the model's own adds are gone."""
+    model, _ = build("llama")
+    patch(model)
+    carry_residual(model)
+    calls = []
+    import rmsnorm_lab.models.residual as residual_module
+    real = residual_module.rms_norm
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("residual") is not None)
+        return real(*args, **kwargs)
+    residual_module.rms_norm = counting
+    try:
+        model(torch.randint(0, TINY["vocab_size"], (1, 4)))
+    finally:
+        residual_module.rms_norm = real
+    layers = TINY["num_hidden_layers"]
+    # every layer's post-attention norm, every layer but the first's input norm, the final norm
+    assert calls == [True] * (2 * layers)
+
+
+def test_carrying_refuses_what_it_cannot_carry():
+    model, _ = build("llama")
+    with pytest.raises(ValueError, match="patch"):
+        carry_residual(model)  # the norms are still transformers'
+    gemma2, _ = build("gemma2")
+    patch(gemma2)
+    with pytest.raises(ValueError, match="norms around"):
+        carry_residual(gemma2)
+    patch(model)
+    enable = getattr(model, "activation_checkpointing_enable", None) \
+        or model.gradient_checkpointing_enable
+    enable()
+    with pytest.raises(ValueError, match="checkpointing"):
+        carry_residual(model)
