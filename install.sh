@@ -108,7 +108,7 @@ else
   if "$PY" "$HELPER" reachable "${CPU_INDEX%/}/torch/" 10 && "$PY" -m pip install --timeout 30 --index-url "$CPU_INDEX" "$TORCH_REQ"; then
     :
   else
-    say "$CPU_INDEX could not be reached (10 s timeout) or has no $TORCH_REQ for this platform: trying the default index (on Linux x86_64 PyPI's torch is the CUDA build, several GB)"
+    say "$CPU_INDEX could not be reached (10 s timeout) or has no $TORCH_REQ for this platform: trying the default index (on Linux x86_64 PyPI's torch is the CUDA build, several GB, unless pip is configured to find another)"
     "$PY" -m pip install "$TORCH_REQ"
   fi
 fi

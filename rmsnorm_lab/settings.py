@@ -186,10 +186,13 @@ def from_environ(environ: Mapping[str, str]) -> Settings:
         if not key.startswith(PREFIX):
             continue
         name = key[len(PREFIX):].lower()
-        if name in USER_TOGGLES:
-            s._assign(name, raw)
-        elif name in EXPERIMENT_TOGGLES:
-            _Toggles._assign(s.experiments, name, raw)
+        target = s if name in USER_TOGGLES else s.experiments if name in EXPERIMENT_TOGGLES \
+            else None
+        if target is not None:
+            try:
+                _Toggles._assign(target, name, raw)
+            except ValueError as e:  # name the variable the user set, not the attribute
+                raise ValueError(f"environment variable {key}={raw!r}: {e}") from None
         else:
             raise ValueError(f"unknown environment variable {key}; the lab reads: "
                              + ", ".join(environment_names()))

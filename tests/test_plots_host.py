@@ -436,3 +436,13 @@ def test_host_parts_load_and_plot(tmp_path):
     assert [t.get_text().split("\n")[0] for t in left.get_yticklabels()] == [
         "ext.apply", "torch fwd+autograd"]  # PART_LAYERS order, not the file's
     plt.close("all")
+
+
+def test_varying_device_time_interpolates_the_sweeps_graph_times():
+    from rmsnorm_lab.analysis import host as host_analysis
+    df = pd.DataFrame([row("fwd", "cute.auto", "graph", M, 4096, "time", t)
+                       for M, t in ((1024, 5.0), (2048, 9.0), (4096, 17.0))])
+    # flat below the smallest M, linear between: (5 + 7 + 13) / 3
+    got = host_analysis.varying_device_us(df, "cute.auto", "fwd", [10, 1536, 3072])
+    assert got == pytest.approx(25.0 / 3)
+    assert math.isnan(host_analysis.varying_device_us(df, "torch.native", "fwd", [10]))

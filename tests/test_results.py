@@ -408,3 +408,12 @@ def test_percent_of_copy_plot_reaches_100_and_keeps_its_lines(tmp_path):
     lo, hi = ax.get_ylim()
     assert 60 <= lo < 70 and hi > 100
     fig.savefig(tmp_path / "p.png")
+
+
+def test_sweep_tables_leave_out_other_benchmarks_rows():
+    """Rows sharing an op with the sweeps but not one of their series: the fused add's, the
+    host benchmark's launch paths and cache caps, the teaching kernels'."""
+    d = pd.DataFrame({"impl": ["cute.auto", "cute.auto+add", "torch.compile+add",
+                               "cute.auto@tvm_ffi", "cute.auto@cached:8", "teach.fused",
+                               "quack"]})
+    assert list(tables.library_rows(d)["impl"]) == ["cute.auto", "quack"]

@@ -70,3 +70,10 @@ def test_fused_strips_toggle_is_auto_by_default_and_refuses_negatives():
 def test_pdl_toggle_is_on_by_default_and_read_from_the_environment():
     assert Settings().pdl is True
     assert from_environ({"RMSNORM_LAB_PDL": "0"}).pdl is False
+
+
+def test_a_bad_value_in_the_environment_names_the_variable():
+    with pytest.raises(ValueError, match=r"RMSNORM_LAB_BACKEND='bogus'.*one of"):
+        from_environ({"RMSNORM_LAB_BACKEND": "bogus"})
+    with pytest.raises(ValueError, match=r"RMSNORM_LAB_TENSOR_CACHE_CAP='many'"):
+        from_environ({"RMSNORM_LAB_TENSOR_CACHE_CAP": "many"})

@@ -198,6 +198,22 @@ def varying_table(df: pd.DataFrame, gpu: Optional[str] = None, N: int = HOST_SHA
         ["impl", "workload"])
 
 
+def varying_device_us(df: pd.DataFrame, impl: str, op: str, Ms: Sequence[int],
+                      gpu: Optional[str] = None, N: int = HOST_SHAPE[1]) -> float:
+    """The mean device time per call (µs) of ``impl``'s ``op`` over the row counts ``Ms``, from
+    its CUDA-graph times at width N in the sweeps (``fwd.csv``, ``full.csv``), linear in M between
+    the measured rows and flat below the smallest (where a launch's fixed cost dominates). A
+    loop of calls cannot run faster than this whatever its host path costs; NaN without data."""
+    import numpy as np
+    d, _ = _one_gpu(df, gpu)
+    t = d[(d["impl"] == impl) & (d["op"] == op) & (d["path"] == "graph")
+          & (d["metric"] == "time") & (d["N"] == N)].sort_values("M")
+    if t.empty:
+        return math.nan
+    return float(np.mean(np.interp(np.asarray(Ms, dtype=float), t["M"].to_numpy(float),
+                                   t["p50"].to_numpy(float))))
+
+
 # ============================================================================ settings -> rows
 
 def default_toggles() -> Dict[str, object]:

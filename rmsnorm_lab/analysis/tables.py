@@ -36,9 +36,17 @@ def one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
     return latest(df[df["gpu"] == gpu]), gpu
 
 
+#: impl names of rows that share an op with the sweeps but are not one of their series: the
+#: fused residual add's (``...+add``, its own sweep: ``bench --op fwd-add/bwd-add``) and the host
+#: benchmark's launch paths and cache caps (``...@path``)
+OTHER_BENCHMARKS = r"\+add$|@"
+
+
 def library_rows(d: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the lab's benchmark: without the lesson notebooks' teaching kernels."""
-    return d[~d["impl"].astype(str).str.startswith(TEACH_PREFIX)]
+    """The rows of the lab's forward, backward and training sweeps: without the lesson notebooks'
+    teaching kernels, the fused residual add's rows and the host benchmark's."""
+    impl = d["impl"].astype(str)
+    return d[~impl.str.startswith(TEACH_PREFIX) & ~impl.str.contains(OTHER_BENCHMARKS)]
 
 
 def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[float]:
@@ -77,9 +85,14 @@ def fwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:
 
 
 def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.DataFrame:
-    """Host µs per call (p20, p50, p80) per implementation and shape."""
+    """Host µs per call (p20, p50, p80) per implementation and shape, from the host benchmark
+    (``bench --op host``): the lab's launch paths (``cute.auto@tvm_ffi``...) and the peers. The
+    sweeps' own host rows of the lab's kernels are left out: the sweep calls each variant inside
+    ``settings.override``, whose cost they include."""
     d, _ = one_gpu(df, gpu)
     d = d[(d["op"] == op) & (d["metric"] == "host")]
+    impl = d["impl"].astype(str)
+    d = d[impl.str.contains("@") | ~impl.str.startswith(("cute.", "triton.", TEACH_PREFIX))]
     d = d.assign(impl=pd.Categorical(d["impl"], impl_order(d["impl"]), ordered=True))
     return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[["p20", "p50", "p80"]]
 

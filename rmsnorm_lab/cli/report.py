@@ -41,8 +41,8 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     from matplotlib.figure import Figure  # no pyplot: no global figure state in a loop
 
     d = df[(df["gpu"] == gpu) & (df["op"] == op)]
-    bw = d[(d["metric"] == "bandwidth") & (d["path"] == "graph")
-           & ~d["impl"].isin(results_io.CEILINGS)]
+    bw = tables.library_rows(d[(d["metric"] == "bandwidth") & (d["path"] == "graph")
+                               & ~d["impl"].isin(results_io.CEILINGS)])
     names = []
     if not bw[bw["N"] == 4096].empty:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
@@ -52,7 +52,8 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
         sweeps.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
         names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
-    timed = d[(d["metric"] == "time") & (d["N"] == 4096) & ~d["impl"].isin(results_io.CEILINGS)]
+    timed = tables.library_rows(d[(d["metric"] == "time") & (d["N"] == 4096)
+                                  & ~d["impl"].isin(results_io.CEILINGS)])
     impls = impl_order(timed["impl"])
     if impls:
         cols = min(3, len(impls))
