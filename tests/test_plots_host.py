@@ -446,3 +446,14 @@ def test_varying_device_time_interpolates_the_sweeps_graph_times():
     got = host_analysis.varying_device_us(df, "cute.auto", "fwd", [10, 1536, 3072])
     assert got == pytest.approx(25.0 / 3)
     assert math.isnan(host_analysis.varying_device_us(df, "torch.native", "fwd", [10]))
+
+
+def test_typical_start_skips_an_outlier_iteration():
+    starts = [0, 10, 20, 80, 90, 100, 110, 120]  # the period from 20 to 80 is an outlier
+    nvtx = pd.DataFrame({"start_ns": [float(s) for s in starts],
+                         "end_ns": [s + 5.0 for s in starts], "dur_ns": [5.0] * len(starts),
+                         "name": ["rmsnorm_lab:iter"] * len(starts),
+                         "range": ["iter"] * len(starts), "stage": ["iter"] * len(starts)})
+    trace = nt.Trace(nvtx, None, None, {})
+    assert nt.typical_start(trace, skip=1, count=3) == 3  # 80 → 90 → 100 → 110: all median
+    assert nt.typical_start(trace, skip=0, count=2) == 0  # 0 → 10 → 20: typical too

@@ -385,6 +385,20 @@ def steady_window(trace: Trace, skip: int = 1, count: int = 3,
     return t0, float(last["end_ns"])
 
 
+def typical_start(trace: Trace, skip: int = 1, count: int = 3) -> int:
+    """The first of ``count`` consecutive iterations, at or after ``skip``, whose start-to-start
+    times are closest to the loop's median (least summed distance): a window to draw that shows
+    the loop as it usually runs, not an outlier."""
+    import numpy as np
+    starts = _iteration_starts(trace)["start_ns"].to_numpy(dtype=float)
+    periods = np.diff(starts)[skip:]
+    if len(periods) < count:
+        return min(skip, max(len(starts) - 1, 0))
+    off = np.abs(periods - np.median(periods))
+    sums = np.convolve(off, np.ones(count), mode="valid")
+    return skip + int(np.argmin(sums))
+
+
 def _iteration_starts(trace: Trace) -> pd.DataFrame:
     if trace.nvtx is not None and not trace.nvtx.empty:
         it = iterations(trace.nvtx)

@@ -410,11 +410,12 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
 
 
 def plot_timelines(eager: Trace, graph: Optional[Trace], first: int = 1, count: int = 3,
-                   axes=None):
+                   axes=None, stats_from: Optional[int] = None):
     """The eager loop (``count`` iterations from ``first``) above the same work replayed from a
     CUDA graph, on the same time span, so that their paces compare at a glance; each panel's
-    title gives its pace from the trace (``steady_state``). Without ``graph`` the eager loop
-    alone. Returns the axes."""
+    title gives its pace from the trace (``steady_state`` from iteration ``stats_from``, default
+    ``first``). Without ``graph`` the eager loop alone. Returns the axes."""
+    stats_from = first if stats_from is None else stats_from
     n = 2 if graph is not None else 1
     if axes is None:
         import matplotlib.pyplot as plt
@@ -430,13 +431,13 @@ def plot_timelines(eager: Trace, graph: Optional[Trace], first: int = 1, count: 
         for k in (kernels(t)["name"] if t is not None else []):
             colors.setdefault(short_kernel_name(k),
                               _KERNEL_COLORS[len(colors) % len(_KERNEL_COLORS)])
-    s = steady_state(eager, first)
+    s = steady_state(eager, stats_from)
     plot_timeline(eager, first, count, ax=axes[0], kernel_colors=colors)
     axes[0].set_title(f"eager loop: one iteration every {s['period_us']:.1f} µs, "
                       f"{s['kernel_us']:.1f} µs of it on the GPU ({s['busy']:.0%} busy)",
                       fontsize="medium", loc="left")
     if graph is not None:
-        g = steady_state(graph, first)
+        g = steady_state(graph, stats_from)
         plot_timeline(graph, first, span_us=span_us, ax=axes[1], kernel_colors=colors)
         axes[1].set_title(f"the same work replayed from one CUDA graph: one iteration every "
                           f"{g['period_us']:.1f} µs ({g['busy']:.0%} busy)",
