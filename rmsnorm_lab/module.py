@@ -82,6 +82,16 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, eps, offset=self.offset, casting_mode=self.casting_mode,
                         backend=self.backend, in_place=self.in_place)
 
+    def forward_with_residual(self, x: torch.Tensor, residual: torch.Tensor):
+        """``(y, h)``: ``h = x + residual`` and ``y`` its RMSNorm, in one kernel (``rms_norm(...,
+        residual=)``); ``FusedAddRMSNorm``'s forward."""
+        if x.dim() == 0 or x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"{type(self).__name__}{self.normalized_shape}: x's last dimension "
+                             f"must be {self.normalized_shape[0]}, got shape {tuple(x.shape)}")
+        eps = DEFAULT_EPS if self.eps is None else self.eps
+        return rms_norm(x, self.weight, eps, residual=residual, offset=self.offset,
+                        casting_mode=self.casting_mode, backend=self.backend)
+
     def extra_repr(self) -> str:
         """torch's text, then the lab's options that differ from their defaults."""
         s = (f"{self.normalized_shape}, eps={self.eps}, "
@@ -102,10 +112,4 @@ class FusedAddRMSNorm(RMSNorm):
     with ``h = x + residual`` and ``y = RMSNorm(h)``, in one kernel (``rms_norm(...,
     residual=)``). Same constructor, parameters and state dict as ``RMSNorm``."""
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor):
-        if x.dim() == 0 or x.shape[-1] != self.normalized_shape[0]:
-            raise ValueError(f"FusedAddRMSNorm{self.normalized_shape}: x's last dimension must "
-                             f"be {self.normalized_shape[0]}, got shape {tuple(x.shape)}")
-        eps = DEFAULT_EPS if self.eps is None else self.eps
-        return rms_norm(x, self.weight, eps, residual=residual, offset=self.offset,
-                        casting_mode=self.casting_mode, backend=self.backend)
+    forward = RMSNorm.forward_with_residual

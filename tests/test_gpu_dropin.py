@@ -136,19 +136,23 @@ def test_fake_cuda_tensors_that_require_grad():
     close(rms_norm(x, w, EPS), ref_grads(x, w, torch.zeros_like(x))[0])  # real calls after
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
-def test_patched_models_through_the_kernels(family):
-    transformers = pytest.importorskip("transformers")
-    t = transformers
+def cuda_model(family: str, layers: int):
+    """A small transformers model of ``family`` with random weights, bf16 on the GPU."""
+    t = pytest.importorskip("transformers")
     config, cls, extra = {
         "llama": (t.LlamaConfig, t.LlamaForCausalLM, {}),
         "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM, dict(head_dim=128)),
         "gemma3": (t.Gemma3TextConfig, t.Gemma3ForCausalLM, dict(head_dim=128)),
     }[family]
     torch.manual_seed(0)
-    model = cls(config(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
-                       num_attention_heads=8, num_key_value_heads=4, vocab_size=512,
-                       **extra)).to("cuda", torch.bfloat16)
+    return cls(config(hidden_size=1024, intermediate_size=2048, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=4, vocab_size=512,
+                      **extra)).to("cuda", torch.bfloat16)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_patched_models_through_the_kernels(family):
+    model = cuda_model(family, layers=2)
     ids = torch.randint(0, 512, (2, 64), device="cuda")
     expected = model(ids).logits.double()
     replaced = patch(model)
@@ -163,17 +167,8 @@ def test_patched_models_through_the_kernels(family):
 def test_carried_residual_through_the_fused_add_kernels(family):
     """Every residual add in the fused add kernel: the logits of the model's own norms, the
     gradients within bf16 of the model's."""
-    transformers = pytest.importorskip("transformers")
     from rmsnorm_lab import carry_residual
-    t = transformers
-    config, cls, extra = {
-        "llama": (t.LlamaConfig, t.LlamaForCausalLM, {}),
-        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM, dict(head_dim=128)),
-    }[family]
-    torch.manual_seed(0)
-    model = cls(config(hidden_size=1024, intermediate_size=2048, num_hidden_layers=3,
-                       num_attention_heads=8, num_key_value_heads=4, vocab_size=512,
-                       **extra)).to("cuda", torch.bfloat16)
+    model = cuda_model(family, layers=3)
     ids = torch.randint(0, 512, (2, 64), device="cuda")
     logits = model(ids).logits
     logits.float().pow(2).mean().backward()

@@ -23,8 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from ..results import latest, read_jsonl
+from ..results import read_jsonl
 from ..settings import LAUNCH_PATHS, Experiments, Settings, settings
+from .tables import one_gpu
 
 HOST_SHAPE = (128, 4096)
 CACHE_SHAPE = (16384, 4096)
@@ -123,22 +124,11 @@ def _workload(op: str, impl: str) -> Tuple[Optional[str], str]:
     return None, impl
 
 
-def _one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
-    gpus = sorted(df["gpu"].unique())
-    if gpu is None:
-        if len(gpus) != 1:
-            raise ValueError(f"the results hold {len(gpus)} GPUs {gpus}; pass gpu=")
-        gpu = gpus[0]
-    elif gpu not in gpus:
-        raise ValueError(f"no results for gpu {gpu!r}; have {gpus}")
-    return latest(df[df["gpu"] == gpu]), gpu
-
-
 def host_rows(df: pd.DataFrame, gpu: Optional[str] = None,
               shape: Tuple[int, int] = HOST_SHAPE) -> pd.DataFrame:
     """The host µs rows at ``shape`` as ``impl`` (without ``+autograd``), ``workload``, ``p20``,
     ``p50``, ``p80``; rows of toggles the settings no longer have are left out."""
-    d, _ = _one_gpu(df, gpu)
+    d, _ = one_gpu(df, gpu)
     d = d[(d["metric"] == "host") & (d["path"] == "host") & (d["M"] == shape[0])
           & (d["N"] == shape[1])]
     rows = []
@@ -177,7 +167,7 @@ def varying_table(df: pd.DataFrame, gpu: Optional[str] = None, N: int = HOST_SHA
     the same implementation at the fixed HOST_SHAPE: one row per (implementation, workload),
     columns ``varying µs``, ``p20``, ``p80``, ``fixed µs``, ``M drawn from``. Empty when the
     results have no such rows."""
-    d, gpu = _one_gpu(df, gpu)
+    d, gpu = one_gpu(df, gpu)
     v = d[(d["metric"] == "host") & (d["path"] == "host") & (d["N"] == N)
           & d["impl"].str.endswith(VARYING)]
     cols = ["impl", "workload", "varying µs", "p20", "p80", "fixed µs", "M drawn from"]
@@ -205,7 +195,7 @@ def varying_device_us(df: pd.DataFrame, impl: str, op: str, Ms: Sequence[int],
     the measured rows and flat below the smallest (where a launch's fixed cost dominates). A
     loop of calls cannot run faster than this whatever its host path costs; NaN without data."""
     import numpy as np
-    d, _ = _one_gpu(df, gpu)
+    d, _ = one_gpu(df, gpu)
     t = d[(d["impl"] == impl) & (d["op"] == op) & (d["path"] == "graph")
           & (d["metric"] == "time") & (d["N"] == N)].sort_values("M")
     if t.empty:
@@ -311,7 +301,7 @@ def crossover_M(Ms: Sequence[float], device_us: Sequence[float], host_us: float)
 def device_times(df: pd.DataFrame, gpu: Optional[str] = None, impl: str = DEFAULT_IMPL,
                  N: int = HOST_SHAPE[1]) -> pd.DataFrame:
     """The CUDA-graph device µs of ``impl``'s forward against M at width N (p20, p50, p80)."""
-    d, _ = _one_gpu(df, gpu)
+    d, _ = one_gpu(df, gpu)
     d = d[(d["op"] == "fwd") & (d["impl"] == impl) & (d["path"] == "graph")
           & (d["metric"] == "time") & (d["N"] == N)]
     return d.sort_values("M")[["M", "p20", "p50", "p80"]].reset_index(drop=True)
@@ -347,7 +337,7 @@ def cache_table(df: pd.DataFrame, gpu: Optional[str] = None,
                 shape: Tuple[int, int] = CACHE_SHAPE, triton: str = "triton.row") -> pd.DataFrame:
     """Peak MiB and step µs of the training-like step (op ``full``, eager) per tensor-cache cap
     of the ``cached`` path, and the same as a ratio to ``triton``'s (when measured)."""
-    d, _ = _one_gpu(df, gpu)
+    d, _ = one_gpu(df, gpu)
     d = d[(d["op"] == "full") & (d["path"] == "eager") & (d["M"] == shape[0])
           & (d["N"] == shape[1]) & d["metric"].isin(["peak_mem", "time"])]
     rows: Dict[str, Dict[str, float]] = {}
@@ -380,7 +370,7 @@ def step_of(df: pd.DataFrame, impl: str, gpu: Optional[str] = None, shape=CACHE_
             ) -> Dict[str, float]:
     """``{"time": µs, "peak_mem": MiB, "p20": .., "p80": ..}`` of ``impl``'s training-like step
     (the keys that were measured)."""
-    d, _ = _one_gpu(df, gpu)
+    d, _ = one_gpu(df, gpu)
     d = d[(d["op"] == "full") & (d["path"] == "eager") & (d["impl"] == impl)
           & (d["M"] == shape[0]) & (d["N"] == shape[1])]
     out = {m: float(v) for m, v in zip(d["metric"], d["p50"])}

@@ -6,11 +6,12 @@ notebook shows what it just measured. Without a GPU the notebook reads the recor
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from ..api import rms_norm
 from ..settings import settings
 from .host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, HOST_SHAPE, TORCH, VARYING, WORKLOADS,
                    changed_toggles, default_toggles, host_rows, recorded_name)
@@ -18,8 +19,7 @@ from .host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, HOST_SHAPE, TORCH, VARYI
 EPS = 1e-6
 
 
-def _lab_call(x, w):
-    from ..api import rms_norm
+def _lab_call(x, w):  # rms_norm bound at import: no import statement inside a timed call
     return rms_norm(x, w, EPS, backend="cute")
 
 
@@ -168,7 +168,7 @@ def live_rows(kind: str, **kw) -> List[dict]:
 
     from ..bench import host as hb
     from ..bench.runner import make_row
-    from ..bench.timing import eager_time_us, graph_time_us, interleaved_host_time_us
+    from ..bench.timing import graph_time_us, interleaved_host_time_us
     from ..results import provenance
     prov = provenance.collect()
     M0, N0 = HOST_SHAPE
@@ -193,10 +193,8 @@ def live_rows(kind: str, **kw) -> List[dict]:
             rows.append(make_row(prov, op, impl, "host", M, N0, hb.DTYPE, "host", q))
         return rows
     if kind == "peers":
-        from ..api import rms_norm
         from ..bench import peers
-        impls = {DEFAULT_IMPL: _lab_call,
-                 "triton.row": lambda x, w: rms_norm(x, w, EPS, backend="triton")}
+        impls = {DEFAULT_IMPL: _lab_call, "triton.row": hb.lab_call("triton")}
         impls.update({n: f for n, f in peers.forward_peers(EPS).items()
                       if n not in kw.get("skip", ("torch.compile",))})
         # aliases: the benchmark adds its varying-M workloads to some names, not wanted here
@@ -222,39 +220,15 @@ def live_rows(kind: str, **kw) -> List[dict]:
         for name, overrides, backend in configs:
             cute_runner.clear_caches()
             with settings.override(**overrides):
-                step = _training_step(backend, M, N, layers)
-                step()  # compile, warm the allocator
-                torch.cuda.synchronize()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                step()
-                torch.cuda.synchronize()
-                mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+                step = hb.training_step(hb.lab_call(backend), M, N, layers)
+                peak, time_us = hb.step_peak_and_time(step, rep_ms=kw.get("rep_ms", 100))
                 rows.append(make_row(prov, "full", name, "eager", M, N, hb.DTYPE, "peak_mem",
-                                     hb.Quantiles(mib, mib, mib)))
+                                     peak))
                 rows.append(make_row(prov, "full", name, "eager", M, N, hb.DTYPE, "time",
-                                     eager_time_us(step, rep_ms=kw.get("rep_ms", 100))))
+                                     time_us))
             cute_runner.clear_caches()
         return rows
     raise ValueError(f"kind must be crossover, varying, peers or cache, got {kind!r}")
-
-
-def _training_step(backend: str, M: int, N: int, layers: int) -> Callable[[], None]:
-    """The benchmark's training-like step: ``layers`` fresh activations normalized, kept for the
-    backward (as autograd keeps them), then back-propagated."""
-    import torch
-
-    from ..api import rms_norm
-    w = torch.randn(N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-
-    def step():
-        outs = []
-        for _ in range(layers):
-            x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            outs.append(rms_norm(x, w, EPS, backend=backend))
-        for y in reversed(outs):
-            y.backward(torch.ones_like(y))
-    return step
 
 
 def loop_us(M: int = HOST_SHAPE[0], N: int = HOST_SHAPE[1], iters: int = 200

@@ -50,7 +50,7 @@ VARYING_M_CALLS = 3000
 VARYING_M_IMPLS = ("cute.auto@tvm_ffi", "torch.native")
 
 
-def _lab(backend: str) -> Callable:
+def lab_call(backend: str) -> Callable:
     from ..api import rms_norm
     return lambda x, w: rms_norm(x, w, EPS, backend=backend)
 
@@ -58,13 +58,13 @@ def _lab(backend: str) -> Callable:
 def host_impls() -> Dict[str, tuple]:
     """name -> (fn(x, w), settings to hold while it is timed). The settings are entered once,
     outside the timed loop, so their own cost is not measured."""
-    impls = {f"cute.auto@{p}": (_lab("cute"), {"launch_path": p}) for p in LAUNCH_PATHS}
+    impls = {f"cute.auto@{p}": (lab_call("cute"), {"launch_path": p}) for p in LAUNCH_PATHS}
     # one saving at a time, each against the default path
-    impls["cute.auto@tvm_ffi+nvtx"] = (_lab("cute"), {"nvtx": True})
-    impls["cute.auto@tvm_ffi+settings_per_call"] = (_lab("cute"), {"settings_per_call": True})
+    impls["cute.auto@tvm_ffi+nvtx"] = (lab_call("cute"), {"nvtx": True})
+    impls["cute.auto@tvm_ffi+settings_per_call"] = (lab_call("cute"), {"settings_per_call": True})
     # the default path on the Python launch path and autograd node instead of the C++ extension
-    impls["cute.auto@tvm_ffi+python_node"] = (_lab("cute"), {"autograd_node": "python"})
-    impls["triton.row"] = (_lab("triton"), {})
+    impls["cute.auto@tvm_ffi+python_node"] = (lab_call("cute"), {"autograd_node": "python"})
+    impls["triton.row"] = (lab_call("triton"), {})
     impls.update({name: (fn, {}) for name, fn in peers_mod.forward_peers(EPS).items()})
     return impls
 
@@ -121,14 +121,14 @@ def _varying_m_calls(fn: Callable, N: int):
     return {("fwd", "+varying_m"): fwd, ("full", "+varying_m"): full}
 
 
-def _step(fn: Callable, M: int, N: int) -> Callable:
-    """A training-like step: LAYERS fresh activations normalized, kept for backward (as autograd
-    keeps them), then back-propagated."""
+def training_step(fn: Callable, M: int, N: int, layers: int = LAYERS) -> Callable:
+    """A training-like step: ``layers`` fresh activations normalized, kept for backward (as
+    autograd keeps them), then back-propagated."""
     w = torch.randn(N, device="cuda", dtype=DTYPE, requires_grad=True)
 
     def step():
         outs = []
-        for _ in range(LAYERS):
+        for _ in range(layers):
             x = torch.randn(M, N, device="cuda", dtype=DTYPE, requires_grad=True)
             outs.append(fn(x, w))
         for y in reversed(outs):
@@ -212,7 +212,7 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
         for (op, impl), q in timed.items():
             M = VARYING_M_MAX if impl.endswith("+varying_m") else HOST_SHAPE[0]
             row(op, impl, "host", M, HOST_SHAPE[1], "host", q)
-        default = _lab("cute")
+        default = lab_call("cute")
         for M in CROSSOVER_M:
             x = torch.randn(M, HOST_SHAPE[1], device="cuda", dtype=DTYPE)
             w = torch.randn(HOST_SHAPE[1], device="cuda", dtype=DTYPE)
@@ -224,30 +224,36 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
             label = "unbounded" if cap < 0 else str(cap)
             cute_runner.clear_caches()
             with settings.override(launch_path="cached", tensor_cache_cap=cap):
-                _measure_step(row, f"cute.auto@cached:{label}", _lab("cute"), outcome)
+                _measure_step(row, f"cute.auto@cached:{label}", lab_call("cute"), outcome)
             cute_runner.clear_caches()
             bar.update()
         with settings.override(launch_path="tvm_ffi"):
-            _measure_step(row, "cute.auto@tvm_ffi", _lab("cute"), outcome)
-        _measure_step(row, "triton.row", _lab("triton"), outcome)
+            _measure_step(row, "cute.auto@tvm_ffi", lab_call("cute"), outcome)
+        _measure_step(row, "triton.row", lab_call("triton"), outcome)
         bar.update()
     outcome.path = results_io.write(rows, output_path(
         Path(out) if out is not None else results_io.results_dir(), prov["gpu"], "host", tag))
     return outcome
 
 
+def step_peak_and_time(step: Callable[[], object], rep_ms: int) -> Tuple[Quantiles, Quantiles]:
+    """``(peak MiB above what was allocated before it, eager µs)`` of one training-like step,
+    after a first call that compiles and warms the allocator."""
+    step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return Quantiles(mib, mib, mib), eager_time_us(step, rep_ms=rep_ms)
+
+
 def _measure_step(row, name: str, fn: Callable, outcome: Outcome) -> None:
     M, N = CACHE_SHAPE
     try:
-        step = _step(fn, M, N)
-        step()  # compile and warm the allocator
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        mib = (torch.cuda.max_memory_allocated() - base) / 2**20
-        row("full", name, "eager", M, N, "peak_mem", Quantiles(mib, mib, mib))
-        row("full", name, "eager", M, N, "time", eager_time_us(step, rep_ms=200))
+        peak, time_us = step_peak_and_time(training_step(fn, M, N), rep_ms=200)
+        row("full", name, "eager", M, N, "peak_mem", peak)
+        row("full", name, "eager", M, N, "time", time_us)
     except Exception as e:  # noqa: BLE001
         outcome.failures.append(f"{name} step: {type(e).__name__}: {e}")

@@ -73,10 +73,15 @@ class PatchedRMSNorm(RMSNorm):
         self.elementwise_affine = weight is not None
         object.__setattr__(self, "original", original)  # not a submodule: no second weight key
 
+    def keeps_original(self, x: torch.Tensor) -> bool:
+        """A llama-family norm whose weight dtype differs from x's: transformers returns the
+        promoted dtype there, the lab's kernels x's, so the original module computes it."""
+        return (self.casting_mode == "llama" and self.weight is not None
+                and self.weight.dtype != x.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.casting_mode == "llama" and self.weight is not None
-                and self.weight.dtype != x.dtype):
-            return self.original(x)  # transformers returns the promoted dtype here
+        if self.keeps_original(x):
+            return self.original(x)
         return super().forward(x)
 
     def extra_repr(self) -> str:

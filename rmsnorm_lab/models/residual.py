@@ -30,7 +30,6 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..api import rms_norm
 from .patch import PatchedRMSNorm
 
 #: what a decoder layer must hold, and nothing more in the way of norms
@@ -54,12 +53,10 @@ def add_norm(norm: PatchedRMSNorm, x: torch.Tensor, residual: torch.Tensor
              ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(norm(x + residual), x + residual)`` in one fused kernel; where the norm keeps the
     original module's forward (a weight in another dtype than x), the add and the norm apart."""
-    if norm.casting_mode == "llama" and norm.weight is not None and norm.weight.dtype != x.dtype:
+    if norm.keeps_original(x):
         h = x + residual
         return norm.original(h), h
-    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-    return rms_norm(x, norm.weight, eps, residual=residual, offset=norm.offset,
-                    casting_mode=norm.casting_mode, backend=norm.backend)
+    return norm.forward_with_residual(x, residual)
 
 
 def _decoder_stack(model: nn.Module) -> Tuple[nn.ModuleList, nn.Module]:

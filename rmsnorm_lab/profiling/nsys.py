@@ -104,7 +104,9 @@ class RangeKernel:
     kernel: str
 
 
-_UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+#: the units nsys writes in its column headers ("Total Time (ns)", "Start (us)"), in ns
+UNIT_NS = {"ns": 1.0, "us": 1e3, "μs": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+_UNIT_RE = re.compile(r"\s*\((ns|us|μs|µs|ms|s|%)\)\s*$")
 
 
 def _read_table(path: Path, required: Sequence[str]) -> Tuple[List[str], List[List[str]]]:
@@ -115,7 +117,7 @@ def _read_table(path: Path, required: Sequence[str]) -> Tuple[List[str], List[Li
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     rows = list(csv.reader(io.StringIO(text)))
     for i, row in enumerate(rows):
-        bases = {_base(c) for c in row}
+        bases = {base_name(c) for c in row}
         if all(r in bases for r in required):
             data = [r for r in rows[i + 1:] if any(c.strip() for c in r)]
             return [c.strip() for c in row], data
@@ -123,8 +125,15 @@ def _read_table(path: Path, required: Sequence[str]) -> Tuple[List[str], List[Li
                     "the right nsys stats report?")
 
 
-def _base(column: str) -> str:
-    return re.sub(r"\s*\((ns|us|ms|s|%)\)\s*$", "", column.strip())
+def base_name(column: str) -> str:
+    """A column name without its unit: ``"Total Time (ns)"`` -> ``"Total Time"``."""
+    return _UNIT_RE.sub("", column.strip())
+
+
+def column_ns(column: str) -> float:
+    """ns per unit of a time column's values (1 without a unit: nsys's default)."""
+    m = _UNIT_RE.search(column)
+    return UNIT_NS.get(m.group(1), 1.0) if m else 1.0
 
 
 class _Row:
@@ -134,7 +143,7 @@ class _Row:
         self.path, self.lineno, self.cells = path, lineno, cells
         self.index = {}
         for i, col in enumerate(header):
-            self.index.setdefault(_base(col), (i, col))
+            self.index.setdefault(base_name(col), (i, col))
 
     def has(self, name: str) -> bool:
         return name in self.index
@@ -159,10 +168,7 @@ class _Row:
         return int(round(self.number(name)))
 
     def ns(self, name: str) -> float:
-        value = self.number(name)
-        _, col = self.index[name]
-        unit = re.search(r"\((ns|us|ms|s)\)\s*$", col)
-        return value * _UNIT_NS[unit.group(1) if unit else "ns"]
+        return self.number(name) * column_ns(self.index[name][1])
 
 
 def _rows(path, required):

@@ -36,14 +36,13 @@ import csv
 import dataclasses
 import io
 import math
-import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
 from ..common.nvtx import DOMAIN
-from .nsys import STAGES, normalize_range
+from .nsys import STAGES, base_name, column_ns, normalize_range
 
 #: the trace reports, and the names nsys gives the NVTX one (newest first)
 NVTX_REPORTS = ("nvtx_pushpop_trace", "nvtx_trace")
@@ -51,8 +50,6 @@ GPU_REPORT = "cuda_gpu_trace"
 API_REPORT = "cuda_api_trace"
 TRACE_REPORTS = NVTX_REPORTS + (GPU_REPORT, API_REPORT)
 
-_UNIT_NS = {"ns": 1.0, "us": 1e3, "μs": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
-_UNIT_RE = re.compile(r"\s*\((ns|us|μs|µs|ms|s)\)\s*$")
 
 
 class TraceError(ValueError):
@@ -63,12 +60,7 @@ class TraceError(ValueError):
 
 def _base(column: str) -> str:
     """A column name without its unit and in lower case: ``"Start (ns)"`` -> ``"start"``."""
-    return _UNIT_RE.sub("", column.strip()).strip().lower()
-
-
-def _unit_ns(column: str) -> float:
-    m = _UNIT_RE.search(column)
-    return _UNIT_NS[m.group(1)] if m else 1.0
+    return base_name(column).strip().lower()
 
 
 #: output column -> accepted base names (lower case, unit stripped), first match wins
@@ -143,7 +135,7 @@ def _frame(path: Path, header: List[str], cols: Dict[str, int], data: List[List[
             raw = cells[idx] if idx < len(cells) else ""
             if out in _TIME_COLUMNS:
                 v = _number(path, lineno, header[idx], raw)
-                rec[out] = None if v is None else v * _unit_ns(header[idx])
+                rec[out] = None if v is None else v * column_ns(header[idx])
             elif out in _INT_COLUMNS:
                 v = _number(path, lineno, header[idx], raw)
                 rec[out] = None if v is None else int(v)

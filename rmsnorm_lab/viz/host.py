@@ -22,11 +22,12 @@ import pandas as pd
 
 from ..analysis.host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, DEFAULT_PATH,  # noqa: F401
                              HOST_SHAPE, PART_LAYERS, STEPS, TOGGLES, TORCH, VARYING, WORKLOADS,
-                             Crossover, Step, Toggle, _one_gpu, cache_table, crossover_M,
+                             Crossover, Step, Toggle, cache_table, crossover_M,
                              crossover_table, device_times, host_order, host_rows, host_table,
                              is_launch_path, is_toggle, known_impl, load_host_parts,
                              recorded_name, savings_table, split_impl, step_of, triton_step,
                              varying_table)
+from ..analysis.tables import one_gpu
 from ..profiling.trace import (Trace, kernels, launches, stage_order, steady_state,
                                steady_window)
 from ..registry import impl as registry_impl
@@ -177,7 +178,7 @@ def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
               toggles: bool = False, ax=None):
     """Host µs per call (log scale; median, whiskers p20-p80) per launch path and per peer, one
     marker per workload; toggle rows only with ``toggles``."""
-    d, gpu = _one_gpu(df, gpu)
+    d, gpu = one_gpu(df, gpu)
     h = host_rows(d, gpu, shape)
     if not toggles:
         h = h[[not is_toggle(i) for i in h["impl"]]]
@@ -215,7 +216,7 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
     µs of up to four implementations (``workload``) as horizontal lines, each crossover marked
     and its M written on the M axis. Left of a crossover, a loop of eager calls on that path is
     host-bound (the GPU waits for the CPU); right of it, device-bound."""
-    d, gpu = _one_gpu(df, gpu)
+    d, gpu = one_gpu(df, gpu)
     dev = device_times(d, gpu)
     table = crossover_table(d, gpu, workload, impls)
     ax = _axes(ax, (8.5, 4.5))
@@ -248,7 +249,7 @@ def plot_cache_steps(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SH
                      references: Sequence[str] = (DEFAULT_IMPL, "triton.row")):
     """Step time (ms; median, whiskers p20-p80) of the training-like step per tensor-cache cap
     of the ``cached`` path, with the default path's and Triton's steps as horizontal lines."""
-    d, gpu = _one_gpu(df, gpu)
+    d, gpu = one_gpu(df, gpu)
     t = cache_table(d, gpu, shape)
     ax = _axes(ax, (7.5, 4))
     xs = np.arange(len(t))
@@ -281,7 +282,7 @@ def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAP
                    axes=None, triton: str = "triton.row"):
     """Two panels: peak memory (MiB above what was allocated when the step began) and step
     time against the ``cached`` path's tensor-cache cap, with Triton's as a dashed line."""
-    d, gpu = _one_gpu(df, gpu)
+    d, gpu = one_gpu(df, gpu)
     t = cache_table(d, gpu, shape, triton)
     tr = triton_step(d, gpu, shape, triton)
     if axes is None:

@@ -32,9 +32,9 @@ from ..registry import impl as _registry_impl
 # and the recorded measurements live beside it.
 from .compiled import (Compiled, compiled_table, inspect, read_compiled,  # noqa: F401
                        target_arch, tool_version)
-from .recorded import (COPY_OF, RECORDED_GPU, RESULTS_ROOT, TEACH_PREFIX,  # noqa: F401
-                       fmt_shape, load_ncu, load_teach, ncu_path, ncu_sentence, ncu_shape,
-                       ncu_view, recorded_sass, sass_path, teach_path, teach_table)
+from .recorded import (COPY_OF, RECORDED_GPU, RESULTS_ROOT, fmt_shape,  # noqa: F401
+                       load_ncu, load_teach, ncu_sentence, ncu_shape, ncu_view, recorded_sass,
+                       teach_path, teach_table)
 
 # ------------------------------------------------------------------------------------------------
 # showing things
