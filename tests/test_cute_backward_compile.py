@@ -153,3 +153,22 @@ def test_wide_fused_add_backward_is_refused_for_split():
         plan_backward("fused", 16384, BF16, BF16, "llama", True, dh=True)
     assert auto_mode(16384, 16384, BF16, BF16, "llama", True, dh=True) == "split"
     assert auto_mode(16384, 16384, BF16, BF16, "llama", True) == "fused"
+
+
+# The fused plans' strips per SM rest on the register model; ptxas has the last word. Where the
+# model admits the next-row prefetch it must not cost a strip (the fused add's backward at 4096).
+STRIP_CASES = [(4096, BF16, False), (4096, BF16, True), (2048, BF16, True), (1024, BF16, True),
+               (8192, BF16, True), (2048, F32, False)]
+
+
+@pytest.mark.parametrize("N,dtype,dh", STRIP_CASES,
+                         ids=[f"{n}-{str(d)[6:]}{'-dh' if h else ''}" for n, d, h in STRIP_CASES])
+def test_fused_plan_strips_fit_the_registers_ptxas_gives(N, dtype, dh):
+    plan = plan_backward("fused", N, dtype, dtype, "llama", True, dh=dh)
+    facts = compile_and_inspect(plan, "sm_90a")
+    if facts.registers is None:
+        pytest.skip("no ptxas new enough for this PTX")
+    per_thread = -(-facts.registers // 8) * 8  # allocated per warp in units of 8 per thread
+    assert plan.ctas_per_sm * plan.threads_per_row * per_thread <= 65536, (
+        f"{facts.registers} registers: {plan.ctas_per_sm} strips of {plan.threads_per_row} "
+        f"threads do not fit one SM (prefetch={plan.prefetch})")

@@ -204,14 +204,18 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
         max_elems = min(cap_elems, elems_in_registers(threads, per_elem))
         if vecs_per_thread * vec > max_elems:
             return _wide_fused(threads, vecs_per_thread, x_bytes, w_bytes, cap_elems, common)
-        # Prefetching the next row costs a second copy of x and dy; take it where it fits.
-        prefetch = vecs_per_thread * vec <= elems_in_registers(threads, per_elem + 2 * x_bytes)
-        if prefetch:
-            per_elem += 2 * x_bytes
+        # Prefetching the next row costs a second copy of x and dy; take it where it fits and
+        # costs no strip per SM: one strip less per SM loses more than the prefetch hides (the
+        # fused add's backward at N = 4096 ran one strip per SM with it, ptxas 166 registers).
+        def strips_per_sm(elem_bytes: int) -> int:
+            return resident_ctas(threads, vecs_per_thread * vec * elem_bytes,
+                                 most=MAX_FUSED_CTAS_PER_SM)
+        with_prefetch = per_elem + 2 * x_bytes
+        prefetch = (vecs_per_thread * vec <= elems_in_registers(threads, with_prefetch)
+                    and strips_per_sm(with_prefetch) == strips_per_sm(per_elem))
         return BackwardPlan(threads_per_row=threads, rows_per_cta=1,
                             vecs_per_thread=vecs_per_thread, prefetch=prefetch,
-                            ctas_per_sm=resident_ctas(threads, vecs_per_thread * vec * per_elem,
-                                                      most=MAX_FUSED_CTAS_PER_SM),
+                            ctas_per_sm=strips_per_sm(with_prefetch if prefetch else per_elem),
                             **common)
 
     # dx: x, dy (and dh), w and the fp32 x_hat and m per element; wider rows take column chunks.
