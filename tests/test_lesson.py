@@ -248,3 +248,20 @@ def test_notebooks_carry_no_history_words():
         text = "\n".join("".join(c["source"]) for c in cells)
         for w in words:
             assert w not in text, (nb, w)
+
+
+def test_ncu_teach_writes_every_kernel_it_profiled_the_librarys_last_included(tmp_path,
+                                                                              monkeypatch):
+    """The library's kernel, profiled last and without a SASS excerpt, still reaches the file."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ncu_teach, "ncu_binary", lambda: "ncu")
+    monkeypatch.setattr(ncu_teach, "profile", lambda ncu, kernel, M, N, log: [
+        {"metric": "gpu__time_duration.sum", "unit": "ns", "value": 1000.0}])
+    monkeypatch.setattr(ncu_teach, "sass_record", lambda module, kernel, N, arch: kernel)
+    monkeypatch.setattr(ncu_teach, "load_kernels", lambda path: None)
+    monkeypatch.setattr("rmsnorm_lab.results.provenance.collect", lambda: {
+        "gpu": "testgpu", "commit": "abc", "timestamp": "t"})
+    monkeypatch.setattr(lesson, "target_arch", lambda: "sm_90a")
+    assert ncu_teach.main(["--out", str(tmp_path), "--kernels", "fused,cute.auto"]) == 0
+    written = pd.read_csv(tmp_path / "testgpu" / "ncu-teach.csv")
+    assert sorted(written["kernel"]) == ["cute.auto", "teach.fused"]
