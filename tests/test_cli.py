@@ -302,8 +302,13 @@ def test_ninja_of_the_environment_is_put_on_path(tmp_path, monkeypatch):
 def test_fwd_sweep_is_the_design():
     assert runner.FWD_SWEEP == [(1024, 4096), (4096, 4096), (8192, 4096), (16384, 4096),
                                 (32768, 4096), (65536, 4096), (16384, 1024), (16384, 2048),
-                                (16384, 8192), (16384, 16384)]
+                                (16384, 8192), (16384, 16384), (65536, 128), (262144, 128)]
     assert set(runner.OPS) == {"fwd", "bwd", "full", "fwd-add", "bwd-add"}
+
+
+def test_a_run_of_chosen_shapes_must_be_tagged():
+    with pytest.raises(ValueError, match="needs a tag"):
+        runner.bench("fwd", shapes=[(65536, 128)])
 
 
 def cpu_inputs(M=64, N=256):

@@ -26,6 +26,8 @@ CASES = [
     ("persistent", 8192, F32, None, "gemma"),
     ("warp", 4096, BF16, BF16, "none"),
     ("warp", 1024, F32, F32, "llama"),
+    ("warp", 128, BF16, BF16, "llama"),    # per-head rows: two rows share a warp
+    ("warp", 64, BF16, F32, "gemma"),      # four rows share a warp
     ("fallback", 1023, BF16, BF16, "llama"),
     ("fallback", 65537, F32, F32, "gemma"),
 ]
@@ -50,8 +52,10 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
         assert facts.global_loads_16B >= blocks
         assert facts.global_stores_16B >= blocks
     assert facts.local_accesses == 0
-    assert facts.shuffles >= 5  # the warp-level butterfly: 16, 8, 4, 2, 1
-    if plan.threads_per_row == 32:
+    # the warp-level butterfly over a row's lanes: 16, 8, 4, 2, 1 for a whole warp
+    lanes = min(plan.threads_per_row, 32)
+    assert facts.shuffles >= lanes.bit_length() - 1
+    if plan.threads_per_row <= 32:
         assert facts.barriers == 0  # warp-per-row needs no CTA barrier
     if facts.spill_bytes is None:
         pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
@@ -62,8 +66,7 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
 
 
 # The fused residual add (h = x + residual stored, then normalized): every variant, the chunked
-# row (pass 2 re-reads h), a narrow warp row, and the fallback. (A 128-wide row on one warp
-# leaves half its lanes idle and spills 8 bytes on sm_100a: per-head widths want their own tile.)
+# row (pass 2 re-reads h), narrow warp rows (a per-head row on half a warp), and the fallback.
 RESIDUAL_CASES = [
     ("row", 4096, BF16, BF16, "llama"),
     ("row", 32768, BF16, BF16, "gemma"),
@@ -71,6 +74,7 @@ RESIDUAL_CASES = [
     ("persistent", 4096, BF16, BF16, "llama"),
     ("warp", 1024, F32, F32, "llama"),
     ("warp", 256, BF16, BF16, "llama"),
+    ("warp", 128, BF16, BF16, "llama"),
     ("fallback", 1023, BF16, BF16, "gemma"),
 ]
 

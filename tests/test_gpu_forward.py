@@ -72,6 +72,20 @@ def test_forward_matches_reference(impl, dtype, mode, shape):
         assert rel <= MAX_REL[dtype], f"rel err {rel:.3g} (weight={with_weight}, offset={offset})"
 
 
+# Rows narrower than a warp's copies share a warp (per-head norms): 16, 8 and 1 lanes per row,
+# a row count that leaves the last CTA partly empty, and 12 copies on 16 lanes.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(1000, 128), (37, 96), (4099, 64), (300, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_rows_narrower_than_a_warp(shape, dtype):
+    test_forward_matches_reference("cute.warp", dtype, "llama", shape)
+    x, w = fresh(shape, dtype), fresh((shape[-1],), dtype)
+    from rmsnorm_lab.dispatch import forward
+    with settings.override(forward_variant="warp"):
+        _, rstd = forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
+    torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6), rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("variant", ["row", "persistent", "warp", "fallback"])
 def test_rstd_is_stored_in_fp32(variant):
     from rmsnorm_lab.dispatch import forward

@@ -20,9 +20,11 @@ import torch
 from .. import reference
 
 EPS = 1e-6
+#: per-head norms (Qwen3's q/k norms): rows of one attention head, tokens x heads of them
+PER_HEAD_SHAPES: List[Tuple[int, int]] = [(65536, 128), (262144, 128)]
 ADD_SWEEP: List[Tuple[int, int]] = (
     [(M, 4096) for M in (1024, 4096, 16384, 65536)] + [(16384, 2048), (16384, 8192)]
-    + [(65536, 128), (262144, 128)]  # per-head norms: rows of one attention head
+    + PER_HEAD_SHAPES
 )
 QUICK_ADD_SWEEP: List[Tuple[int, int]] = [(16384, 4096), (65536, 128)]
 AddFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]

@@ -20,6 +20,7 @@ import torch
 
 from .. import reference
 from . import fused_add
+from .fused_add import PER_HEAD_SHAPES
 from . import peers as peers_mod
 
 EPS = 1e-6
@@ -32,6 +33,7 @@ LAB_PREFIXES = ("cute.", "triton.")
 FWD_SWEEP: List[Tuple[int, int]] = (
     [(M, 4096) for M in (1024, 4096, 8192, 16384, 32768, 65536)]
     + [(16384, N) for N in (1024, 2048, 8192, 16384)]
+    + PER_HEAD_SHAPES
 )
 QUICK_FWD_SWEEP: List[Tuple[int, int]] = [(1024, 4096), (16384, 4096)]
 #: the backward and forward+backward sweeps are the forward's shapes

@@ -41,7 +41,7 @@ import functools
 import math
 import re
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -336,14 +336,19 @@ def _checkpoint(rows: List[dict], path: Path) -> None:
 
 
 def bench(op: str = "fwd", *, quick: bool = False, out: Optional[Path] = None,
-          tag: Optional[str] = None) -> Outcome:
+          tag: Optional[str] = None,
+          shapes: Optional[Sequence[Tuple[int, int]]] = None) -> Outcome:
     """Run the sweep of ``op`` on the current CUDA device and write
     ``<out>/<gpu>/<op>[-<tag>].csv`` (``out`` defaults to the repository's ``results/``;
     ``quick`` runs fewer shapes for less time each and defaults the tag to ``quick`` so a quick
-    run never replaces a full one). The file is rewritten after every shape, so a run stopped
-    part-way leaves the shapes it finished."""
+    run never replaces a full one; ``shapes``, (M, N) pairs, replace the sweep's and need a tag
+    for the same reason). The file is rewritten after every shape, so a run stopped part-way
+    leaves the shapes it finished."""
     from tqdm.auto import tqdm
 
+    if shapes and not tag:
+        raise ValueError("a run of chosen shapes needs a tag: it must not replace the full "
+                         "sweep's file")
     if not torch.cuda.is_available():
         raise RuntimeError("the benchmark needs a CUDA GPU")
     spec = OPS[op]
@@ -355,7 +360,7 @@ def bench(op: str = "fwd", *, quick: bool = False, out: Optional[Path] = None,
     peers = {name: make(EPS) for name, make in spec.peers.items()}
     missing = [name for name, fn in peers.items() if fn is None]
     impls = {**lab, **{name: fn for name, fn in peers.items() if fn is not None}}
-    shapes = list(spec.quick_sweep if quick else spec.sweep)
+    shapes = list(shapes or (spec.quick_sweep if quick else spec.sweep))
     budget = QUICK if quick else FULL
     print(f"bench {op} on {torch.cuda.get_device_name()} ({prov['gpu']}, "
           f"{prov['sm_count']} SMs): {len(impls)} implementations x {len(shapes)} shapes")

@@ -58,8 +58,11 @@ DW_CTAS_PER_SM = 2
 DW_UNROLL = 4
 # A cap on the fused kernel's strips per SM: every strip writes (and the dW reduction reads) one
 # fp32 partial row of N. On the H200 8/SM was the best at N=1024
-# (results/NOTES.md, "Fused backward strips per SM").
+# (results/NOTES.md, "Fused backward strips per SM"). A strip of one warp (rows of at most 256
+# bf16) may take up to 32 per SM: at 8 an SM held 8 warps, each waiting on one short row's loads,
+# and a partial row of N <= 256 costs at most 1 KB.
 MAX_FUSED_CTAS_PER_SM = 8
+MAX_ONE_WARP_STRIPS_PER_SM = 32
 # Shared memory: what one SM offers CTAs on sm_90/sm_100 (228 KB less 1 KB reserved per CTA), and
 # the most a wide fused row's fp32 dW accumulator may take (N <= 40960).
 SM_SMEM_BYTES = 227 * 1024
@@ -207,9 +210,10 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
         # Prefetching the next row costs a second copy of x and dy; take it where it fits and
         # costs no strip per SM: one strip less per SM loses more than the prefetch hides (the
         # fused add's backward at N = 4096 ran one strip per SM with it, ptxas 166 registers).
+        most = MAX_ONE_WARP_STRIPS_PER_SM if threads == 32 else MAX_FUSED_CTAS_PER_SM
+
         def strips_per_sm(elem_bytes: int) -> int:
-            return resident_ctas(threads, vecs_per_thread * vec * elem_bytes,
-                                 most=MAX_FUSED_CTAS_PER_SM)
+            return resident_ctas(threads, vecs_per_thread * vec * elem_bytes, most=most)
         with_prefetch = per_elem + 2 * x_bytes
         prefetch = (vecs_per_thread * vec <= elems_in_registers(threads, with_prefetch)
                     and strips_per_sm(with_prefetch) == strips_per_sm(per_elem))

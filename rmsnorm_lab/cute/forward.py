@@ -176,7 +176,8 @@ class RMSNormForward(RowTiles):
                         self.add_residual(tiled_x, thr_x, mR, mH, tiler, tile, c, tXcX, tXrX,
                                           row_ok)
                     ss = ss + self.sum_of_squares(tXrX)
-            ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row)
+            ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row,
+                         min(p.threads_per_row, 32))
             rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
 
             if cutlass.const_expr(p.store_rstd):

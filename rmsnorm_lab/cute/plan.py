@@ -227,16 +227,20 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
 
     if variant == "warp":
         vecs_per_thread = -(-n_vecs // 32)
+        # A row of fewer copies than a warp has lanes (a per-head row: 128 bf16 are 16 copies)
+        # takes a power-of-two group of lanes, so two or more rows share a warp and no lane idles.
+        lanes = min(32, 1 << (n_vecs - 1).bit_length())
         # Rows per CTA: 2 for long rows, up to 8 for short ones (on the H200, 2 rows beat 4 and
         # 8 at N=4096 bf16, and 8 rows were best at N=1024:
-        # results/NOTES.md, "Thread mapping sweep").
-        rows = max(2, min(8, 32 // vecs_per_thread))
-        if vecs_per_thread > max_vecs_of(32 * rows):
+        # results/NOTES.md, "Thread mapping sweep"); as many more as rows share a warp.
+        rows = max(2, min(8, 32 // vecs_per_thread)) * (32 // lanes)
+        if vecs_per_thread > max_vecs_of(lanes * rows):
             raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
-                              f"{32 * max_vecs_of(32 * rows) * vec} elements of {x_dtype}, N={N}")
-        return ForwardPlan(threads_per_row=32, rows_per_cta=rows,
+                              f"{lanes * max_vecs_of(lanes * rows) * vec} elements of "
+                              f"{x_dtype}, N={N}")
+        return ForwardPlan(threads_per_row=lanes, rows_per_cta=rows,
                            vecs_per_thread=vecs_per_thread, chunks=1,
-                           pdl=pdl and uses_pdl(variant, 32 * rows, arch), **common)
+                           pdl=pdl and uses_pdl(variant, lanes * rows, arch), **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
     if (variant == "row" and n_vecs == TWO_PASS_ROW_COPIES and not residual
