@@ -94,6 +94,18 @@ def test_backward_matches_reference(mode, dtype, casting, shape):
               f"{mode} weight={with_weight} offset={offset}")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(65536, 128), (5000, 256), (20000, 512), (999, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_narrow_rows_with_many_strips_per_sm(dtype, shape):
+    """Per-head widths: one-warp strips, up to 32 per SM, each writing its own dW partial row."""
+    for with_weight, offset in ((True, 0.0), (False, 0.0)):
+        dy, x, w, rstd = inputs(shape, dtype, with_weight)
+        poison_allocator()
+        dx, dw = backward(dy, x, w, rstd, offset, "llama", "auto", sms())
+        check(dx, dw, dy, x, w, rstd, offset, "llama", f"narrow weight={with_weight}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(131, 4096), (4096, 4096), (3, 1023), (1000, 8192)],
                          ids=lambda s: "x".join(map(str, s)))
