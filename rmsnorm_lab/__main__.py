@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .bench.runner import OPS
-from .cli.bench import cmd_bench
+from .cli.bench import cmd_bench, parse_shapes
 from .cli.common import EXIT_USAGE, UsageError, error, put_ninja_on_path
 from .cli.profile import PROFILE_EPILOG, cmd_nsys_summary, cmd_profile
 from .cli.report import cmd_report
@@ -69,11 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
                     "(Liger-Kernel, quack, torch), each checked against the reference first, "
                     "timed eagerly and by CUDA-graph replay; writes <results>/<gpu>/<op>.csv "
                     "with provenance. Needs a CUDA GPU (exit status 2 without one).")
-    b.add_argument("--op", choices=sorted(OPS) + ["host"], default="fwd",
+    b.add_argument("--op", choices=sorted(OPS) + ["host", "model"], default="fwd",
                    help="the op to sweep; 'host': host µs per launch path, the host/device "
-                        "crossover and the tensor-cache memory cost")
+                        "crossover and the tensor-cache memory cost; 'model': train, prefill "
+                        "and decode steps of Llama and Qwen3 models (transformers, random "
+                        "weights) with each norm (transformers', torch's, the lab's, Liger's)")
     b.add_argument("--quick", action="store_true",
-                   help="two shapes, shorter timers; the file is tagged 'quick' unless --tag")
+                   help="two shapes, shorter timers (--op model: 2 layers, fewer tokens); the "
+                        "file is tagged 'quick' unless --tag")
+    b.add_argument("--shapes", type=parse_shapes, default=None, metavar="MxN,...",
+                   help="these shapes instead of the op's sweep (e.g. 65536x128,262144x128); "
+                        "needs --tag, so the sweep's own file is kept")
+    b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="--op model: also time Llama under torch.compile with torch's and the "
+                        "lab's norms (minutes of compiling; default: on, off with --quick)")
     b.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="results root: writes DIR/<gpu>/<op>[-TAG].csv (default: the "
                         "repository's results/)")

@@ -415,3 +415,13 @@ def test_agreement_without_cuda_exits_2_with_a_message(capsys):
     from rmsnorm_lab.bench import agreement
     assert agreement.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_shapes_parse_and_refuse_what_is_not_m_by_n():
+    import argparse as ap
+
+    from rmsnorm_lab.cli.bench import parse_shapes
+    assert parse_shapes("65536x128, 262144X128") == [(65536, 128), (262144, 128)]
+    for bad in ("65536", "0x128", "64x", "ax4"):
+        with pytest.raises(ap.ArgumentTypeError, match="not MxN"):
+            parse_shapes(bad)

@@ -28,7 +28,8 @@ COLUMNS = PROVENANCE_COLUMNS + ("op", "impl", "path", "M", "N", "dtype", "metric
 OPS = ("fwd", "bwd", "full")
 #: eager: triton do_bench per call; graph: CUDA-graph replay (device time); host: enqueue cost
 PATHS = ("eager", "graph", "host")
-METRIC_UNITS = {"time": "us", "bandwidth": "GBps", "host": "us", "peak_mem": "MiB"}
+#: wall: wall-clock µs per step of a back-to-back loop (bench --op model)
+METRIC_UNITS = {"time": "us", "bandwidth": "GBps", "host": "us", "peak_mem": "MiB", "wall": "us"}
 DTYPES = ("fp32", "bf16", "fp16")
 #: impl names of the bandwidth ceilings measured in the same run (not RMSNorm implementations):
 #: ``copy`` and ``copy2r1w`` on 1 GiB tensors, their ``.shape`` forms at each swept shape
@@ -36,6 +37,10 @@ CEILINGS = CEILING_IMPLS
 REPORTED_DIR = "reported"
 #: directories of results/ that hold no measurements: quoted figures, the compiled-code table
 NOT_MEASURED_DIRS = (REPORTED_DIR,)
+#: files beside the results with a schema of their own (Nsight Compute's metrics per kernel)
+NOT_RESULTS_FILES = ("ncu-teach.csv",)
+#: the first word of a model step's impl (``bench --op model``: ``llama.lab``)
+MODEL_ARCHS = ("llama", "qwen3")
 
 _INT_COLUMNS = ("sm_count", "M", "N")
 _QUANTILES = ("p20", "p50", "p80")
@@ -161,19 +166,30 @@ def _read(path: Path, expect_gpu: Optional[str]) -> pd.DataFrame:
     return _frame(rows)
 
 
-def load_all(root: Optional[PathLike] = None) -> pd.DataFrame:
+def is_model_step(impl: str) -> bool:
+    """Is ``impl`` a whole model's step (``llama.lab``, ``qwen3.compile.torch``: ``bench --op
+    model``) rather than one op's implementation?"""
+    return str(impl).split(".", 1)[0] in MODEL_ARCHS
+
+
+def load_all(root: Optional[PathLike] = None, *, model_steps: bool = False) -> pd.DataFrame:
     """Every ``<root>/<gpu>/*.csv`` (default root: ``results_dir()``) in one DataFrame.
 
     ``<root>/reported/`` and ``<root>/compiled/`` are skipped: quoted figures and compiler output
-    are not measurements. Rows must name the GPU of their directory."""
+    are not measurements; so are the files of another schema (``NOT_RESULTS_FILES``). Rows must
+    name the GPU of their directory. A model's step rows (``is_model_step``) share ops and
+    widths with the op's own rows, so they come only when asked for: ``model_steps=True``
+    returns them alone."""
     root = Path(root) if root is not None else results_dir()
     frames = [_read(path, expect_gpu=path.parent.name)
               for path in sorted(root.glob("*/*.csv"))
-              if path.parent.name not in NOT_MEASURED_DIRS]
+              if path.parent.name not in NOT_MEASURED_DIRS and path.name not in NOT_RESULTS_FILES]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return _frame([])
-    return pd.concat(frames, ignore_index=True)
+    df = pd.concat(frames, ignore_index=True)
+    steps = df["impl"].map(is_model_step).astype(bool)
+    return df[steps if model_steps else ~steps].reset_index(drop=True)
 
 
 #: what identifies one measurement; a later run of the same key supersedes an earlier one
