@@ -62,7 +62,7 @@ def _device(model: nn.Module) -> torch.device:
 
 def train_step(model: nn.Module, sizes: Sizes, call: Optional[Callable] = None) -> Step:
     """Sets ``model`` to training mode."""
-    call = call or model
+    call = model if call is None else call  # a compiled module has no truth value
     vocab, device = model.config.vocab_size, _device(model)
     ids = _ids(vocab, (sizes.batch, sizes.seq), device, 1)
     labels = _ids(vocab, (sizes.batch, sizes.seq), device, 2)
@@ -76,7 +76,7 @@ def train_step(model: nn.Module, sizes: Sizes, call: Optional[Callable] = None) 
 
 def prefill_step(model: nn.Module, sizes: Sizes, call: Optional[Callable] = None) -> Step:
     """Sets ``model`` to evaluation mode."""
-    call = call or model
+    call = model if call is None else call  # a compiled module has no truth value
     ids = _ids(model.config.vocab_size, (sizes.batch, sizes.seq), _device(model), 3)
     model.eval()
 
@@ -104,7 +104,7 @@ def decode_step(model: nn.Module, sizes: Sizes, call: Optional[Callable] = None)
     counters back first (one small copy each; a step replayed thousands of times would otherwise
     write past the cache's end). Either way the position is never read back to the host, which a
     CUDA graph could not capture."""
-    call = call or model
+    call = model if call is None else call  # a compiled module has no truth value
     device = _device(model)
     ids = _ids(model.config.vocab_size, (sizes.decode_batch, 1), device, 4)
     cache = static_cache(model, sizes.decode_batch, sizes.cache_len)
