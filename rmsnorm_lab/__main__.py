@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="--op model: also time Llama under torch.compile with torch's and the "
                         "lab's norms (minutes of compiling; default: on, off with --quick)")
+    b.add_argument("--only-compiled", action="store_true",
+                   help="--op model: only the torch.compile part (and the reference it is "
+                        "checked against); needs --tag")
     b.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="results root: writes DIR/<gpu>/<op>[-TAG].csv (default: the "
                         "repository's results/)")

@@ -295,12 +295,14 @@ def _checkpoint(rows: List[dict], path: Path) -> None:
 
 
 def run_models(run: _Run, path: Path, with_compile: bool, device: str = "cuda",
-               **sizes) -> None:
+               only_compiled: bool = False, **sizes) -> None:
     """Every architecture x norm choice, then the compiled ones; the file is rewritten after
-    each model. ``sizes`` overrides the models' (the tests build tiny ones on the CPU)."""
+    each model. ``only_compiled``: the compiled ones and the reference they are checked against
+    (``shipped``), nothing else. ``sizes`` overrides the models' (the tests build tiny ones on
+    the CPU)."""
     references = {}
-    for arch in mb.ARCHS:
-        for choice in mb.CHOICES:
+    for arch in ((COMPILE_ARCH,) if only_compiled else mb.ARCHS):
+        for choice in (("shipped",) if only_compiled else mb.CHOICES):
             made = run_choice(run, arch, choice, references.get(arch), device, **sizes)
             if choice == "shipped":
                 references[arch] = made
@@ -316,7 +318,7 @@ def run_models(run: _Run, path: Path, with_compile: bool, device: str = "cuda",
 
 
 def bench_model(out: Optional[Path] = None, tag: Optional[str] = None, quick: bool = False,
-                with_compile: Optional[bool] = None) -> Outcome:
+                with_compile: Optional[bool] = None, only_compiled: bool = False) -> Outcome:
     """The whole run (module docstring) into ``<out>/<gpu>/model[-<tag>].csv``. ``quick``: 2
     layers, fewer tokens and samples, tag ``quick`` unless given. ``with_compile`` (the
     torch.compile part) defaults to on in the full run and off in the quick one."""
@@ -334,7 +336,7 @@ def bench_model(out: Optional[Path] = None, tag: Optional[str] = None, quick: bo
           + (f"; then {COMPILE_ARCH} under torch.compile" if with_compile else ""),
           flush=True)
     run = _Run(sizes, budget, CUDA_TIMERS, prov)
-    run_models(run, path, with_compile)
+    run_models(run, path, with_compile or only_compiled, only_compiled=only_compiled)
     run.out.path = results_io.write(run.out.rows, path)
     return run.out
 

@@ -24,7 +24,8 @@ def parse_shapes(text: str) -> List[Tuple[int, int]]:
 
 def run_bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str],
               with_compile: Optional[bool] = None,
-              shapes: Optional[List[Tuple[int, int]]] = None) -> int:
+              shapes: Optional[List[Tuple[int, int]]] = None,
+              only_compiled: bool = False) -> int:
     from ..bench.runner import bench
 
     if op == "host":  # launch paths, crossover and cache memory: rmsnorm_lab/bench/host.py
@@ -32,7 +33,8 @@ def run_bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str],
         outcome = bench_host(out=out, tag=tag, repeats=5 if quick else 15)
     elif op == "model":  # the norm inside transformers models: rmsnorm_lab/bench/model.py
         from ..bench.model import bench_model
-        outcome = bench_model(out=out, tag=tag, quick=quick, with_compile=with_compile)
+        outcome = bench_model(out=out, tag=tag, quick=quick, with_compile=with_compile,
+                              only_compiled=only_compiled)
     else:
         outcome = bench(op, quick=quick, out=out, tag=tag, shapes=shapes)
     print(f"wrote {len(outcome.rows)} rows to {outcome.path}")
@@ -63,4 +65,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "and needs --tag")
     if args.out is not None:
         writable_dir(args.out, "--out")
-    return run_bench(args.op, args.quick, args.out, args.tag, args.compile, args.shapes)
+    if args.only_compiled and (args.op != "model" or not args.tag):
+        raise UsageError("--only-compiled applies to --op model and needs --tag")
+    return run_bench(args.op, args.quick, args.out, args.tag, args.compile, args.shapes,
+                     args.only_compiled)
