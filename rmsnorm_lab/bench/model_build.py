@@ -45,9 +45,11 @@ SEED = 0
 #: a choice agrees with ``shipped`` when no logit differs by more than this fraction of the
 #: largest |logit|. In an 8-layer bf16 model (hidden 512-1024, on the CPU), torch's norm, which
 #: rounds once where transformers' rounds twice, moves them by 1-2 % of it; norms that lost
-#: their weights, by 30 %. On the H200 at hidden 4096 torch's norm moved them by 4.4 %, and the
-#: model under torch.compile (its norms fused in fp32) by 5.0 %.
-AGREE_REL = 0.08
+#: their weights, by 30 %. On the H200 at hidden 4096 torch's norm moved them by 4.4 %.
+AGREE_REL = 0.05
+#: the same for a model under torch.compile, which fuses its norms with their neighbours in
+#: fp32 and rounds less often: 5.0 % on the H200 with torch's norms
+COMPILED_AGREE_REL = 0.08
 CHECK_SHAPE = (1, 512)
 
 
