@@ -109,3 +109,17 @@ def test_step_shares_refuses_what_is_not_such_an_export(tmp_path):
     with pytest.raises(model_share.ExportError, match="no NVTX range named 'iteration'"):
         model_share.step_shares(export, "iteration")
     assert model_share.main([str(tmp_path / "bare.sqlite")]) == 1
+
+
+def test_step_kernels_agree_with_the_shares_and_reach_a_csv(tmp_path):
+    export = _export(tmp_path / "x.sqlite")
+    kernels = model_share.step_kernels(export)
+    shares = model_share.step_shares(export)
+    for s in shares:
+        mine = [k for k in kernels if k[0] == s.step]
+        assert len(mine) == s.kernels and sum(k[4] for k in mine) == s.norm_kernels
+        assert sum(k[2] - k[1] for k in mine) == pytest.approx(s.kernel_ns / 1e3)
+        assert all(0 <= k[1] < k[2] for k in mine)
+    out = tmp_path / "k.csv"
+    assert model_share.main([str(export), "--kernels-csv", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == len(kernels) + 1

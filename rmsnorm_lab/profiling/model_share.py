@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import csv
 import dataclasses
 import re
 import sqlite3
@@ -121,6 +122,28 @@ def _kernels(con: sqlite3.Connection) -> List[Tuple[int, int, str]]:
     return [(int(s), int(e), str(n)) for s, e, n in con.execute(sql)]
 
 
+def step_kernels(path, range_name: str = "step") -> List[Tuple[int, float, float, str, bool]]:
+    """Every kernel inside a ``range_name`` range of the export at ``path``, in time order:
+    (step, start µs, end µs from the step's start, name, is a norm kernel). Small enough to
+    keep beside the results where the export itself is not (a timeline of a few steps)."""
+    path = Path(path)
+    con = _connect(path)
+    try:
+        ranges, kernels = _ranges(con, range_name), _kernels(con)
+    finally:
+        con.close()
+    if not ranges:
+        raise ExportError(f"{path}: no NVTX range named {range_name!r}")
+    starts = [s for s, _ in ranges]
+    out = []
+    for k_start, k_end, name in kernels:
+        i = bisect.bisect_right(starts, k_start) - 1
+        if 0 <= i and k_start < ranges[i][1]:
+            out.append((i, (k_start - starts[i]) / 1e3, (k_end - starts[i]) / 1e3, name,
+                        is_norm_kernel(name)))
+    return out
+
+
 def step_shares(path, range_name: str = "step") -> List[StepShare]:
     """Per ``range_name`` range of the export at ``path``, in time order: its kernels' total
     time, the norm kernels' time and their share. ``ExportError`` when the file is not such an
@@ -180,9 +203,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "and their share.")
     parser.add_argument("export", type=Path, metavar="EXPORT.sqlite")
     parser.add_argument("--range", default="step", help="the NVTX range of one step")
+    parser.add_argument("--kernels-csv", type=Path, metavar="OUT.csv",
+                        help="also write each step's kernels (step, start_us, end_us, name, "
+                             "norm) to OUT.csv")
     args = parser.parse_args(argv)
     try:
         print(format_shares(step_shares(args.export, args.range)))
+        if args.kernels_csv:
+            with open(args.kernels_csv, "w", newline="") as f:
+                w = csv.writer(f, lineterminator="\n")
+                w.writerow(("step", "start_us", "end_us", "name", "norm"))
+                w.writerows((i, f"{a:.3f}", f"{b:.3f}", n, int(m))
+                            for i, a, b, n, m in step_kernels(args.export, args.range))
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
