@@ -388,3 +388,16 @@ def test_cross_gpu_figures_draw(df, rep, cal):
     lo, hi = ax.get_ylim()
     assert lo * hi == pytest.approx(1.0)  # centred on 1
     plt.close("all")
+
+
+def test_host_costs_prefer_the_host_benchmarks_run_over_a_newer_sweep():
+    def row(impl, p50, t):
+        return {"gpu": "h200", "path": "host", "metric": "host", "op": "fwd", "impl": impl,
+                "M": 128, "N": 4096, "p20": p50, "p50": p50, "p80": p50, "timestamp": t}
+    early, late = "2000-01-01T00:00:00+00:00", "2000-01-02T00:00:00+00:00"
+    df = pd.DataFrame([row("cute.auto@tvm_ffi", 11.0, early), row("liger.triton", 100.0, early),
+                       row("liger.triton", 130.0, late), row("quack", 40.0, late)])
+    hosts = model.host_costs(df).set_index("impl")
+    assert hosts.loc["liger.triton", "host_us"] == 100.0   # the host benchmark's, not newer
+    assert hosts.loc["quack", "host_us"] == 40.0           # not in it: its newest run
+    assert (hosts.loc["liger.triton", "p20"], hosts.loc["liger.triton", "p80"]) == (100.0, 130.0)

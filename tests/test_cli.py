@@ -422,6 +422,19 @@ def test_shapes_parse_and_refuse_what_is_not_m_by_n():
 
     from rmsnorm_lab.cli.bench import parse_shapes
     assert parse_shapes("65536x128, 262144X128") == [(65536, 128), (262144, 128)]
-    for bad in ("65536", "0x128", "64x", "ax4"):
+    for bad in ("65536", "64x", "ax4"):
         with pytest.raises(ap.ArgumentTypeError, match="not MxN"):
             parse_shapes(bad)
+    with pytest.raises(ap.ArgumentTypeError, match="must be positive"):
+        parse_shapes("0x128")
+
+
+@pytest.mark.parametrize("argv", [["bench", "--op", "fwd", "--shapes", "64x128"],
+                                  ["bench", "--op", "fwd", "--only-compiled", "--tag", "t"],
+                                  ["bench", "--op", "bwd", "--compile"]])
+def test_bench_usage_errors_come_before_the_gpu_check(argv, capsys):
+    from rmsnorm_lab.__main__ import main
+    from rmsnorm_lab.cli.common import EXIT_USAGE
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert ("needs" in err or "apply to" in err) and "GPU" not in err

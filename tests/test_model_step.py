@@ -80,6 +80,7 @@ def test_figures_draw_ratios_and_both_timelines():
                       "end_us": [5.0, 12.0, 60.0], "norm": [0, 1, 0]})
     for packed in (False, True):
         ax = figs.plot_decode_timeline({"a": k}, step=1, packed=packed)
-        assert len(ax.collections) == 2  # other kernels, norms
+        assert len(ax.collections) == 3  # other kernels, norms, a line on each norm
+        assert len(ax.collections[2].get_segments()) == 1
     import matplotlib.pyplot as plt
     plt.close("all")

@@ -16,8 +16,10 @@ def parse_shapes(text: str) -> List[Tuple[int, int]]:
     shapes = []
     for item in text.split(","):
         m, sep, n = item.strip().lower().partition("x")
-        if not (sep and m.isdigit() and n.isdigit() and int(m) > 0 and int(n) > 0):
+        if not (sep and m.isdigit() and n.isdigit()):
             raise argparse.ArgumentTypeError(f"{item.strip()!r} is not MxN (e.g. 65536x128)")
+        if int(m) < 1 or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r}: rows and width must be positive")
         shapes.append((int(m), int(n)))
     return shapes
 
@@ -49,23 +51,25 @@ def run_bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str],
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    # the arguments first: a wrong command says so on any machine
+    if args.compile is not None and args.op != "model":
+        raise UsageError("--compile/--no-compile apply to --op model only")
+    if args.shapes and (args.op in ("host", "model") or not args.tag):
+        raise UsageError("--shapes applies to the sweeps (fwd, bwd, full, fwd-add, bwd-add) "
+                         "and needs --tag")
+    if args.only_compiled and (args.op != "model" or not args.tag):
+        raise UsageError("--only-compiled applies to --op model and needs --tag")
     if not torch.cuda.is_available():
         return no_gpu("bench", "Recorded results render without one: "
-                                "python -m rmsnorm_lab report --no-bench")
+                                "python -m rmsnorm_lab report --no-bench (the ops), notebook 05 "
+                                "(the model step)")
     if args.op == "model":
         try:
             import transformers  # noqa: F401 - the models are built from its configs
         except ImportError as e:
             return error(f"bench --op model builds transformers models, and transformers does "
                          f"not import here ({e}); pip install 'transformers>=4.51'", EXIT_USAGE)
-    elif args.compile is not None:
-        raise UsageError("--compile/--no-compile apply to --op model only")
-    if args.shapes and (args.op in ("host", "model") or not args.tag):
-        raise UsageError("--shapes applies to the sweeps (fwd, bwd, full, fwd-add, bwd-add) "
-                         "and needs --tag")
     if args.out is not None:
         writable_dir(args.out, "--out")
-    if args.only_compiled and (args.op != "model" or not args.tag):
-        raise UsageError("--only-compiled applies to --op model and needs --tag")
     return run_bench(args.op, args.quick, args.out, args.tag, args.compile, args.shapes,
                      args.only_compiled)

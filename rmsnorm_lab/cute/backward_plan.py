@@ -51,7 +51,7 @@ DW_ROW_LANES = 8
 DW_MIN_ROWS_PER_GROUP = 32
 # dW CTAs to aim for per SM: what fits at once. ptxas -v gives the unrolled kernel more than 64
 # and at most 128 registers at 256 threads (N=4096 bf16), so two CTAs are resident per SM;
-# 512 threads x 2 x DW_UNROLL 16-byte loads is 64 KB in flight per SM. Not yet tuned on a GPU.
+# 512 threads x 2 x DW_UNROLL 16-byte loads is 64 KB in flight per SM (a choice, not a sweep).
 DW_CTAS_PER_SM = 2
 # Rows each dW row lane keeps in flight: the loop over its rows is unrolled this many times, so
 # a thread issues 2 x DW_UNROLL 16-byte loads (x and dy) before it needs the first result.

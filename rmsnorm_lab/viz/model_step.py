@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
-from .gpus import BLUE, GREY, ORANGE, PURPLE, SKY, VERMILLION
+from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILLION
 
-NORM_COLORS = {"lab": BLUE, "lab+carry": SKY, "liger": ORANGE, "shipped": PURPLE,
+NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURPLE,
                "torch": GREY}
 
 
@@ -24,9 +24,11 @@ def _axes(ax, size):
 
 
 def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
-                  norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"), ax=None):
+                  norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"), ax=None,
+                  xlim: Optional[tuple] = None):
     """Horizontal bars: each norm's time over torch's norm's in the same model, per workload
-    column, centred on 1 (left of the line: faster than torch's)."""
+    column, centred on 1 (left of the line: faster than torch's), each bar labelled with its
+    ratio. ``xlim``: the same range for panels that are compared."""
     ax = _axes(ax, (7.0, 0.55 * len(columns) * 1.6 + 1.0))
     rows = ratios.loc[arch]
     norms = [n for n in norms if n in rows.index]
@@ -34,9 +36,17 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
     y = np.arange(len(columns))
     for i, norm in enumerate(norms):
         vals = rows.loc[norm, list(columns)].to_numpy(dtype=float)
-        ax.barh(y + (i - (len(norms) - 1) / 2) * height, vals - 1.0, height=height, left=1.0,
-                color=NORM_COLORS.get(norm, GREY), label=norm)
+        ys = y + (i - (len(norms) - 1) / 2) * height
+        ax.barh(ys, vals - 1.0, height=height, left=1.0, color=NORM_COLORS.get(norm, GREY),
+                label=norm)
+        for yy, v in zip(ys, vals):
+            if np.isfinite(v):
+                ax.annotate(f"{v:.3f}", (v, yy), xytext=(3 if v >= 1 else -3, 0),
+                            textcoords="offset points", va="center", fontsize=7,
+                            ha="left" if v >= 1 else "right")
     ax.axvline(1.0, color="black", lw=1)
+    if xlim is not None:
+        ax.set_xlim(*xlim)
     ax.set_yticks(y, columns)
     ax.invert_yaxis()
     ax.set_xlabel("time / time with torch.nn.RMSNorm (same model, same run)")
@@ -60,6 +70,10 @@ def plot_decode_timeline(kernels: Dict[str, pd.DataFrame], step: int = 1, ax=Non
             sel = k["norm"].astype(bool) == norm
             ax.broken_barh(list(zip(start[sel], length[sel])), (row - 0.35, 0.7),
                            facecolors=color, linewidth=0)
+        # a norm kernel is far narrower than a pixel at this scale: a line marks each one
+        norms = k["norm"].astype(bool)
+        ax.vlines(start[norms] + length[norms] / 2, row - 0.45, row + 0.45, colors=norm_color,
+                  linewidth=1.0)
     ax.set_yticks(range(len(kernels)), list(kernels))
     ax.invert_yaxis()
     ax.set_xlabel("µs of kernel time, end to end" if packed
