@@ -15,6 +15,7 @@ torch.profiler's per-operator host time over the same calls, for each ``full``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Callable, Dict
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
     tasks.update(workloads(lab_call("cute"), "lab"))
     tasks.update(workloads(lambda a, b: torch.nn.functional.rms_norm(a, (N,), b, EPS), "torch"))
     timed = interleaved_host_time_us(
-        {name: HostTask(fn, 200, _no_settings) for name, fn in tasks.items()}, repeats=15)
+        {name: HostTask(fn, 200, contextlib.nullcontext) for name, fn in tasks.items()},
+        repeats=15)
     with open(args.out / "host-varying.jsonl", "w") as f:
         f.write(json.dumps({"provenance": provenance.collect()}, default=str) + "\n")
         for name, q in timed.items():
@@ -91,11 +93,6 @@ def main(argv=None) -> int:
                      f"torch full M={FIXED_M}"):
             f.write(f"== {name}\n{operator_table(tasks[name])}\n")
     return 0
-
-
-def _no_settings():
-    import contextlib
-    return contextlib.nullcontext()
 
 
 if __name__ == "__main__":

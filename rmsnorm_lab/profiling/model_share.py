@@ -122,10 +122,9 @@ def _kernels(con: sqlite3.Connection) -> List[Tuple[int, int, str]]:
     return [(int(s), int(e), str(n)) for s, e, n in con.execute(sql)]
 
 
-def step_kernels(path, range_name: str = "step") -> List[Tuple[int, float, float, str, bool]]:
-    """Every kernel inside a ``range_name`` range of the export at ``path``, in time order:
-    (step, start µs, end µs from the step's start, name, is a norm kernel). Small enough to
-    keep beside the results where the export itself is not (a timeline of a few steps)."""
+def _kernels_in_steps(path, range_name: str):
+    """The ``range_name`` ranges of the export at ``path`` and every kernel inside one of them,
+    as (step, start ns, end ns, name); ``ExportError`` when there is no such export or range."""
     path = Path(path)
     con = _connect(path)
     try:
@@ -133,37 +132,33 @@ def step_kernels(path, range_name: str = "step") -> List[Tuple[int, float, float
     finally:
         con.close()
     if not ranges:
-        raise ExportError(f"{path}: no NVTX range named {range_name!r}")
+        raise ExportError(f"{path}: no NVTX range named {range_name!r}; was it captured from "
+                          "python -m rmsnorm_lab.bench.model --capture with -t cuda,nvtx?")
     starts = [s for s, _ in ranges]
-    out = []
+    inside = []
     for k_start, k_end, name in kernels:
         i = bisect.bisect_right(starts, k_start) - 1
-        if 0 <= i and k_start < ranges[i][1]:
-            out.append((i, (k_start - starts[i]) / 1e3, (k_end - starts[i]) / 1e3, name,
-                        is_norm_kernel(name)))
-    return out
+        if 0 <= i and k_start < ranges[i][1]:  # else outside every step (warm-up, the edges)
+            inside.append((i, k_start, k_end, name))
+    return ranges, inside
+
+
+def step_kernels(path, range_name: str = "step") -> List[Tuple[int, float, float, str, bool]]:
+    """Every kernel inside a ``range_name`` range of the export at ``path``, in time order:
+    (step, start µs, end µs from the step's start, name, is a norm kernel). Small enough to
+    keep beside the results where the export itself is not (a timeline of a few steps)."""
+    ranges, inside = _kernels_in_steps(path, range_name)
+    return [(i, (s - ranges[i][0]) / 1e3, (e - ranges[i][0]) / 1e3, n, is_norm_kernel(n))
+            for i, s, e, n in inside]
 
 
 def step_shares(path, range_name: str = "step") -> List[StepShare]:
     """Per ``range_name`` range of the export at ``path``, in time order: its kernels' total
     time, the norm kernels' time and their share. ``ExportError`` when the file is not such an
     export or holds no such range."""
-    path = Path(path)
-    con = _connect(path)
-    try:
-        ranges = _ranges(con, range_name)
-        kernels = _kernels(con)
-    finally:
-        con.close()
-    if not ranges:
-        raise ExportError(f"{path}: no NVTX range named {range_name!r}; was it captured from "
-                          "python -m rmsnorm_lab.bench.model --capture with -t cuda,nvtx?")
-    starts = [s for s, _ in ranges]
+    ranges, inside = _kernels_in_steps(path, range_name)
     acc = [[0, 0, 0, 0, {}] for _ in ranges]  # kernels, kernel ns, norm kernels, norm ns, names
-    for k_start, k_end, name in kernels:
-        i = bisect.bisect_right(starts, k_start) - 1
-        if i < 0 or k_start >= ranges[i][1]:
-            continue  # outside every step (warm-up, the capture's edges)
+    for i, k_start, k_end, name in inside:
         a, ns = acc[i], k_end - k_start
         a[0] += 1
         a[1] += ns

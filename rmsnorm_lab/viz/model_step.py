@@ -10,17 +10,10 @@ import numpy as np
 import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
-from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILLION
+from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILLION, _axes
 
 NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURPLE,
                "torch": GREY}
-
-
-def _axes(ax, size):
-    if ax is not None:
-        return ax
-    import matplotlib.pyplot as plt
-    return plt.subplots(figsize=size, layout="constrained")[1]
 
 
 def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
