@@ -104,8 +104,8 @@ def test_ncu_view_picks_metrics_scales_units_and_sums_spills():
 
 
 def test_recorded_sass_finds_a_kernel_section(tmp_path):
-    (tmp_path / "testgpu").mkdir()
-    (tmp_path / "testgpu" / "sass-teach.txt").write_text(
+    (tmp_path / "testgpu" / "ncu").mkdir(parents=True)
+    (tmp_path / "testgpu" / "ncu" / "sass-teach.txt").write_text(
         "# header\n== teach.a (sm_90a, N=4096) ==\nregisters 32\n    LDG.E.128 R4\n"
         "== teach.b (sm_90a, N=4096) ==\n    STL [R1]\n")
     assert lesson.recorded_sass("teach.a", "testgpu", tmp_path) == "registers 32\n    LDG.E.128 R4"
@@ -263,5 +263,5 @@ def test_ncu_teach_writes_every_kernel_it_profiled_the_librarys_last_included(tm
         "gpu": "testgpu", "commit": "abc", "timestamp": "t"})
     monkeypatch.setattr(lesson, "target_arch", lambda: "sm_90a")
     assert ncu_teach.main(["--out", str(tmp_path), "--kernels", "fused,cute.auto"]) == 0
-    written = pd.read_csv(tmp_path / "testgpu" / "ncu-teach.csv")
+    written = pd.read_csv(tmp_path / "testgpu" / "ncu" / "ncu-teach.csv")
     assert sorted(written["kernel"]) == ["cute.auto", "teach.fused"]

@@ -161,12 +161,10 @@ def test_load_all_reads_every_gpu_and_skips_reported(tmp_path):
     assert len(df) == len(synthetic_rows()) + 1
 
 
-def test_load_all_keeps_model_steps_apart_and_skips_other_schemas(tmp_path):
+def test_load_all_keeps_model_steps_apart(tmp_path):
     results.write(synthetic_rows(), tmp_path / SYNTHETIC_GPU / "fwd.csv")
     results.write([row(impl="llama.lab", M=16384), row(impl="qwen3.compile.torch", M=8)],
                   tmp_path / SYNTHETIC_GPU / "model.csv")
-    write_csv(tmp_path / SYNTHETIC_GPU / "ncu-teach.csv",
-              ["kernel,M,N,metric,unit,value,gpu,commit,timestamp", "teach.scalar,1,1,x,y,1,g,c,t"])
     ops = results.load_all(tmp_path)
     assert len(ops) == len(synthetic_rows()) and not ops["impl"].str.contains("llama").any()
     steps = results.load_all(tmp_path, model_steps=True)

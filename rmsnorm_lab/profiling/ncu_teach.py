@@ -17,10 +17,10 @@ The child compiles the kernel (from the notebook's cells tagged ``kernel``: the 
 the notebooks, and this script runs exactly what a reader runs), allocates one input set at M x N
 (bf16) and launches the kernel twice; ncu profiles the second launch. Written:
 
-* ``<out>/<gpu>/ncu-teach.csv`` -- columns ``kernel,M,N,metric,unit,value,gpu,commit,timestamp``,
+* ``<out>/<gpu>/ncu/ncu-teach.csv`` -- columns ``kernel,M,N,metric,unit,value,gpu,commit,timestamp``,
   one row per metric ncu reported (command-line metrics by their names, section metrics as
   ``<section>/<name>``);
-* ``<out>/<gpu>/sass-teach.txt`` -- per kernel, its register and stack use and the SASS lines
+* ``<out>/<gpu>/ncu/sass-teach.txt`` -- per kernel, its register and stack use and the SASS lines
   that move global or local memory (``LDG``/``STG``/``LDL``/``STL``), from the cubin the same
   compilation produced (``cuobjdump``).
 
@@ -286,7 +286,7 @@ def main(argv=None) -> int:
     import torch
 
     from ..results.provenance import collect
-    from ..viz import lesson
+    from ..viz import lesson, recorded
 
     if not torch.cuda.is_available():
         print("error: ncu_teach profiles on a CUDA GPU; none is visible here", file=sys.stderr)
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
             print(f"error: unknown kernels {sorted(unknown)}", file=sys.stderr)
             return 2
     prov = collect()
-    out_dir = Path(args.out) / prov["gpu"]
+    out_dir = recorded.record_dir(Path(args.out), prov["gpu"])
     out_dir.mkdir(parents=True, exist_ok=True)
     arch = lesson.target_arch()
     rows, failed, sass = [], [], []

@@ -37,8 +37,6 @@ CEILINGS = CEILING_IMPLS
 REPORTED_DIR = "reported"
 #: directories of results/ that hold no measurements: quoted figures, the compiled-code table
 NOT_MEASURED_DIRS = (REPORTED_DIR,)
-#: files beside the results with a schema of their own (Nsight Compute's metrics per kernel)
-NOT_RESULTS_FILES = ("ncu-teach.csv",)
 #: the first word of a model step's impl (``bench --op model``: ``llama.lab``)
 MODEL_ARCHS = ("llama", "qwen3")
 
@@ -176,14 +174,13 @@ def load_all(root: Optional[PathLike] = None, *, model_steps: bool = False) -> p
     """Every ``<root>/<gpu>/*.csv`` (default root: ``results_dir()``) in one DataFrame.
 
     ``<root>/reported/`` and ``<root>/compiled/`` are skipped: quoted figures and compiler output
-    are not measurements; so are the files of another schema (``NOT_RESULTS_FILES``). Rows must
-    name the GPU of their directory. A model's step rows (``is_model_step``) share ops and
+    are not measurements. Rows must name the GPU of their directory. A model's step rows (``is_model_step``) share ops and
     widths with the op's own rows, so they come only when asked for: ``model_steps=True``
     returns them alone."""
     root = Path(root) if root is not None else results_dir()
     frames = [_read(path, expect_gpu=path.parent.name)
               for path in sorted(root.glob("*/*.csv"))
-              if path.parent.name not in NOT_MEASURED_DIRS and path.name not in NOT_RESULTS_FILES]
+              if path.parent.name not in NOT_MEASURED_DIRS]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return _frame([])

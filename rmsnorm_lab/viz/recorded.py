@@ -60,12 +60,18 @@ def teach_table(df: pd.DataFrame, op: str) -> pd.DataFrame:
     return out
 
 
+def record_dir(root: Path, gpu: str) -> Path:
+    """Where a GPU's Nsight Compute record lives: beside its results, in a folder of its own
+    (its columns are not the results schema's)."""
+    return Path(root) / gpu / "ncu"
+
+
 def ncu_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
-    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / "ncu-teach.csv"
+    return record_dir(Path(root or RESULTS_ROOT), gpu or RECORDED_GPU) / "ncu-teach.csv"
 
 
 def sass_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
-    return Path(root or RESULTS_ROOT) / (gpu or RECORDED_GPU) / "sass-teach.txt"
+    return record_dir(Path(root or RESULTS_ROOT), gpu or RECORDED_GPU) / "sass-teach.txt"
 
 
 #: what the lessons show of an Nsight Compute record: label -> (metric names, first found wins)
@@ -89,7 +95,7 @@ NCU_VIEW = {
 
 
 def load_ncu(gpu: Optional[str] = None, root: Optional[Path] = None) -> Optional[pd.DataFrame]:
-    """``results/<gpu>/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a GPU)
+    """``results/<gpu>/ncu/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a GPU)
     or None."""
     path = ncu_path(gpu, root)
     if not path.exists():
@@ -164,7 +170,7 @@ def ncu_sentence(row: pd.Series, shape: str) -> str:
 
 def recorded_sass(kernel: str, gpu: Optional[str] = None, root: Optional[Path] = None
                   ) -> Optional[str]:
-    """The excerpt of ``kernel`` from ``results/<gpu>/sass-teach.txt``, or None."""
+    """The excerpt of ``kernel`` from ``results/<gpu>/ncu/sass-teach.txt``, or None."""
     path = sass_path(gpu, root)
     if not path.exists():
         return None
