@@ -160,8 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
+    """``parser.parse_args``, except that an argument no command knows is reported with the
+    usage of the command it was given to, not the top-level one."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     put_ninja_on_path()
     try:
         return args.func(args)

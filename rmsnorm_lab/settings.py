@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping
 
 from .registry import BACKENDS, BACKWARD_MODES, FORWARD_VARIANTS
@@ -173,14 +174,19 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
     return value
 
 
+class UnknownVariableWarning(UserWarning):
+    """An ``RMSNORM_LAB_*`` environment variable the lab does not read."""
+
+
 def environment_names() -> List[str]:
     """Every ``RMSNORM_LAB_*`` variable the lab reads."""
     return [PREFIX + n.upper() for n in USER_TOGGLES + EXPERIMENT_TOGGLES]
 
 
 def from_environ(environ: Mapping[str, str]) -> Settings:
-    """Settings built from ``RMSNORM_LAB_*`` variables; an unknown one is an error naming the
-    valid ones (a misspelt escape hatch must not be silently ignored)."""
+    """Settings built from ``RMSNORM_LAB_*`` variables. An unknown one gets a one-line warning
+    naming the valid ones (a misspelt escape hatch must not be silently ignored, nor stop an
+    import); a known one with a value it cannot take is an error naming the variable."""
     s = Settings()
     for key, raw in environ.items():
         if not key.startswith(PREFIX):
@@ -194,8 +200,8 @@ def from_environ(environ: Mapping[str, str]) -> Settings:
             except ValueError as e:  # name the variable the user set, not the attribute
                 raise ValueError(f"environment variable {key}={raw!r}: {e}") from None
         else:
-            raise ValueError(f"unknown environment variable {key}; the lab reads: "
-                             + ", ".join(environment_names()))
+            warnings.warn(f"unknown environment variable {key} (ignored); the lab reads: "
+                          + ", ".join(environment_names()), UnknownVariableWarning, stacklevel=2)
     return s
 
 

@@ -124,6 +124,12 @@ def test_report_on_malformed_results_exits_1_naming_the_file(tmp_path):
     assert "fwd.csv:2: column 'op'" in p.stderr
 
 
+def test_an_unknown_option_is_reported_with_its_command_usage():
+    p = cli("report", "--bogus")
+    assert p.returncode == 2
+    assert "usage: python -m rmsnorm_lab report" in p.stderr and "--bogus" in p.stderr
+
+
 def test_unknown_op_is_refused_by_argparse():
     p = cli("bench", "--op", "sideways")
     assert p.returncode == 2 and "invalid choice" in p.stderr

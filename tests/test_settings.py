@@ -1,6 +1,6 @@
 import pytest
 
-from rmsnorm_lab.settings import Settings, from_environ, settings
+from rmsnorm_lab.settings import Settings, UnknownVariableWarning, from_environ, settings
 
 
 def test_environment_read_into_fields():
@@ -9,9 +9,26 @@ def test_environment_read_into_fields():
     assert s.backend == "triton" and s.forward_variant == "warp"
 
 
-def test_unknown_environment_variable_is_an_error():
-    with pytest.raises(ValueError, match="RMSNORM_LAB_BACKENDS"):
-        from_environ({"RMSNORM_LAB_BACKENDS": "cute"})
+def test_unknown_environment_variable_is_a_warning_naming_the_valid_ones():
+    with pytest.warns(UnknownVariableWarning, match="RMSNORM_LAB_BACKENDS.*RMSNORM_LAB_BACKEND,"):
+        s = from_environ({"RMSNORM_LAB_BACKENDS": "triton"})
+    assert s.backend == Settings().backend
+
+
+def test_a_bad_value_in_the_environment_is_an_error_naming_the_variable():
+    with pytest.raises(ValueError, match="RMSNORM_LAB_NVTX='maybe'"):
+        from_environ({"RMSNORM_LAB_NVTX": "maybe"})
+
+
+def test_importing_with_an_unknown_variable_warns_in_one_line():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, RMSNORM_LAB_BAKEND="cute")
+    p = subprocess.run([sys.executable, "-c", "import rmsnorm_lab"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr
+    assert "unknown environment variable RMSNORM_LAB_BAKEND" in p.stderr
 
 
 def test_bad_choice_names_the_toggle():
