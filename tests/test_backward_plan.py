@@ -104,12 +104,24 @@ def test_vector_path_when_width_and_alignment_allow_else_one_element(kind, dtype
 def test_fused_and_dx_plans_cover_the_row(N, dtype):
     for kind in ("fused", "dx"):
         p = plan_backward(kind, N, dtype, dtype, "gemma", True)
-        assert p.rows_per_cta == 1 and 32 <= p.threads <= 256
-        assert p.threads & (p.threads - 1) == 0
+        assert 32 <= p.threads <= 256 and p.threads & (p.threads - 1) == 0
+        if kind == "fused" and N // p.vec < 32:  # narrower than a warp: lane groups
+            assert p.threads == 32 and p.threads_per_row * p.rows_per_cta == 32
+            assert p.threads_per_row >= N // p.vec
+        else:
+            assert p.rows_per_cta == 1
         assert p.cols_per_tile * p.chunks >= N
         assert p.cols_per_tile * (p.chunks - 1) < N  # no chunk is all padding
         if kind == "fused" and p.chunks > 1:
             assert p.dw_smem_bytes <= 160 * 1024 and not p.prefetch
+
+
+@pytest.mark.parametrize("N,lanes", [(64, 8), (128, 16), (256, 32), (512, 32)])
+def test_fused_rows_narrower_than_a_warp_share_it_in_lane_groups(N, lanes):
+    p = plan_backward("fused", N, BF16, BF16, "llama", True)
+    assert p.threads_per_row == lanes and p.rows_per_cta == 32 // lanes
+    assert p.cols_per_tile == N
+    assert plan_backward("dx", N, BF16, BF16, "llama", True).rows_per_cta == 1
 
 
 def test_fused_refuses_rows_too_wide_for_shared_memory_and_split_serves_them():

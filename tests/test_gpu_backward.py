@@ -132,6 +132,20 @@ def test_any_strip_or_row_group_count(mode, M, strips):
     check(dx, dw, dy, x, w, rstd, 0.0, "gemma", f"{mode} strips={strips}")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("M,N,strips", [(1001, 128, 7), (999, 64, 5), (77, 8, 3), (33, 16, 2),
+                                        (4099, 32, 13), (65, 7, 4), (257, 24, 0), (3, 128, 0)])
+def test_rows_narrower_than_a_warp_in_lane_groups(dtype, M, N, strips):
+    """Lane groups of a one-warp strip: strips that start and end mid-group (odd row counts,
+    a strip count that does not divide them), rows of 1 to 16 copies, the vec=1 fallback
+    (N = 7, 24 in fp32), the plan's own strip count (0) and fewer rows than lane groups."""
+    for with_weight, casting in ((True, "llama"), (True, "gemma"), (False, "llama")):
+        dy, x, w, rstd = inputs((M, N), dtype, with_weight)
+        poison_allocator()
+        dx, dw = backward(dy, x, w, rstd, 0.0, casting, "fused", sms(), strips=strips or None)
+        check(dx, dw, dy, x, w, rstd, 0.0, casting, f"lanes weight={with_weight} strips={strips}")
+
+
 @pytest.mark.parametrize("N", [4096, 1023])  # vector path and the vec=1 fallback
 def test_mixed_weight_dtype(N):
     for mode in ("fused", "split"):

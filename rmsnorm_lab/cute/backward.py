@@ -10,7 +10,9 @@ The math (reference.py holds the rounding points)::
 * ``RMSNormBackward`` with a ``fused`` plan: a persistent grid, CTA s walking the rows of strip s
   (backward_plan.strip_bounds). The shifted weight and an fp32 dW accumulator stay in registers
   for the whole strip; x and dy are read once, the next row's loaded while this row is reduced
-  (``plan.prefetch``). At the end the accumulator becomes row s of ``dw_partial``.
+  (``plan.prefetch``). At the end the accumulator becomes row s of ``dw_partial``. Rows narrower
+  than a warp are walked ``rows_per_cta`` at a time, one lane group each, and the groups' dW
+  accumulators are summed by shuffles before the write.
 * ``RMSNormBackward`` with a ``dx`` plan: one CTA per row, dx only (the split path). Rows wider
   than the register budget take two passes over column chunks, like the forward.
 * ``RMSNormBackwardDW``: the split path's dW. CTA (b, g) sums ``dy * x_hat`` over the rows of
@@ -35,7 +37,7 @@ from cutlass.memory import SmemAllocator
 from .backward_plan import BackwardPlan
 from .forward import TORCH_TO_CUTE
 from .pdl import wait_for_previous_grid
-from .reduce import row_sum
+from .reduce import SLOTS, row_sum
 from .tiles import RowTiles
 
 
@@ -65,7 +67,8 @@ class RMSNormBackward(_Common):
     """``fused`` and ``dx`` plans. ``__call__`` is the host side; ``kernel`` the device body."""
 
     def __init__(self, plan: BackwardPlan):
-        assert plan.kind in ("fused", "dx") and plan.rows_per_cta == 1
+        assert plan.kind in ("fused", "dx")
+        assert plan.rows_per_cta == 1 or (plan.kind == "fused" and plan.threads == 32)
         super().__init__(plan)
         self.fused = plan.kind == "fused"
         # A fused row too wide for registers streams through them in column chunks, and its dW
@@ -111,7 +114,7 @@ class RMSNormBackward(_Common):
                                         cute.make_layout((grid, p.N), stride=(p.N, 1)))
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
-            smem_bytes = self.warps_per_row * 4
+            smem_bytes = SLOTS * self.warps_per_row * 4
         # The wide fused row: min_blocks_per_mp caps ptxas at 65536 / (ctas_per_sm * threads)
         # registers, so the CTAs the plan counts on are resident together (the carveout: all of
         # L1 that can be shared memory, which their dW rows need). Elsewhere: the defaults.
@@ -131,6 +134,8 @@ class RMSNormBackward(_Common):
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         M = mX.shape[0]
+        rows = p.rows_per_cta  # rows worked on at once: lane groups of one warp, or the CTA's one
+        row_in_cta = tidx // p.threads_per_row
         warp_in_row = tidx // 32
         lane = tidx % 32
         if cutlass.const_expr(p.pdl):
@@ -139,8 +144,8 @@ class RMSNormBackward(_Common):
         smem = SmemAllocator()
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):
-            sBuf = smem.allocate_tensor(Float32, cute.make_layout((1, self.warps_per_row)),
-                                        byte_alignment=4)
+            sBuf = smem.allocate_tensor(
+                Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)), byte_alignment=4)
         # The wide fused row's dW accumulator: one fp32 (1, chunks * cols_per_tile) row in shared
         # memory, partitioned per chunk exactly like x, so every thread reads and writes only its
         # own slots (no barrier needed, from the zeroing to the final store).
@@ -150,7 +155,7 @@ class RMSNormBackward(_Common):
             sDw = smem.allocate_tensor(Float32, cute.make_layout((1, width), stride=(width, 1)),
                                        byte_alignment=16)
 
-        tiler = (1, p.cols_per_tile)
+        tiler = (rows, p.cols_per_tile)
         tiled_x = self.make_tiled_copy(tiler)
         thr_x = tiled_x.get_slice(tidx)
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
@@ -187,25 +192,34 @@ class RMSNormBackward(_Common):
         # Prefetch (fused): the next row's x, dy and rstd are loaded into a second set of
         # registers while this row is reduced and stored, so a CTA -- alone on its SM with one
         # row at a time -- keeps a row's loads in flight through its barriers and stores.
-        # Loads for the row past the strip's end are predicated off (and its rstd index clamped).
+        # Loads for a row past the strip's end are predicated off (and its rstd index clamped).
         tXrXn = None
         tXrDyn = None
         rstd_n = Float32(0.0)
         if cutlass.const_expr(p.prefetch):
             tXrXn = cute.make_fragment_like(tXrX)
             tXrDyn = cute.make_fragment_like(tXrX)
+            first = row_start + row_in_cta
             self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row_start, 0, tXcX, tXrXn, tXrDyn,
-                            row_start < row_end)
-            rstd_n = mRstd[cutlass.min(row_start, M - 1)]
+                            first < row_end)
+            rstd_n = mRstd[cutlass.min(first, M - 1)]
 
-        for row in cutlass.range(row_start, row_end):
+        # row0: the first of the rows worked on at once; this thread's row is row0 + row_in_cta
+        for row0 in cutlass.range(row_start, row_end, rows):
+            row = row0 + row_in_cta
+            # rows past the strip's end: only in the last step of a strip of lane groups
+            row_ok = None
+            if cutlass.const_expr(rows > 1):
+                row_ok = row < row_end
             rstd = rstd_n
             if cutlass.const_expr(p.prefetch):
                 tXrX.store(tXrXn.load())
                 tXrDy.store(tXrDyn.load())
-                self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row + 1, 0, tXcX, tXrXn, tXrDyn,
-                                row + 1 < row_end)
-                rstd_n = mRstd[cutlass.min(row + 1, M - 1)]
+                self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row0 + rows, 0, tXcX, tXrXn,
+                                tXrDyn, row + rows < row_end)
+                rstd_n = mRstd[cutlass.min(row + rows, M - 1)]
+            elif cutlass.const_expr(rows > 1):
+                rstd = mRstd[cutlass.min(row, M - 1)]
             else:
                 rstd = mRstd[row]
 
@@ -216,12 +230,15 @@ class RMSNormBackward(_Common):
                 if cutlass.const_expr(self.w_type is not None and tWrW is None):
                     chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
                 if cutlass.const_expr(not p.prefetch):
-                    self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row, c, tXcX, tXrX, tXrDy)
+                    self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row0, c, tXcX, tXrX, tXrDy,
+                                    row_ok)
                 x_hat = tXrX.load().to(Float32) * rstd
                 m = self.m_of(tXrDy.load().to(Float32), chunk_w, offset)
                 mx = mx + (m * x_hat).reduce(cute.ReductionOp.ADD, Float32(0.0),
                                              reduction_profile=0)
-            mx = row_sum(mx, sBuf, 0, warp_in_row, lane, self.warps_per_row)
+            # consecutive rows alternate reduction slots (reduce.row_sum)
+            mx = row_sum(mx, sBuf, row0 % SLOTS, 0, warp_in_row, lane, self.warps_per_row,
+                         min(p.threads_per_row, 32))
             mean_mx = mx / Float32(p.N)
 
             # Pass 2: dx (and the dW accumulation), store.
@@ -230,7 +247,8 @@ class RMSNormBackward(_Common):
                 if cutlass.const_expr(p.chunks > 1):
                     if cutlass.const_expr(self.w_type is not None):
                         chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
-                    self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row, c, tXcX, tXrX, tXrDy)
+                    self.load_chunk(tiled_x, thr_x, mX, mDy, tiler, row0, c, tXcX, tXrX, tXrDy,
+                                    row_ok)
                 dyf = tXrDy.load().to(Float32)
                 x_hat = tXrX.load().to(Float32) * rstd
                 m = self.m_of(dyf, chunk_w, offset)
@@ -238,12 +256,12 @@ class RMSNormBackward(_Common):
                 if cutlass.const_expr(p.dh):  # the fused add: h's own gradient joins dx
                     tXrDh = cute.make_fragment_like(tXrX)
                     tXrDh.fill(0)
-                    cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDh, tiler, (row, c))),
-                              tXrDh, pred=self.column_predicate(tXcX, c))
+                    cute.copy(tiled_x, thr_x.partition_S(self.tile_at(mDh, tiler, row0, c)),
+                              tXrDh, pred=self.column_predicate(tXcX, c, row_ok))
                     dx = dx + tXrDh.load().to(Float32)
                 tXrDx.store(dx.to(self.x_type))
-                tXgDx = thr_x.partition_D(cute.local_tile(mDx, tiler, (row, c)))
-                cute.copy(tiled_x, tXrDx, tXgDx, pred=self.column_predicate(tXcX, c))
+                tXgDx = thr_x.partition_D(self.tile_at(mDx, tiler, row0, c))
+                cute.copy(tiled_x, tXrDx, tXgDx, pred=self.column_predicate(tXcX, c, row_ok))
                 if cutlass.const_expr(self.dw_in_smem):
                     tXsDw = self.dw_slots(thr_x, sDw, tiler, c)
                     tXsDw.store(tXsDw.load() + dyf * self.x_hat_for_dw(x_hat))
@@ -262,11 +280,29 @@ class RMSNormBackward(_Common):
                                           tXgDwP[(None, k), None, None])
         elif cutlass.const_expr(tXrDw is not None):
             # This strip's partial dW row. Every strip writes, even an empty one (its zeros),
-            # so the host's sum over partial rows never reads uninitialized memory.
-            tXgDwP = thr_x.partition_D(cute.local_tile(mDwP, tiler, (bidx, 0)))
-            for k in cutlass.range_constexpr(p.vecs_per_thread):
-                if tXcX[(0, k), 0, 0][1] < p.N:
-                    cute.autovec_copy(tXrDw[(None, k), None, None], tXgDwP[(None, k), None, None])
+            # so the host's sum over partial rows never reads uninitialized memory. Lane groups
+            # hold the same columns of different rows: butterfly shuffles across the groups sum
+            # them, and the first group writes (the tile's other rows are never stored to).
+            if cutlass.const_expr(rows > 1):
+                for i in cutlass.range_constexpr((rows - 1).bit_length()):
+                    for e in cutlass.range_constexpr(cute.size(tXrDw)):
+                        tXrDw[e] = tXrDw[e] + cute.arch.shuffle_sync_bfly(
+                            tXrDw[e], offset=p.threads_per_row << i)
+            tXgDwP = thr_x.partition_D(self.tile_at(mDwP, tiler, bidx, 0))
+            if row_in_cta == 0:
+                for k in cutlass.range_constexpr(p.vecs_per_thread):
+                    if tXcX[(0, k), 0, 0][1] < p.N:
+                        cute.autovec_copy(tXrDw[(None, k), None, None],
+                                          tXgDwP[(None, k), None, None])
+
+    @staticmethod
+    def tile_at(mT, tiler, row0, c):
+        """The tile of ``mT`` whose first row is ``row0``, column chunk c. A tile of several rows
+        is anchored at ``row0`` (a strip need not start on a multiple of its rows); a tile of
+        one row is simply tile ``row0``."""
+        if cutlass.const_expr(tiler[0] == 1):
+            return cute.local_tile(mT, tiler, (row0, c))
+        return cute.local_tile(cute.domain_offset((row0, 0), mT), tiler, (0, c))
 
     @cute.jit
     def dw_slots(self, thr_x, sDw, tiler, c: cutlass.Constexpr[int]):
@@ -286,17 +322,16 @@ class RMSNormBackward(_Common):
         return dyf * w
 
     @cute.jit
-    def load_chunk(self, tiled_x, thr_x, mX, mDy, tiler, row, c: cutlass.Constexpr[int], tXcX,
+    def load_chunk(self, tiled_x, thr_x, mX, mDy, tiler, row0, c: cutlass.Constexpr[int], tXcX,
                    tXrX, tXrDy, row_ok=None):
-        """Registers <- column chunk c of x and dy; zeros where predicated off, so padding
-        columns drop out of the row sum and the dW accumulator without a mask."""
+        """Registers <- column chunk c of x and dy in the tile from row ``row0``; zeros where
+        predicated off, so padding columns and rows drop out of the row sum and the dW
+        accumulator without a mask."""
         pred = self.column_predicate(tXcX, c, row_ok)
         tXrX.fill(0)
         tXrDy.fill(0)
-        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mX, tiler, (row, c))), tXrX,
-                  pred=pred)
-        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDy, tiler, (row, c))), tXrDy,
-                  pred=pred)
+        cute.copy(tiled_x, thr_x.partition_S(self.tile_at(mX, tiler, row0, c)), tXrX, pred=pred)
+        cute.copy(tiled_x, thr_x.partition_S(self.tile_at(mDy, tiler, row0, c)), tXrDy, pred=pred)
 
 
 class RMSNormBackwardDh(RMSNormBackward):

@@ -76,7 +76,8 @@ FP32_LIVE = 8
 
 @dataclasses.dataclass(frozen=True)
 class BackwardPlan(RowTilePlan):
-    """``rows_per_cta`` is 1 for fused/dx and the dW kernel's row lanes."""
+    """``rows_per_cta``: 1 for dx; for fused, the rows a one-warp strip works on at once (1 unless
+    a row is narrower than the warp); the dW kernel's row lanes."""
     kind: str
     x_dtype: torch.dtype
     w_dtype: Optional[torch.dtype]  # None: no weight (then there is no dw and no dW kernel)
@@ -217,7 +218,11 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
         with_prefetch = per_elem + 2 * x_bytes
         prefetch = (vecs_per_thread * vec <= elems_in_registers(threads, with_prefetch)
                     and strips_per_sm(with_prefetch) == strips_per_sm(per_elem))
-        return BackwardPlan(threads_per_row=threads, rows_per_cta=1,
+        # A row of fewer copies than a warp has lanes (a per-head row: 128 bf16 are 16 copies)
+        # takes a power-of-two group of lanes, and the strip's warp walks its rows that many at a
+        # time, as the forward's warp-per-row does: with one row per warp half the lanes idled.
+        lanes = min(threads, 1 << (n_vecs - 1).bit_length())
+        return BackwardPlan(threads_per_row=lanes, rows_per_cta=threads // lanes,
                             vecs_per_thread=vecs_per_thread, prefetch=prefetch,
                             ctas_per_sm=strips_per_sm(with_prefetch if prefetch else per_elem),
                             **common)

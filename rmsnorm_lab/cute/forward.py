@@ -26,7 +26,7 @@ from cutlass import Float32, Int32
 
 from .pdl import wait_for_previous_grid
 from .plan import ForwardPlan
-from .reduce import row_sum
+from .reduce import SLOTS, row_sum
 from .tiles import RowTiles
 
 TORCH_TO_CUTE = {
@@ -84,7 +84,7 @@ class RMSNormForward(RowTiles):
             mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
-            smem_bytes = p.rows_per_cta * self.warps_per_row * 4
+            smem_bytes = SLOTS * p.rows_per_cta * self.warps_per_row * 4
         # A launch bound makes ptxas fit min_ctas_per_sm CTAs on an SM (the two-pass tile: 32
         # registers); carveout 0 leaves the SM's memory to L1, where the weight's re-reads hit
         # (the kernel needs a few bytes of shared memory).
@@ -113,7 +113,8 @@ class RMSNormForward(RowTiles):
         if cutlass.const_expr(self.warps_per_row > 1):
             smem = SmemAllocator()
             sBuf = smem.allocate_tensor(
-                Float32, cute.make_layout((p.rows_per_cta, self.warps_per_row)), byte_alignment=4)
+                Float32, cute.make_layout((SLOTS, p.rows_per_cta, self.warps_per_row)),
+                byte_alignment=4)
 
         tiler = (p.rows_per_cta, p.cols_per_tile)
         tv = self.tv_layout()
@@ -150,6 +151,7 @@ class RMSNormForward(RowTiles):
         if cutlass.const_expr(p.prefetch):
             tXrXn = cute.make_fragment_like(tXrX)
             self.load_chunk(tiled_x, thr_x, mX, tiler, bidx, 0, tXcX, tXrXn, bidx < num_tiles)
+        slot = Int32(0)  # the row sum's shared-memory slot, alternating (reduce.row_sum)
         for tile in cutlass.range(bidx, num_tiles, gdim):
             row = tile * p.rows_per_cta + row_in_cta
             row_ok = row < M
@@ -176,8 +178,9 @@ class RMSNormForward(RowTiles):
                         self.add_residual(tiled_x, thr_x, mR, mH, tiler, tile, c, tXcX, tXrX,
                                           row_ok)
                     ss = ss + self.sum_of_squares(tXrX)
-            ss = row_sum(ss, sBuf, row_in_cta, warp_in_row, lane, self.warps_per_row,
+            ss = row_sum(ss, sBuf, slot, row_in_cta, warp_in_row, lane, self.warps_per_row,
                          min(p.threads_per_row, 32))
+            slot = slot ^ 1
             rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
 
             if cutlass.const_expr(p.store_rstd):

@@ -4,10 +4,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+#: shared-memory slots a CTA-wide row sum alternates between (see ``row_sum``)
+SLOTS = 2
+
 
 @cute.jit
-def row_sum(partial: Float32, sBuf: cute.Tensor, row_in_cta: cutlass.Int32,
-            warp_in_row: cutlass.Int32, lane: cutlass.Int32,
+def row_sum(partial: Float32, sBuf: cute.Tensor, slot: cutlass.Int32,
+            row_in_cta: cutlass.Int32, warp_in_row: cutlass.Int32, lane: cutlass.Int32,
             warps_per_row: cutlass.Constexpr[int],
             lanes_per_row: cutlass.Constexpr[int] = 32) -> Float32:
     """Sum ``partial`` over the threads of one row.
@@ -15,17 +18,20 @@ def row_sum(partial: Float32, sBuf: cute.Tensor, row_in_cta: cutlass.Int32,
     A row spread over one warp needs shuffles only; a row narrower than a warp
     (``lanes_per_row`` < 32, a power of two) shares the warp with other rows, and its butterfly
     stays within its own lanes. Wider rows stage one value per warp in
-    ``sBuf[row, warp]`` and every thread reads the whole strip back, so all threads leave with the
-    total (no broadcast step). The trailing barrier lets the caller reuse ``sBuf`` right away
-    (the persistent kernel does, on its next row).
+    ``sBuf[slot, row, warp]`` (``sBuf``: ``(SLOTS, rows, warps)``), wait at one barrier, and every
+    thread reads the whole row of values back, so all threads leave with the total.
+
+    One barrier per row, not two: a kernel that reduces row after row alternates ``slot``
+    (0, 1, 0, ...). A thread writes slot s again two rows later, after the barrier of the row in
+    between, which every thread reaches only once it has read slot s, so no write can overtake
+    a read still pending.
     """
     total = cute.arch.warp_reduction_sum(partial, threads_in_group=lanes_per_row)
     if cutlass.const_expr(warps_per_row > 1):
         if lane == 0:
-            sBuf[row_in_cta, warp_in_row] = total
+            sBuf[slot, row_in_cta, warp_in_row] = total
         cute.arch.sync_threads()
         total = Float32(0.0)
         for w in cutlass.range_constexpr(warps_per_row):
-            total = total + sBuf[row_in_cta, w]
-        cute.arch.sync_threads()
+            total = total + sBuf[slot, row_in_cta, w]
     return total
