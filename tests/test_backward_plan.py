@@ -124,6 +124,18 @@ def test_fused_rows_narrower_than_a_warp_share_it_in_lane_groups(N, lanes):
     assert plan_backward("dx", N, BF16, BF16, "llama", True).rows_per_cta == 1
 
 
+def test_one_warp_strips_share_a_cta_and_write_one_partial_row_per_cta():
+    from rmsnorm_lab.cute.backward_plan import ONE_WARP_STRIPS_PER_CTA, fused_strips
+    narrow = plan_backward("fused", 128, BF16, BF16, "llama", True)
+    assert narrow.threads == 32 and narrow.strips_per_cta == ONE_WARP_STRIPS_PER_CTA
+    assert narrow.cta_threads == 32 * ONE_WARP_STRIPS_PER_CTA
+    # partial rows = CTAs: the plan's per SM, or fewer when the rows run out first
+    assert fused_strips(65536, 132, narrow) == 132 * narrow.ctas_per_sm
+    assert fused_strips(20, 132, narrow) == 3  # 3 CTAs give each of 24 strips a row or none
+    wide = plan_backward("fused", 4096, BF16, BF16, "llama", True)
+    assert wide.strips_per_cta == 1 and wide.cta_threads == wide.threads
+
+
 def test_fused_refuses_rows_too_wide_for_shared_memory_and_split_serves_them():
     with pytest.raises(NotEligible, match="use split"):
         plan_backward("fused", 65536, BF16, BF16, "llama", True)

@@ -12,7 +12,8 @@ The math (reference.py holds the rounding points)::
   for the whole strip; x and dy are read once, the next row's loaded while this row is reduced
   (``plan.prefetch``). At the end the accumulator becomes row s of ``dw_partial``. Rows narrower
   than a warp are walked ``rows_per_cta`` at a time, one lane group each, and the groups' dW
-  accumulators are summed by shuffles before the write.
+  accumulators are summed by shuffles before the write; one-warp strips share a CTA
+  (``strips_per_cta``) and sum their rows in shared memory into one partial row.
 * ``RMSNormBackward`` with a ``dx`` plan: one CTA per row, dx only (the split path). Rows wider
   than the register budget take two passes over column chunks, like the forward.
 * ``RMSNormBackwardDW``: the split path's dW. CTA (b, g) sums ``dy * x_hat`` over the rows of
@@ -75,6 +76,8 @@ class RMSNormBackward(_Common):
         # accumulator lives in shared memory instead.
         self.dw_in_smem = plan.dw_smem_bytes > 0
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
+        # One-warp strips sharing a CTA sum their dW rows in shared memory before the write.
+        self.strips_meet = plan.strips_per_cta > 1 and plan.w_dtype is not None
 
     @cute.jit
     def __call__(self, gDy: cute.Tensor, gX: cute.Tensor, gW: cute.Tensor, gRstd: cute.Tensor,
@@ -122,8 +125,10 @@ class RMSNormBackward(_Common):
         if cutlass.const_expr(self.dw_in_smem):
             smem_bytes = smem_bytes + 16 + p.dw_smem_bytes  # 16: alignment after the row sums
             min_blocks, carveout = p.ctas_per_sm, 100
+        if cutlass.const_expr(self.strips_meet):
+            smem_bytes = smem_bytes + 16 + p.strips_per_cta * p.N * 4
         self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
+            grid=[grid, 1, 1], block=[p.cta_threads, 1, 1], smem=smem_bytes, stream=stream,
             min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout, use_pdl=p.pdl)
 
     @cute.kernel
@@ -135,7 +140,13 @@ class RMSNormBackward(_Common):
         gdim, _, _ = cute.arch.grid_dim()
         M = mX.shape[0]
         rows = p.rows_per_cta  # rows worked on at once: lane groups of one warp, or the CTA's one
-        row_in_cta = tidx // p.threads_per_row
+        strips = p.strips_per_cta  # strips in this CTA: one warp each, or the whole CTA
+        tid = tidx  # this thread's place in its strip
+        strip_in_cta = 0
+        if cutlass.const_expr(strips > 1):
+            tid = tidx % p.threads
+            strip_in_cta = tidx // p.threads
+        row_in_cta = tid // p.threads_per_row
         warp_in_row = tidx // 32
         lane = tidx % 32
         if cutlass.const_expr(p.pdl):
@@ -154,25 +165,32 @@ class RMSNormBackward(_Common):
             width = p.chunks * p.cols_per_tile
             sDw = smem.allocate_tensor(Float32, cute.make_layout((1, width), stride=(width, 1)),
                                        byte_alignment=16)
+        sStrips = None  # the dW row of each strip of the CTA, summed at the end
+        if cutlass.const_expr(self.strips_meet):
+            sStrips = smem.allocate_tensor(
+                Float32, cute.make_layout((strips, p.N), stride=(p.N, 1)), byte_alignment=16)
 
         tiler = (rows, p.cols_per_tile)
         tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
+        thr_x = tiled_x.get_slice(tid)
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
                                                  (0, 0)))
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
         tXrDy = cute.make_fragment_like(tXrX)
         tXrDx = cute.make_fragment_like(tXrX)
 
-        # Rows of this CTA. Fused: strip bidx of gdim, [s*q + min(s, r), (s+1)*q + min(s+1, r))
-        # with q, r = divmod(M, gdim) (backward_plan.strip_bounds). dx: row bidx alone.
+        # Rows of this strip. Fused: strip s of G = gdim * strips, [s*q + min(s, r),
+        # (s+1)*q + min(s+1, r)) with q, r = divmod(M, G) (backward_plan.strip_bounds).
+        # dx: row bidx alone.
         row_start = bidx
         row_end = bidx + 1
         if cutlass.const_expr(self.fused):
-            q = M // gdim
-            r = M % gdim
-            row_start = bidx * q + cutlass.min(bidx, r)
-            row_end = (bidx + 1) * q + cutlass.min(bidx + 1, r)
+            s = bidx * strips + strip_in_cta
+            n_strips = gdim * strips
+            q = M // n_strips
+            r = M % n_strips
+            row_start = s * q + cutlass.min(s, r)
+            row_end = (s + 1) * q + cutlass.min(s + 1, r)
 
         # With one chunk the weight is loaded once, before the row loop: the fused kernel reuses
         # it for every row of its strip (m needs it before the reduction, so unlike the forward
@@ -288,12 +306,29 @@ class RMSNormBackward(_Common):
                     for e in cutlass.range_constexpr(cute.size(tXrDw)):
                         tXrDw[e] = tXrDw[e] + cute.arch.shuffle_sync_bfly(
                             tXrDw[e], offset=p.threads_per_row << i)
-            tXgDwP = thr_x.partition_D(self.tile_at(mDwP, tiler, bidx, 0))
-            if row_in_cta == 0:
-                for k in cutlass.range_constexpr(p.vecs_per_thread):
-                    if tXcX[(0, k), 0, 0][1] < p.N:
-                        cute.autovec_copy(tXrDw[(None, k), None, None],
-                                          tXgDwP[(None, k), None, None])
+            if cutlass.const_expr(self.strips_meet):
+                # Each strip's row goes to shared memory; then the CTA adds them column by
+                # column, in strip order, into its one partial row.
+                self.store_dw_row(tXrDw, thr_x.partition_D(
+                    self.tile_at(sStrips, tiler, strip_in_cta, 0)), tXcX, row_in_cta)
+                cute.arch.sync_threads()
+                for col in cutlass.range(tidx, p.N, p.cta_threads):
+                    total = Float32(0.0)
+                    for j in cutlass.range_constexpr(strips):
+                        total = total + sStrips[j, col]
+                    mDwP[bidx, col] = total
+            else:
+                self.store_dw_row(tXrDw, thr_x.partition_D(self.tile_at(mDwP, tiler, bidx, 0)),
+                                  tXcX, row_in_cta)
+
+    @cute.jit
+    def store_dw_row(self, tXrDw, tXgDw, tXcX, row_in_cta):
+        """The strip's dW sums (fp32) to its row of ``tXgDw``: the first lane group writes, the
+        columns before N."""
+        if row_in_cta == 0:
+            for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
+                if tXcX[(0, k), 0, 0][1] < self.plan.N:
+                    cute.autovec_copy(tXrDw[(None, k), None, None], tXgDw[(None, k), None, None])
 
     @staticmethod
     def tile_at(mT, tiler, row0, c):

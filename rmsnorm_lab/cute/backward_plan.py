@@ -10,7 +10,9 @@ Three kernels serve the backward (``dx = rstd * (m - x_hat * mean(m * x_hat))`` 
              are read once. Where registers allow (``prefetch``) the next row's x and dy are
              loaded while the current row is reduced and stored. Rows too wide for registers go
              through them in column chunks (two passes; the second re-reads the row, mostly from
-             L2) with the dW accumulator in shared memory.
+             L2) with the dW accumulator in shared memory. A strip of one warp (rows of at
+             most 32 copies; narrower rows in lane groups, several rows at a time) shares its
+             CTA with ONE_WARP_STRIPS_PER_CTA - 1 others, and they write one partial row.
 * ``dx``     the split path's first kernel: one CTA per row, dx only (like the forward's ``row``
              variant; rows wider than the register budget stream through in column chunks).
 * ``dw``     the split path's second kernel: grid (column blocks, row groups); each CTA sums
@@ -63,6 +65,10 @@ DW_UNROLL = 4
 # and a partial row of N <= 256 costs at most 1 KB.
 MAX_FUSED_CTAS_PER_SM = 8
 MAX_ONE_WARP_STRIPS_PER_SM = 32
+# One-warp strips share a CTA this many at a time and sum their dW rows in shared memory before
+# writing one partial row: with a partial row per strip (25 per SM at N = 128) the reduction
+# kernel, one CTA per 32 columns, read ~3300 rows on each of 4 SMs, a fixed ~20 µs at N = 128.
+ONE_WARP_STRIPS_PER_CTA = 8
 # Shared memory: what one SM offers CTAs on sm_90/sm_100 (228 KB less 1 KB reserved per CTA), and
 # the most a wide fused row's fp32 dW accumulator may take (N <= 40960).
 SM_SMEM_BYTES = 227 * 1024
@@ -85,10 +91,16 @@ class BackwardPlan(RowTilePlan):
     chunks: int = 1          # dx, fused: >1 streams the row through registers in column chunks
     dw_unroll: int = 1       # dw only: rows a row lane has in flight (loop unroll factor)
     prefetch: bool = False   # fused only: load the next row's x and dy during this row
-    ctas_per_sm: int = 1     # fused only: strips per SM the registers allow (fused_strips)
+    ctas_per_sm: int = 1     # fused only: CTAs per SM the registers allow (fused_strips)
+    strips_per_cta: int = 1  # fused only: one-warp strips per CTA, their dW rows summed on chip
     pdl: bool = False        # programmatic dependent launch (backward_uses_pdl)
     #: fused and dx: the fused add's gradient at h joins dx (dx = dh + the norm's dx)
     dh: bool = False
+
+    @property
+    def cta_threads(self) -> int:
+        """Threads of one CTA: a strip's threads times the strips it holds."""
+        return self.threads * self.strips_per_cta
 
     @property
     def dw_smem_bytes(self) -> int:
@@ -125,13 +137,15 @@ def strip_partition(M: int, strips: int) -> List[Tuple[int, int]]:
 
 def fused_strips(M: int, sms: int, plan: Optional[BackwardPlan] = None,
                  strips: Optional[int] = None) -> int:
-    """Strip count (= grid size = dw_partial rows) of the fused kernel: by default as many CTAs
-    as fit on the GPU at once (``plan.ctas_per_sm`` per SM; one per SM without a plan), never
-    more than the rows (a strip without rows would only write a zero partial row)."""
+    """CTA count (= grid size = dw_partial rows) of the fused kernel, each holding
+    ``plan.strips_per_cta`` strips: by default as many CTAs as fit on the GPU at once
+    (``plan.ctas_per_sm`` per SM; one per SM without a plan), never more than it takes to give
+    every strip a row (a strip without rows would only add zeros)."""
     g = sms * (plan.ctas_per_sm if plan is not None else 1) if strips is None else strips
     if g < 1:
         raise ValueError(f"strips must be positive, got {g}")
-    return max(1, min(g, M))
+    per_cta = plan.strips_per_cta if plan is not None else 1
+    return max(1, min(g, -(-M // per_cta)))
 
 
 def dw_row_groups(M: int, plan: BackwardPlan, sms: int) -> int:
@@ -222,9 +236,11 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
         # takes a power-of-two group of lanes, and the strip's warp walks its rows that many at a
         # time, as the forward's warp-per-row does: with one row per warp half the lanes idled.
         lanes = min(threads, 1 << (n_vecs - 1).bit_length())
+        strips = strips_per_sm(with_prefetch if prefetch else per_elem)
+        per_cta = ONE_WARP_STRIPS_PER_CTA if threads == 32 else 1
         return BackwardPlan(threads_per_row=lanes, rows_per_cta=threads // lanes,
                             vecs_per_thread=vecs_per_thread, prefetch=prefetch,
-                            ctas_per_sm=strips_per_sm(with_prefetch if prefetch else per_elem),
+                            ctas_per_sm=max(1, strips // per_cta), strips_per_cta=per_cta,
                             **common)
 
     # dx: x, dy (and dh), w and the fp32 x_hat and m per element; wider rows take column chunks.

@@ -236,12 +236,14 @@ def backward_steps(entry: _Entry, sms: int, w_dtype: Optional[torch.dtype],
     """``(steps, partial_rows)``: the kernel calls of a backward, in order, and the rule of the
     rows of fp32 dW partials they write (None: no dW). Only what is needed runs: without a
     weight or without ``need_dw``, the dx kernel alone; without ``need_dx``, the dW kernel and
-    the reduction. ``fused_strips``: the fused grid (0: the plan's CTAs per SM times ``sms``);
+    the reduction. ``fused_strips``: the fused grid, in CTAs (0: the plan's CTAs per SM times
+    ``sms``);
     ``dw_groups``: the dW kernel's row groups (0: ``backward_plan.dw_row_groups``)."""
     dw_needed = w_dtype is not None and need_dw
     dh = (DH,) if entry.dx.dh else ()  # the fused add's h gradient, after dx
     if entry.mode == "fused" and need_dx and (dw_needed or w_dtype is None):
-        grid = RowsRule(1, fused_strips or sms * entry.fused.ctas_per_sm)
+        # CTAs, each of strips_per_cta strips: enough for every strip to get a row
+        grid = RowsRule(entry.fused.strips_per_cta, fused_strips or sms * entry.fused.ctas_per_sm)
         steps = [Step(entry.kernel("fused"), (DY, X, W, RSTD, DX) + dh
                       + (PARTIALS if dw_needed else NO_PARTIALS, COUNT, OFFSET),
                       grid, name="fused")]
