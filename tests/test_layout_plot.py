@@ -81,3 +81,20 @@ def test_draws_on_given_or_new_axes(variant, N, kw):
     fig, own = plt.subplots()
     assert draw_row_layout(p, ax=own, **kw) is own
     plt.close("all")
+
+
+def test_cells_are_coloured_by_warp_and_labelled_where_they_fit():
+    from rmsnorm_lab.viz.layout import WARP_COLOURS
+
+    p = plan("row", 4096)
+    fig, (full, zoom) = plt.subplots(2, 1)
+    draw_row_layout(p, ax=full)
+    draw_row_layout(p, ax=zoom, lanes=8)
+    grid = full.images[0].get_array()
+    assert grid[0, 0] == 0 and grid[0, 32] == 1 and grid[1, 255] == 7  # warp of each lane
+    assert "#F0E442" not in WARP_COLOURS  # no yellow on white
+    names = [t.get_text() for t in full.texts]
+    assert names[0] == "warp 0\nt0–31" and len(names) == 8
+    cells = [t.get_text() for t in zoom.texts]
+    assert len(cells) == 16 and cells[1] == "t1\ncols 8–15"
+    plt.close("all")

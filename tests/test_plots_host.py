@@ -45,6 +45,8 @@ HOST = {"cute.auto@tvm_ffi": (10.0, 15.0, 60.0), "cute.auto@cached": (14.0, 19.0
 #: synthetic device µs of cute.auto against M (graph)
 DEVICE = {128: 4.0, 256: 5.0, 512: 8.0, 1024: 12.0, 2048: 20.0, 4096: 40.0, 8192: 80.0,
           16384: 160.0}
+#: synthetic device µs of the sweeps' kernels against M (torch.native's: 1.5 x these)
+KERNELS = {"cute.auto": {1024: 5.0, 4096: 20.0, 16384: 80.0, 65536: 320.0}}
 #: synthetic (peak MiB, step µs) per cache cap
 CACHE = {"0": (1000.0, 9000.0), "4": (1010.0, 8800.0), "8": (1020.0, 8700.0),
          "16": (1040.0, 8700.0), "unbounded": (3000.0, 15000.0)}
@@ -58,6 +60,9 @@ def synthetic_frame() -> pd.DataFrame:
         rows.append(row("full", impl, "host", 128, 4096, "host", full))
     for M, us in DEVICE.items():
         rows.append(row("fwd", "cute.auto@tvm_ffi", "graph", M, 4096, "time", us, spread=0.1))
+    for M, us in KERNELS["cute.auto"].items():  # the sweeps' kernel rows, inputs from DRAM
+        rows.append(row("fwd", "cute.auto", "graph", M, 4096, "time", us, spread=0.1))
+        rows.append(row("fwd", "torch.native", "graph", M, 4096, "time", 1.5 * us, spread=0.1))
     for cap, (mib, us) in CACHE.items():
         rows.append(row("full", f"cute.auto@cached:{cap}", "eager", 16384, 4096, "peak_mem", mib,
                         spread=0))
@@ -200,16 +205,30 @@ def test_crossover_bounds_outside_the_sweep():
     assert ph.crossover_M([512, 128, 256], [9.0, 5.0, 6.0], 6.0).M == pytest.approx(256)
 
 
-def test_crossover_table_per_launch_path(frame):
-    t = ph.crossover_table(frame, workload="fwd")
-    assert list(t.index) == ["cute.auto@tvm_ffi", "cute.auto@cached", "cute.auto@compiled",
-                             "cute.auto@jit"]
-    # tvm_ffi: 10 µs lies between 1024 (12 µs) and 512 (8 µs)
-    m = t.loc["cute.auto@tvm_ffi", "crossover M"]
-    assert 512 < m < 1024 and t.loc["cute.auto@tvm_ffi", "bound"] == "="
-    # jit: 80 µs is hit exactly at M = 8192
-    assert t.loc["cute.auto@jit", "crossover M"] == pytest.approx(8192)
-    assert ph.crossover_table(frame[frame["path"] != "graph"]).empty
+def test_crossover_table_compares_each_path_with_its_own_kernel(frame):
+    paths = ["cute.auto@tvm_ffi", "torch.native", "cute.auto@cached", "cute.auto@jit"]
+    t = ph.crossover_table(frame, paths, workload="fwd")
+    assert list(t.index) == paths
+    assert list(t["kernel"]) == ["cute.auto", "torch.native", "cute.auto", "cute.auto"]
+    # tvm_ffi: 10 µs between 1024 (5 µs) and 4096 (20 µs), device time proportional to M
+    assert t.loc["cute.auto@tvm_ffi", "crossover M"] == pytest.approx(2048)
+    # torch: 11 µs against its own kernel (7.5 µs at 1024, 30 at 4096), not the lab's
+    assert t.loc["torch.native", "crossover M"] == pytest.approx(1024 * 11 / 7.5)
+    assert t.loc["cute.auto@jit", "bound"] == "="
+    assert t.loc["cute.auto@jit", "crossover M"] == pytest.approx(16384)
+    assert ph.crossover_table(frame[frame["path"] != "graph"], paths).empty
+
+
+def test_crossover_figure_marks_each_ring_on_its_own_kernels_curve(frame):
+    fig, ax = plt.subplots()
+    ph.plot_crossover(frame, workload="fwd", ax=ax)
+    t = ph.crossover_table(frame, ph.CROSSOVER_IMPLS, workload="fwd")
+    rings = [(line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines()
+             if line.get_marker() == "o" and line.get_markerfacecolor() == "none"]
+    assert sorted(rings) == sorted(zip(t["crossover M"], t["host µs"]))
+    labels = [x.get_text() for x in ax.get_legend().get_texts()]
+    assert len(labels) <= 5 and any("torch.native's kernel" in x for x in labels)
+    plt.close(fig)
 
 
 # --- cache cap -------------------------------------------------------------------------------

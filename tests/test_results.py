@@ -316,8 +316,10 @@ def test_probe_logs_load_and_plot_in_caption_order(tmp_path):
     ticks = sorted(ax.get_yticklabels(), key=lambda t: -t.get_position()[1])
     top_down = [t.get_text() for t in ticks]
     assert top_down == ["B", "A", "P"]  # the first caption is drawn on top
-    widths = sorted(p.get_width() for p in ax.patches)
-    assert widths == [10.0, 11.0, 13.0]  # medians of 9-11, 10-12, 12-14; the other shape left out
+    dots = sorted(float(line.get_xdata()[0]) for line in ax.get_lines()
+                  if line.get_marker() == "o")
+    assert dots == [10.0, 11.0, 13.0]  # medians of 9-11, 10-12, 12-14; the other shape left out
+    assert not ax.patches  # dots, not bars: no length from a zero off the axis
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"impl": "row.a"}\n')
     with pytest.raises(ValueError, match="not a probe log"):
@@ -343,11 +345,14 @@ def test_fixed_cost_fit_recovers_the_line_it_was_built_from():
     # with the off-line point the fit no longer matches: min_M is what excluded it
     assert tables.fixed_cost_fit(df, ["cute.a"]).loc["cute.a", "fixed µs"] != pytest.approx(1.5)
     ax = plots.plot_fixed_cost(df, ["cute.a", "cute.b"], min_M=4096, ax=Figure().subplots())
-    a = ax.get_lines()[0]
-    assert a.get_label() == "cute.a\nfixed 1.50 µs, streams at 3900 GB/s"
+    fit_line, a = ax.get_lines()[:2]
+    assert a.get_label() == "cute.a: fixed 1.50 µs, 3900 GB/s"
     moved = [2 * M * 4096 * 2 for M in (4096, 16384, 65536)]
+    assert list(a.get_xdata()) == pytest.approx([m / 1e6 for m in moved])  # MB, from 0
     want = [1.5 + m / 3900.0 / 1e3 - m / COPY_GBPS / 1e3 for m in moved]
     assert list(a.get_ydata()) == pytest.approx(want)
+    assert fit_line.get_xdata()[0] == 0 and fit_line.get_ydata()[0] == pytest.approx(1.5)
+    assert ax.get_xlim()[0] == 0
     with pytest.raises(ValueError, match="no copy ceiling"):
         plots.plot_fixed_cost(df[df["impl"] != "copy"], ["cute.a"])
 
@@ -397,7 +402,7 @@ def test_tables_leave_out_the_teaching_kernels():
     assert plots.highlight(two, "M") == ["cute.row", "triton.row"]
 
 
-def test_ratio_bars_start_at_one_and_centre_the_range_on_it():
+def test_ratio_bars_start_at_one_and_fit_the_range_to_them():
     from matplotlib.figure import Figure
 
     ax = Figure().subplots()
@@ -408,7 +413,10 @@ def test_ratio_bars_start_at_one_and_centre_the_range_on_it():
     assert [round(p.get_y(), 6) for p in bars] == [1.0, 1.0]
     assert sorted(round(p.get_height(), 6) for p in bars) == [-0.1, 0.2]
     lo, hi = ax.get_ylim()
-    assert lo == pytest.approx(2 - hi) and hi >= 1.6
+    assert 0.75 < lo < 0.85 and 1.6 < hi < 1.7  # the whiskers' 0.85 to the reference's 1.6
+    above = Figure().subplots()
+    plots.ratio_bars(above, ["a"], {"s": pd.DataFrame({"ratio": [1.3]})})
+    assert 0.95 < above.get_ylim()[0] < 1.0  # 1 in view, nothing far below it
 
 
 def test_percent_of_copy_plot_reaches_100_and_keeps_its_lines(tmp_path):
@@ -434,3 +442,40 @@ def test_sweep_tables_leave_out_other_benchmarks_rows():
                                "cute.auto@tvm_ffi", "cute.auto@cached:8", "teach.fused",
                                "quack"]})
     assert list(tables.library_rows(d)["impl"]) == ["cute.auto", "quack"]
+
+
+def test_series_read_on_white_and_coinciding_series_stay_visible():
+    from matplotlib.figure import Figure
+
+    assert plots.style_of("quack")["color"] == plots.ON_WHITE["#F0E442"]
+    assert plots.style_of("cute.auto")["color"] == "#0072B2"
+    df = many_impls_df(3, with_teach=False)
+    twin = df[df["impl"] == "cute.auto"].assign(impl="cute.fused",
+                                                p50=lambda d: d["p50"] * 1.001)
+    df = pd.concat([df, twin])
+    assert plots.coincides_with("cute.fused", df, "M", ["cute.auto", "cute.fused"]) == "cute.auto"
+    assert plots.coincides_with("cute.row", df, "M", ["cute.auto", "cute.row"]) is None
+    ax = plots.plot_bandwidth_vs_M(df, "fwd", ax=Figure().subplots(),
+                                   impls=["cute.auto", "cute.fused"])
+    fused = next(line for line in ax.get_lines() if line.get_label().startswith("cute.fused"))
+    assert "within 1% of cute.auto" in fused.get_label()
+    assert fused.get_linestyle() != "-" and fused.get_fillstyle() == "none"
+
+
+def test_eager_vs_graph_panels_share_one_scale(synthetic_df):
+    from matplotlib.figure import Figure
+
+    lims = {impl: plots.plot_eager_vs_graph(synthetic_df, "fwd", impl,
+                                            ax=Figure().subplots()).get_ylim()
+            for impl in ("cute.row", "torch.native")}
+    assert lims["cute.row"] == lims["torch.native"]
+
+
+def test_share_y_gives_panels_the_union_of_their_ranges():
+    from matplotlib.figure import Figure
+
+    a, b = Figure().subplots(1, 2)
+    a.set_ylim(30, 100)
+    b.set_ylim(80, 101)
+    plots.share_y([a, b])
+    assert a.get_ylim() == b.get_ylim() == (30, 101)

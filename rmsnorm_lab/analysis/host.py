@@ -265,66 +265,18 @@ def savings_table(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
                                        "cost µs", "noise µs", "resolved"])
 
 
-# ============================================================================ crossover
-
-@dataclasses.dataclass(frozen=True)
-class Crossover:
-    """Where device time reaches a constant host time. ``M`` is the interpolated row count when
-    the sweep brackets it (``bound == "="``); otherwise ``M`` is the sweep's edge and ``bound``
-    says the crossover lies below it (``"<"``) or beyond it (``">"``)."""
-    host_us: float
-    M: float
-    bound: str
-
-    def __str__(self) -> str:
-        return f"{'≈' if self.bound == '=' else self.bound} {self.M:,.0f}"
-
-
-def crossover_M(Ms: Sequence[float], device_us: Sequence[float], host_us: float) -> Crossover:
-    """The first M at which ``device_us(M)`` reaches ``host_us``, by linear interpolation of
-    log(device time) against log(M) between the two sweep points around it."""
-    pts = sorted(zip(Ms, device_us))
-    if not pts:
-        raise ValueError("no device-time points")
-    Ms = [float(m) for m, _ in pts]
-    dev = [float(t) for _, t in pts]
-    if dev[0] >= host_us:
-        return Crossover(host_us, Ms[0], "<")
-    for (m0, d0), (m1, d1) in zip(zip(Ms, dev), zip(Ms[1:], dev[1:])):
-        if d0 < host_us <= d1:
-            f = (math.log(host_us) - math.log(d0)) / (math.log(d1) - math.log(d0))
-            return Crossover(host_us, math.exp(math.log(m0) + f * (math.log(m1) - math.log(m0))),
-                             "=")
-    return Crossover(host_us, Ms[-1], ">")
-
+# ============================================================================ device times
 
 def device_times(df: pd.DataFrame, gpu: Optional[str] = None, impl: str = DEFAULT_IMPL,
                  N: int = HOST_SHAPE[1]) -> pd.DataFrame:
-    """The CUDA-graph device µs of ``impl``'s forward against M at width N (p20, p50, p80)."""
+    """The host benchmark's own device µs of ``impl``'s forward against M at width N (p20,
+    p50, p80): CUDA-graph replay of one input set, so the input stays in L2 where it fits, as
+    in a loop over the same tensor. (The crossover, ``analysis.crossover``, compares with the
+    sweeps' L2-cold times instead.)"""
     d, _ = one_gpu(df, gpu)
     d = d[(d["op"] == "fwd") & (d["impl"] == impl) & (d["path"] == "graph")
           & (d["metric"] == "time") & (d["N"] == N)]
     return d.sort_values("M")[["M", "p20", "p50", "p80"]].reset_index(drop=True)
-
-
-def crossover_table(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",
-                    impls: Optional[Sequence[str]] = None) -> pd.DataFrame:
-    """Per launch path (or ``impls``): its host µs for ``workload`` at HOST_SHAPE and the M at
-    which the default kernel's device time reaches it."""
-    dev = device_times(df, gpu)
-    t = host_table(df, gpu)
-    if dev.empty or workload not in t.columns:
-        return pd.DataFrame(columns=["host µs", "crossover M", "bound", "reads"])
-    impls = [i for i in (impls or [i for i in t.index if is_launch_path(i)])
-             if i in t.index and pd.notna(t.loc[i, workload])]
-    rows = {}
-    for i in impls:
-        c = crossover_M(dev["M"], dev["p50"], float(t.loc[i, workload]))
-        rows[i] = {"host µs": c.host_us, "crossover M": c.M, "bound": c.bound,
-                   "reads": str(c)}
-    return pd.DataFrame.from_dict(rows, orient="index",
-                                  columns=["host µs", "crossover M", "bound", "reads"])
-
 
 
 # ============================================================================ cache cap
@@ -364,6 +316,89 @@ def cache_table(df: pd.DataFrame, gpu: Optional[str] = None,
         if "step µs" in tr and tr["step µs"] > 0:
             t[f"step / {triton}"] = t["step µs"] / tr["step µs"]
     return t
+
+
+#: the tensors one forward on the ``cached`` path hands to the handle cache, in order
+#: (``rmsnorm_lab/cute/runner.py``: ``_launch_marshaled``): x, the weight, y, rstd
+CACHED_TENSORS = ("x", "w", "y", "rstd")
+#: those of them that are activation-sized (M x N)
+ACTIVATIONS = ("x", "y")
+
+
+def cache_after_step(cap: int, layers: int) -> List[str]:
+    """The tensors whose handles the ``cached`` path still holds after a step of ``layers``
+    forwards on fresh activations, oldest first (``x3``: layer 3's x; ``w``: the shared weight):
+    the policy of ``cute/runner.py``'s ``_cached_handle`` replayed, a FIFO of ``cap`` handles
+    in which a hit keeps its place, ``cap == 0`` keeps nothing and a negative cap never evicts.
+    A kept handle keeps its tensor's storage allocated."""
+    kept: List[str] = []
+    for layer in range(layers):
+        for name in CACHED_TENSORS:
+            key = name if name == "w" else f"{name}{layer}"
+            if key in kept or cap == 0:
+                continue
+            if 0 < cap <= len(kept):
+                kept.pop(0)
+            kept.append(key)
+    return kept
+
+
+def pinned_activations(cap: int, layers: int) -> int:
+    """How many activation-sized tensors (``ACTIVATIONS``) ``cache_after_step`` leaves held."""
+    return sum(k.rstrip("0123456789") in ACTIVATIONS for k in cache_after_step(cap, layers))
+
+
+def cache_memory_table(df: pd.DataFrame, layers: int, gpu: Optional[str] = None,
+                       shape: Tuple[int, int] = CACHE_SHAPE, elem_bytes: int = 2
+                       ) -> pd.DataFrame:
+    """Per cap: the measured peak (MiB above the step's start), how far it lies below the
+    cache-off peak (cap ``0``), and what the handles left by the step before would account for:
+    ``pinned tensors`` (``pinned_activations``) times one activation's MiB. Those storages are
+    allocated when the measured step starts and freed as the FIFO evicts them, so they lower a
+    peak counted from the start; an unbounded cache evicts nothing."""
+    t = cache_table(df, gpu, shape)
+    act_mib = shape[0] * shape[1] * elem_bytes / 2**20
+    out = pd.DataFrame(index=t.index)
+    out["peak MiB"] = t["peak MiB"]
+    out["below cap 0 (MiB)"] = t.loc["0", "peak MiB"] - t["peak MiB"] if "0" in t.index \
+        else math.nan
+    out["pinned tensors"] = [pinned_activations(-1 if c == "unbounded" else int(c), layers)
+                             for c in t.index]
+    freed = [n if c != "unbounded" else 0 for c, n in zip(t.index, out["pinned tensors"])]
+    out["freed in the step (MiB)"] = [n * act_mib for n in freed]
+    return out
+
+
+def cache_runs(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
+               default: str = DEFAULT_IMPL) -> pd.DataFrame:
+    """The step time (median µs) of every recorded run of the cache-cap benchmark: one row per
+    cap (and ``default``, the default path), one column per run, oldest first. ``df`` holds
+    every run (``results.load_all``), not only the newest (``latest``)."""
+    d = df[(df["gpu"] == (gpu or df["gpu"].iloc[0])) & (df["op"] == "full")
+           & (df["path"] == "eager") & (df["metric"] == "time") & (df["M"] == shape[0])
+           & (df["N"] == shape[1])]
+    d = d[d["impl"].str.startswith("cute.auto@cached:") | (d["impl"] == default)]
+    if d.empty:
+        return pd.DataFrame()
+    d = d.assign(cap=[i.split(":", 1)[1] if ":" in i else "default" for i in d["impl"]],
+                 run=pd.to_datetime(d["timestamp"], utc=True))
+    t = d.pivot_table(index="cap", columns="run", values="p50", aggfunc="last")
+    caps = sorted((c for c in t.index if c != "default"), key=_cap_key)
+    t = t.reindex(caps + (["default"] if "default" in t.index else []))
+    t.columns = [f"run {i}" for i in range(1, len(t.columns) + 1)]
+    return t
+
+
+def cache_runs_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per row of ``cache_runs``: the lowest and highest run median (µs) and, for the bounded
+    caps, in how many runs it was the slowest bounded cap."""
+    bounded = [c for c in runs.index if c not in ("unbounded", "default")]
+    slowest = runs.loc[bounded].idxmax() if bounded else pd.Series(dtype=str)
+    out = pd.DataFrame({"lowest run µs": runs.min(axis=1), "highest run µs": runs.max(axis=1),
+                        "runs": runs.notna().sum(axis=1)})
+    out["slowest bounded cap in (runs)"] = [int((slowest == c).sum()) if c in bounded else pd.NA
+                                     for c in runs.index]
+    return out
 
 
 def step_of(df: pd.DataFrame, impl: str, gpu: Optional[str] = None, shape=CACHE_SHAPE

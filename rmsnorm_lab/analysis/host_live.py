@@ -152,11 +152,30 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+#: row counts of the kernels' L2-cold times measured live (the crossover's device side)
+KERNEL_M = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def _cold_graph_us(call, M: int, N: int, replays: int):
+    """CUDA-graph µs per ``call(x, w)`` at M x N, its input sets rotated past the L2 (as the
+    sweeps time the kernels), so every call reads them from DRAM."""
+    import torch
+
+    from ..bench.timing import graph_time_us, rotating, rotation_count
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    k = rotation_count(2 * M * N * 2, l2)
+    sets = [(torch.randn(M, N, device="cuda", dtype=torch.bfloat16),
+             torch.randn(N, device="cuda", dtype=torch.bfloat16)) for _ in range(k)]
+    return graph_time_us(rotating(lambda s: call(*s), sets), replays=replays, calls_multiple=k)
+
+
 def live_rows(kind: str, **kw) -> List[dict]:
     """Results rows measured now on the GPU (``results.write``'s format, this machine's
     provenance), as ``bench.host`` records them with fewer rounds. ``kind``:
 
-    * ``crossover``: the default path's forward by graph replay against M (kw ``Ms``);
+    * ``crossover``: the default path's forward by graph replay of one input against M (kw
+      ``Ms``), and the lab's and torch's kernels on inputs rotated past the L2 (kw
+      ``kernel_Ms``): the device side of ``analysis.crossover``;
     * ``varying``: the varying-M workloads of the default path and torch, with their fixed-M
       ``fwd`` and ``full`` beside them (kw ``calls``, ``repeats``);
     * ``peers``: the three workloads of the default path, the lab's Triton path and every
@@ -174,11 +193,15 @@ def live_rows(kind: str, **kw) -> List[dict]:
     M0, N0 = HOST_SHAPE
     rows: List[dict] = []
     if kind == "crossover":
-        for M in kw.get("Ms", hb.CROSSOVER_M):
+        for M in kw.get("Ms", hb.CROSSOVER_M):  # one input set: in L2 where it fits
             x = torch.randn(M, N0, device="cuda", dtype=hb.DTYPE)
             w = torch.randn(N0, device="cuda", dtype=hb.DTYPE)
             q = graph_time_us(lambda: _lab_call(x, w), replays=kw.get("replays", 10))
             rows.append(make_row(prov, "fwd", DEFAULT_IMPL, "graph", M, N0, hb.DTYPE, "time", q))
+        for M in kw.get("kernel_Ms", KERNEL_M):  # each kernel on inputs read from DRAM
+            for name, call in (("cute.auto", _lab_call), (TORCH, _torch_call)):
+                rows.append(make_row(prov, "fwd", name, "graph", M, N0, hb.DTYPE, "time",
+                                     _cold_graph_us(call, M, N0, kw.get("replays", 10))))
         return rows
     if kind == "varying":
         impls = {DEFAULT_IMPL: (_lab_call, default_toggles()), TORCH: (_torch_call, {})}

@@ -27,7 +27,8 @@ CPUs differ: an assumption).
                hides less host time.
 
 Where the host term wins, an implementation with a cheaper launch path wins however good the
-kernels are; the *crossover* M is where ``device_us`` overtakes ``host_us``.
+kernels are; the *crossover* M is where ``device_us`` overtakes ``host_us`` (the definition:
+``analysis.crossover``).
 ``validate_call_model`` checks both against the eager times the lab measured.
 """
 
@@ -42,6 +43,7 @@ import pandas as pd
 
 from ..results import CEILINGS, latest
 from . import MEASURED, MODELLED
+from .crossover import crossover_table as measured_crossover_table, kernel_of
 from .specs import SPECS, GPUSpec, spec
 
 SPECS_KEYS = frozenset(SPECS)
@@ -109,9 +111,8 @@ def _spec_key(gpu: str, sm_count: Optional[int] = None) -> str:
         return gpu
 
 
-def device_impl(name: str) -> str:
-    """The kernel behind a host-measured name: ``cute.auto@tvm_ffi`` -> ``cute.auto``."""
-    return name.split("@")[0].split("+")[0]
+#: the kernel behind a host-measured name: ``cute.auto@tvm_ffi`` -> ``cute.auto``
+device_impl = kernel_of
 
 
 # --- calibration ------------------------------------------------------------------------------
@@ -297,40 +298,28 @@ def crossover_M(cal: pd.DataFrame, op: str, impl: str, host_us: float, gpu: str,
     return (host_us - r["t0_us"]) * r["efficiency"] * bw / per_row
 
 
-def measured_crossover_M(df: pd.DataFrame, gpu: str, op: str, impl: str, host_us: float,
-                         N: int = REF_N) -> float:
-    """The crossover read off the *measured* graph times (log-log interpolation between the
-    two measured M that bracket ``host_us``); NaN when the measurements do not bracket it."""
-    d = measured_points(df, op, N)
-    d = d[(d["gpu"] == gpu) & (d["impl"] == impl)].sort_values("M")
-    if len(d) < 2 or not math.isfinite(host_us):
-        return math.nan
-    lm, lt = np.log(d["M"].to_numpy(float)), np.log(d["time_us"].to_numpy(float))
-    for i in range(len(d) - 1):
-        if lt[i] <= math.log(host_us) <= lt[i + 1]:
-            f = (math.log(host_us) - lt[i]) / (lt[i + 1] - lt[i]) if lt[i + 1] > lt[i] else 0
-            return float(math.exp(lm[i] + f * (lm[i + 1] - lm[i])))
-    return math.nan
-
-
 def crossover_table(df: pd.DataFrame, gpus: Sequence[str] = MODEL_GPUS, op: str = "fwd",
                     N: int = REF_N, cal: Optional[pd.DataFrame] = None,
                     hosts: Optional[pd.DataFrame] = None) -> pd.DataFrame:
-    """Crossover M per host-measured implementation (rows) and GPU (columns, modelled), plus
-    the crossover read off the measured graph times of each GPU that has them."""
+    """Crossover M per host-measured implementation (rows) and GPU (columns): modelled (the
+    implementation's kernel, modelled on that GPU, against its host cost in ``hosts``), and on
+    each GPU with measurements, ``crossover.crossover_table``'s (its kernel's measured graph
+    times against its measured host time; NaN where the measurements do not bracket it)."""
     cal = calibrate(df) if cal is None else cal
     hosts = host_costs(df, op=op) if hosts is None else hosts
     rows = []
-    measured_gpus = sorted(df["gpu"].unique()) if not df.empty else []
     for h in hosts.itertuples():
         row = {"impl": h.impl, "host_us": h.host_us}
         for gpu in gpus:
             row[f"{gpu} (modelled)"] = crossover_M(cal, op, h.device_impl, h.host_us, gpu, N)
-        for gpu in measured_gpus:
-            row[f"{gpu} (measured)"] = measured_crossover_M(df, gpu, op, h.device_impl,
-                                                            h.host_us, N)
         rows.append(row)
-    return pd.DataFrame(rows).set_index("impl") if rows else pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    out = pd.DataFrame(rows).set_index("impl")
+    for gpu in (sorted(df["gpu"].unique()) if not df.empty else []):
+        t = measured_crossover_table(df, list(out.index), gpu, N=N)
+        out[f"{gpu} (measured)"] = t["crossover M"].where(t["bound"] == "=").reindex(out.index)
+    return out
 
 
 # --- checks against measurement and against the reported figures -----------------------------

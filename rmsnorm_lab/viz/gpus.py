@@ -16,6 +16,7 @@ import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
 from ..analysis import MEASURED, MODELLED, REPORTED, model, speed
+from ..analysis.crossover import crossover_table
 from ..analysis.specs import measured_copy_bandwidth, spec
 
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
@@ -75,17 +76,35 @@ def _handle(label, **kw):
 
 # ============================================================================ speed of light
 
+#: reported stars are drawn this factor right of their intensity, the lab's points as far left,
+#: so that points at one intensity do not hide each other (the legend says so)
+DODGE = 1.12
+
+
+def _roofline_limits(points: pd.DataFrame, gpus: Sequence[str]):
+    """(x range, y range) of the roofline panels: from just left of the leftmost point to just
+    right of the highest ridge; from under the lowest point to over the highest peak."""
+    ridges = [spec(g).ridge_flop_per_byte for g in gpus]
+    peaks = [spec(g).fp32_tflops for g in gpus]
+    ai = points["intensity"].to_numpy(dtype=float) if not points.empty else np.array([1.0])
+    tf = points["TFLOPs"].to_numpy(dtype=float) if not points.empty else np.array([1.0])
+    tf = tf[np.isfinite(tf) & (tf > 0)]
+    return ((np.nanmin(ai) / 2.5, max(ridges) * 3.5),
+            (float(np.min(tf)) / 2.5 if tf.size else 0.5, max(peaks) * 1.6))
+
+
 def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_GPUS,
-                        df: Optional[pd.DataFrame] = None, axes=None,
-                        ai_range=(0.1, 100.0)):
+                        df: Optional[pd.DataFrame] = None, axes=None):
     """The roofline, one panel per GPU: attainable TFLOP/s against arithmetic intensity
-    (FLOP/byte, log-log). The roof is min(FP32 peak, intensity × datasheet bandwidth), its
-    corner the ridge point; where the lab measured a copy on that GPU, the bandwidth it reached
-    is a second, dashed roof. ``points`` (``analysis.speed.sol_points``): RMSNorm's forward
-    (circle) and backward (triangle), filled where measured, hollow where modelled, stars where
-    reported."""
+    (FLOP/byte, log-log), over the range the points and the ridge points span. The roof is
+    min(FP32 peak, intensity × datasheet bandwidth), its corner the ridge point; where the lab
+    measured a copy on that GPU, the bandwidth it reached is a second, dashed roof. ``points``
+    (``analysis.speed.sol_points``): RMSNorm's forward (circle) and backward (triangle), filled
+    where measured, hollow where modelled, stars where reported (those dodged right, the lab's
+    left, by ``DODGE``)."""
     axes = _panels(len(gpus)) if axes is None else axes
-    ai = np.geomspace(*ai_range, 200)
+    (x0, x1), (y0, y1) = _roofline_limits(points[points["gpu"].isin(gpus)], gpus)
+    ai = np.geomspace(x0, x1, 200)
     for ax, g in zip(axes, gpus):
         s, c = spec(g), _color(g)
         ax.plot(ai, speed.roof_tflops(g, ai), color=BLACK, linewidth=1.6)
@@ -97,23 +116,23 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
         ax.annotate(f"ridge {s.ridge_flop_per_byte:.0f} FLOP/B", (s.ridge_flop_per_byte,
                                                                  s.fp32_tflops),
                     xytext=(4, -14), textcoords="offset points", fontsize=8, color="#444444")
-        p = points[points["gpu"] == g]
-        for r in p.sort_values("kind", key=lambda k: k == REPORTED).itertuples(index=False):
+        for r in points[points["gpu"] == g].itertuples(index=False):
             oc = OP_COLORS.get(r.op, GREY)
             if r.kind == REPORTED:
-                ax.plot([r.intensity], [r.TFLOPs], marker="*", color=oc, markersize=12,
+                ax.plot([r.intensity * DODGE], [r.TFLOPs], marker="*", color=oc, markersize=10,
                         markeredgecolor=BLACK, markeredgewidth=0.5, linestyle="none",
-                        alpha=0.85)
+                        alpha=0.85, zorder=2)
             else:
-                ax.plot([r.intensity], [r.TFLOPs], marker=OP_MARKERS.get(r.op, "o"), color=oc,
-                        markersize=9, linestyle="none", zorder=3,
+                ax.plot([r.intensity / DODGE], [r.TFLOPs], marker=OP_MARKERS.get(r.op, "o"),
+                        color=oc, markersize=9, linestyle="none", zorder=3,
                         fillstyle="full" if r.kind == MEASURED else "none",
                         markeredgewidth=1.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         _plain(ax.xaxis)
         _plain(ax.yaxis)
-        ax.set_xlim(*ai_range)
+        ax.set_xlim(x0, x1)
+        ax.set_ylim(y0, y1)
         ax.set_title(f"{s.name}: {s.memory_bandwidth_tbps:g} TB/s, {s.fp32_tflops:g} FP32 "
                      "TFLOP/s", fontsize="medium", color=c)
         ax.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
@@ -127,7 +146,8 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
                        color=BLUE, markersize=8),
                _handle("backward, cute.auto (filled: measured; hollow: modelled)", marker="^",
                        color=VERMILLION, markersize=8, fillstyle="none", markeredgewidth=1.5),
-               _handle("reported elsewhere (colour: forward / backward)", marker="*",
+               _handle("reported elsewhere (colour: forward / backward;\n"
+                       "stars drawn right of their intensity, the lab's left)", marker="*",
                        color=GREY, markersize=11, markeredgecolor=BLACK, markeredgewidth=0.5)]
     _legend_right(axes[-1], handles)
     return axes
@@ -179,14 +199,23 @@ CROSSOVER_IMPLS = ("liger.cutedsl", "liger.triton", "cute.auto")
 _HOST_STYLES = (("--", VERMILLION), (":", PURPLE), ("-.", BLUE), ((0, (5, 2, 1, 2)), GREEN))
 
 
+def _measured_crossovers(df: pd.DataFrame, names: Sequence[str], gpu: str) -> Dict[str, float]:
+    """``analysis.crossover``'s crossover M of each host-measured name on ``gpu`` (bracketed
+    ones only)."""
+    t = crossover_table(df, names, gpu)
+    return {i: r["crossover M"] for i, r in t.iterrows() if r["bound"] == "="}
+
+
 def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = CROSSOVER_IMPLS, op: str = "fwd",
                    gpus: Sequence[str] = model.MODEL_GPUS, N: int = model.REF_N,
                    cal: Optional[pd.DataFrame] = None, hosts: Optional[pd.DataFrame] = None,
-                   device_impl: str = "liger.triton", axes=None, ax=None):
-    """One panel per GPU: device µs of ``device_impl`` against M (modelled dashed; measured
-    solid where the lab ran) and the measured host µs per call of each of ``impls`` (the same
-    on every GPU, by assumption) as horizontal lines; each crossover (modelled) marked. Left
-    of a crossover the call is host-bound."""
+                   axes=None, ax=None):
+    """One panel per GPU; for each of ``impls``, in one colour: its measured host µs per call
+    (the same on every GPU, by assumption) as a horizontal line and its own kernel's device
+    µs against M as a curve, measured (solid, filled) on a GPU the lab ran on, modelled
+    (dashed, hollow) elsewhere; a ring where the two meet, the crossover (``analysis.crossover``
+    where measured, ``model.crossover_M`` where modelled). Left of a ring the call is
+    host-bound."""
     cal = model.calibrate(df) if cal is None else cal
     hosts = model.host_costs(df, op=op) if hosts is None else hosts
     if axes is None:
@@ -194,42 +223,42 @@ def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = CROSSOVER_IMPLS, op:
         gpus = gpus[:len(axes)]
     Ms = np.array(model.MODEL_M, dtype=float)
     meas = model.measured_points(df, op, N)
+    shown = {name: model.resolve_host(hosts, name) for name in impls}
+    shown = {k: v for k, v in shown.items() if v[0] is not None and math.isfinite(v[1])}
     for a, g in zip(axes, gpus):
-        t = model.device_us(cal, op, device_impl, g, Ms, N)
-        if not np.all(np.isnan(t)):
-            a.plot(Ms, t, color=GREY, markersize=4, **STYLE[MODELLED])
-        m = meas[(meas["gpu"] == g) & (meas["impl"] == device_impl)].sort_values("M") \
-            if not meas.empty else meas
-        if not m.empty:
-            a.plot(m["M"], m["time_us"], color=BLACK, markersize=4, **STYLE[MEASURED])
-        for i, name in enumerate(impls):
-            shown, h = model.resolve_host(hosts, name)
-            if not math.isfinite(h):
-                continue
+        here = meas[meas["gpu"] == g] if not meas.empty else meas
+        crossed = _measured_crossovers(df, [v[0] for v in shown.values()], g) \
+            if not here.empty else {}
+        for i, (name, (host_name, h)) in enumerate(shown.items()):
             ls, c = _HOST_STYLES[i % len(_HOST_STYLES)]
+            kernel = model.device_impl(name)
             a.axhline(h, color=c, linestyle=ls, linewidth=1.4)
-            x = model.crossover_M(cal, op, model.device_impl(name), h, g, N)
+            m = here[here["impl"] == kernel].sort_values("M") if not here.empty else here
+            if not m.empty:
+                a.plot(m["M"], m["time_us"], color=c, markersize=4, linewidth=1.2,
+                       **STYLE[MEASURED])
+                x = crossed.get(host_name, math.nan)
+            else:
+                a.plot(Ms, model.device_us(cal, op, kernel, g, Ms, N), color=c, markersize=4,
+                       linewidth=1.2, **STYLE[MODELLED])
+                x = model.crossover_M(cal, op, kernel, h, g, N)
             if math.isfinite(x) and Ms[0] <= x <= Ms[-1]:
-                a.plot([x], [h], "o", color=c, markersize=7, markerfacecolor="white",
-                       markeredgewidth=1.5)
+                a.plot([x], [h], "o", color=c, markersize=10, markerfacecolor="none",
+                       markeredgewidth=1.8, zorder=4)
         _log2_x(a, Ms[::2])
         a.set_yscale("log")
         a.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         _plain(a.yaxis)
-        a.set_title(spec(g).name, fontsize="medium", color=_color(g))
+        a.set_title(spec(g).name + (f" ({MEASURED})" if not here.empty else f" ({MODELLED})"),
+                    fontsize="medium", color=_color(g))
         a.set_xlabel(f"M (rows), N={N}")
         a.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("µs per call")
-    handles = [_handle(f"device µs, {device_impl} ({MODELLED})", color=GREY, linestyle="--",
-                       marker="s", fillstyle="none"),
-               _handle(f"device µs, {device_impl} ({MEASURED})", color=BLACK, linestyle="-",
-                       marker="o")]
-    for i, name in enumerate(impls):
-        shown, h = model.resolve_host(hosts, name)
-        if math.isfinite(h):
-            ls, c = _HOST_STYLES[i % len(_HOST_STYLES)]
-            handles.append(_handle(f"host µs, {shown} ({h:.0f}, {MEASURED})", color=c,
-                                   linestyle=ls))
+    handles = [_handle(f"{host_name}: host {h:.0f} µs (line), its kernel (curve)", color=c,
+                       linestyle=ls)
+               for (host_name, h), (ls, c) in zip(shown.values(), _HOST_STYLES)]
+    handles += [_handle(f"kernel µs, {MEASURED}", color=GREY, **STYLE[MEASURED]),
+                _handle(f"kernel µs, {MODELLED}", color=GREY, **STYLE[MODELLED])]
     _legend_right(axes[-1], handles[:5])
     return axes
 
@@ -241,7 +270,8 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
     """CuTe time / Triton time per GPU and M (the PR's pair), on a log axis centred on 1 with
     the parity band: reported (star), modelled per call (hollow square), modelled kernels alone
     (hollow triangle), ``scenario``'s modelled per-call ratio (hollow diamond) and the ratio
-    measured eagerly on the H200 (filled circle). Below 1: CuTe faster."""
+    measured eagerly on the H200 (filled circle), side by side within each (GPU, M); the y range
+    spans the data and the parity band. Below 1: CuTe faster."""
     ax = _axes(ax, (9, 4.6))
     keys = list(pr[["gpu", "M"]].itertuples(index=False, name=None))
     xs = np.arange(len(keys))
@@ -253,25 +283,27 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
                                                      markersize=14)),
               ("measured eager ratio", f"eager ({MEASURED}, H200)",
                dict(marker="o", color=BLACK, markersize=7))]
-    values = []
-    for col, label, kw in series:
-        v = pr[col].to_numpy(dtype=float)
-        if np.isfinite(v).any():
-            ax.plot(xs, v, linestyle="none", label=label, **kw)
-            values.append(v)
+    scen = None
     if scenario is not None and not scenario.empty:
-        sv = scenario.set_index(["gpu", "M"]).reindex(keys)["call ratio (modelled)"]
-        ax.plot(xs, sv.to_numpy(dtype=float), linestyle="none", marker="D", fillstyle="none",
-                color=GREEN, markersize=8, label=scenario_label or "scenario")
-        values.append(sv.to_numpy(dtype=float))
-    allv = np.concatenate(values) if values else np.array([1.0])
+        scen = scenario.set_index(["gpu", "M"]).reindex(keys)["call ratio (modelled)"]
+    drawn = [(label, pr[col].to_numpy(dtype=float), kw) for col, label, kw in series]
+    if scen is not None:
+        drawn.append((scenario_label or "scenario", scen.to_numpy(dtype=float),
+                      dict(marker="D", fillstyle="none", color=GREEN, markersize=8)))
+    drawn = [(label, v, kw) for label, v, kw in drawn if np.isfinite(v).any()]
+    width = 0.14  # series side by side within each (GPU, M) group, so none hides another
+    for x in xs[1:]:
+        ax.axvline(x - 0.5, color=GREY, linewidth=0.6, alpha=0.5)
+    for j, (label, v, kw) in enumerate(drawn):
+        ax.plot(xs + (j - (len(drawn) - 1) / 2) * width, v, linestyle="none", label=label, **kw)
+    allv = np.concatenate([v for _, v, _ in drawn] + [np.array([1 - model.PARITY,
+                                                                1 + model.PARITY])])
     allv = allv[np.isfinite(allv) & (allv > 0)]
-    span = max(1.3, float(np.exp(np.max(np.abs(np.log(allv))))) * 1.15) if allv.size else 1.3
+    lo, hi = float(allv.min()) / 1.15, float(allv.max()) * 1.15  # the data, the parity band
     ax.set_yscale("log")
-    ax.set_ylim(1 / span, span)
-    candidates = ((0.1, 0.2, 0.33, 0.5, 0.67, 1.0, 1.5, 2, 3, 5, 10) if span > 2 else
-                  (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2))
-    ticks = [t for t in candidates if 1 / span <= t <= span]
+    ax.set_ylim(lo, hi)
+    candidates = (0.1, 0.2, 0.25, 0.33, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2, 3, 5, 10)
+    ticks = [t for t in candidates if lo <= t <= hi]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.axhline(1.0, color=BLACK, linewidth=1)

@@ -12,24 +12,22 @@ the data. Plots take an ``ax`` (a new figure when omitted) and return it.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import matplotlib
-import matplotlib.patches
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
+from ..analysis.crossover import (Crossover, crossover_M, crossover_table,  # noqa: F401
+                                  kernel_of, kernel_times)
 from ..analysis.host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, DEFAULT_PATH,  # noqa: F401
                              HOST_SHAPE, PART_LAYERS, STEPS, TOGGLES, TORCH, VARYING, WORKLOADS,
-                             Crossover, Step, Toggle, cache_table, crossover_M,
-                             crossover_table, device_times, host_order, host_rows, host_table,
-                             is_launch_path, is_toggle, known_impl, load_host_parts,
+                             Step, Toggle, cache_table, device_times, host_order, host_rows,
+                             host_table, is_launch_path, is_toggle, known_impl, load_host_parts,
                              recorded_name, savings_table, split_impl, step_of, triton_step,
                              varying_table)
 from ..analysis.tables import one_gpu
-from ..profiling.trace import (Trace, kernels, launches, stage_order, steady_state,
-                               steady_window)
 from ..registry import impl as registry_impl
 
 # Okabe and Ito's palette (distinct under the common colour-vision deficiencies)
@@ -204,41 +202,56 @@ def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
 
 # ============================================================================ crossover
 
-#: host lines of the crossover figure, at most four: the default, torch, and two slower paths
-CROSSOVER_IMPLS = (DEFAULT_IMPL, TORCH, "cute.auto@tvm_ffi+python_node", "cute.auto@cached")
+#: host lines of the crossover figure: the default, torch and the Python node
+CROSSOVER_IMPLS = (DEFAULT_IMPL, TORCH, "cute.auto@tvm_ffi+python_node")
 _HOST_LINE_STYLE = (("--", BLUE), (":", GREY), ("-.", PURPLE), ((0, (5, 2, 1, 2)), VERMILLION))
+#: how each kernel's time is drawn: colour, marker (the lab's, then torch's, then others)
+_KERNEL_STYLE = {"cute.auto": (BLACK, "o"), TORCH: (GREY, "s")}
+
+
+def _kernel_label(kernel: str, impls: Sequence[str]) -> str:
+    shared = sum(kernel_of(i) == kernel for i in impls) > 1
+    return f"device µs, {kernel}'s kernel" + (" (the lab's paths)" if shared else "")
 
 
 def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",
                    impls: Optional[Sequence[str]] = CROSSOVER_IMPLS, ax=None,
                    labels: Optional[Dict[str, str]] = None):
-    """Device µs of the default kernel against M (CUDA-graph replay, p20-p80 band) and the host
-    µs of up to four implementations (``workload``) as horizontal lines, each crossover marked
-    and its M written on the M axis. Left of a crossover, a loop of eager calls on that path is
-    host-bound (the GPU waits for the CPU); right of it, device-bound."""
+    """The crossovers of ``analysis.crossover``, drawn: each implementation's host µs per call
+    (``workload``) as a horizontal line, its own kernel's device µs against M as a curve
+    (CUDA-graph replay, inputs from DRAM; band p20-p80; the lab's launch paths share
+    ``cute.auto``'s), and a ring where a host line meets its kernel's curve. Left of a ring, a
+    loop of eager calls on that path is host-bound; right of it, device-bound."""
     d, gpu = one_gpu(df, gpu)
-    dev = device_times(d, gpu)
-    table = crossover_table(d, gpu, workload, impls)
+    table = crossover_table(d, impls, gpu, workload)
     ax = _axes(ax, (8.5, 4.5))
-    ax.plot(dev["M"], dev["p50"], "-o", color=BLACK, markersize=4,
-            label="device µs, default kernel (graph replay)")
-    ax.fill_between(dev["M"], dev["p20"], dev["p80"], color=BLACK, alpha=0.12, linewidth=0)
-    for k, (impl, r) in enumerate(table.head(4).iterrows()):
+    kernels = list(dict.fromkeys(table["kernel"]))
+    top = float(table["host µs"].max()) if len(table) else math.inf
+    xs = []
+    for k, kernel in enumerate(kernels):
+        dev = kernel_times(d, kernel, gpu, "full" if workload == "full" else "fwd")
+        past = dev.index[dev["p50"] >= top]  # one measured point past the highest host line
+        dev = dev.iloc[:past[0] + 1] if len(past) else dev
+        colour, marker = _KERNEL_STYLE.get(kernel, (GREEN, "D"))
+        ax.plot(dev["M"], dev["p50"], "-", marker=marker, color=colour, markersize=4,
+                label=_kernel_label(kernel, list(table.index)))
+        ax.fill_between(dev["M"], dev["p20"], dev["p80"], color=colour, alpha=0.15, linewidth=0)
+        xs += list(dev["M"])
+    for k, (impl, r) in enumerate(table.head(len(_HOST_LINE_STYLE)).iterrows()):
         ls, c = _HOST_LINE_STYLE[k]
         ax.axhline(r["host µs"], color=c, linestyle=ls, linewidth=1.5,
                    label=f"host µs, {(labels or {}).get(impl, impl)} ({r['host µs']:.1f})")
         if r["bound"] == "=":
-            ax.plot([r["crossover M"]], [r["host µs"]], "o", color=c, markersize=8,
-                    markerfacecolor="white", markeredgewidth=1.5)
-            ax.axvline(r["crossover M"], color=c, linestyle=ls, linewidth=0.8, alpha=0.6)
-    _log2_x(ax, dev["M"])
-    ax.tick_params(axis="x", labelrotation=45)
+            ax.plot([r["crossover M"]], [r["host µs"]], "o", color=c, markersize=9,
+                    markerfacecolor="none", markeredgewidth=1.8, zorder=4)
+    if xs:
+        _log2_x(ax, xs)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     _plain_log(ax.yaxis)
     ax.set_xlabel(f"M (rows), N={HOST_SHAPE[1]} bf16")
     ax.set_ylabel(f"µs per call ({workload})")
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, which="major", alpha=0.3)
     _legend_right(ax)
     return ax
 
@@ -246,18 +259,27 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
 # ============================================================================ cache cap
 
 def plot_cache_steps(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE, ax=None,
-                     references: Sequence[str] = (DEFAULT_IMPL, "triton.row")):
+                     references: Sequence[str] = (DEFAULT_IMPL, "triton.row"),
+                     runs: Optional[pd.DataFrame] = None):
     """Step time (ms; median, whiskers p20-p80) of the training-like step per tensor-cache cap
-    of the ``cached`` path, with the default path's and Triton's steps as horizontal lines."""
+    of the ``cached`` path, with the default path's and Triton's steps as horizontal lines;
+    with ``runs`` (``analysis.host.cache_runs``), every recorded run's median as a small grey
+    dot beside its cap."""
     d, gpu = one_gpu(df, gpu)
     t = cache_table(d, gpu, shape)
     ax = _axes(ax, (7.5, 4))
     xs = np.arange(len(t))
     ms = t["step µs"] / 1e3
+    if runs is not None and not runs.empty:
+        r = runs.reindex(t.index) / 1e3
+        for x, (_, vals) in zip(xs, r.iterrows()):
+            v = vals.dropna().to_numpy()
+            ax.plot(np.full(len(v), x - 0.22), v, "o", color=GREY, markersize=3.5,
+                    alpha=0.8, label="one recorded run's median" if x == 0 else None)
     ax.errorbar(xs, ms, yerr=[(ms - t["step p20"] / 1e3).fillna(0),
                               (t["step p80"] / 1e3 - ms).fillna(0)],
                 fmt="o", color=VERMILLION, markersize=7, capsize=3,
-                label="cached path, per cap")
+                label="cached path (median, p20–p80)")
     for x, v in zip(xs, ms):
         if pd.notna(v):
             ax.annotate(f"{v:.1f}", (x, v), xytext=(8, 0), textcoords="offset points",
@@ -303,150 +325,6 @@ def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAP
     return axes
 
 
-# ============================================================================ timeline
-
-#: kernel-name fragments -> the short name a timeline shows
-KERNEL_NAMES = (("RMSNormFusedAddForward", "forward + add"), ("RMSNormForward", "forward"),
-                ("DwReduce", "dW reduce"), ("RMSNormBackward", "backward"),
-                ("Dx", "dx"), ("Dw", "dW partials"))
-_KERNEL_COLORS = (BLUE, ORANGE, GREEN, PURPLE, SKY, YELLOW)
-#: NVTX ranges by stage (launch calls are vermillion, kernels take _KERNEL_COLORS)
-RANGE_COLORS = {"iter": "#CCCCCC", "replay": "#CCCCCC", "warmup": "#CCCCCC", "launch": SKY,
-                "reduce": PURPLE, "marshal": YELLOW, "compile": GREEN}
-
-
-def short_kernel_name(name: str) -> str:
-    """A mangled CuTe kernel name as a reader knows it (``forward``, ``backward``, ``dW
-    reduce``); any other kernel keeps its first 30 characters."""
-    for part, short in KERNEL_NAMES:
-        if part in name:
-            return short
-    return name if len(name) <= 30 else name[:29] + "…"
-
-
-def _short(name: str, width: int = 40) -> str:
-    return name if len(name) <= width else name[:width - 1] + "…"
-
-
-def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
-                  api: bool = True, connect: bool = True, span_us: Optional[float] = None,
-                  kernel_colors: Optional[Dict[str, str]] = None, legend: bool = True):
-    """NVTX ranges (one row per range name, ordered by stage) above the CUDA API calls and the
-    kernels, on one time axis in µs from the start of iteration ``first`` (default 1: the first
-    iteration pays for what was cold and would squeeze the rest), over ``count`` iterations or
-    ``span_us``. Iterations are the ``iter`` ranges, or for a graph replay the kernel groups.
-    Thin grey lines join each launch call to the kernel it launched (correlation id)."""
-    t0, t1 = steady_window(trace, first, count, None if span_us is None else span_us * 1e3)
-    pad = 0.02 * (t1 - t0)
-    lo, hi = t0 - pad, t1 + pad
-
-    def clip(f):
-        if f is None or f.empty:
-            return None
-        f = f[(f["end_ns"] >= lo) & (f["start_ns"] <= hi)]
-        return f if not f.empty else None
-
-    nv = clip(trace.nvtx)
-    gpu_df = clip(kernels(trace)) if trace.gpu is not None else None
-    api_df = clip(trace.api) if api else None
-    rows: List[Tuple[str, pd.DataFrame, object]] = []
-    if nv is not None:
-        for name in sorted(nv["range"].unique(), key=stage_order):
-            rows.append((name, nv[nv["range"] == name],
-                         RANGE_COLORS.get(name.split(" ", 1)[0], GREY)))
-    if api_df is not None or (api and trace.api is not None):
-        # kept when empty: a span without launch calls is what a graph replay looks like
-        rows.append(("CUDA API (host)", api_df if api_df is not None else trace.api.iloc[:0],
-                     None))
-    if gpu_df is not None:
-        rows.append(("GPU kernels", gpu_df, None))
-    if not rows:
-        raise ValueError("nothing to draw in this window")
-    ax = _axes(ax, (12, 3.5))
-    colors_of = dict(kernel_colors or {})
-    height = 0.7
-    for y, (label, f, color) in enumerate(rows):
-        starts = (f["start_ns"] - t0) / 1e3
-        widths = np.maximum(f["dur_ns"] / 1e3, (hi - lo) / 1e3 * 2e-3)
-        if label == "GPU kernels":
-            colors = []
-            for n in f["name"]:
-                s = short_kernel_name(n)
-                if s not in colors_of:
-                    colors_of[s] = _KERNEL_COLORS[len(colors_of) % len(_KERNEL_COLORS)]
-                colors.append(colors_of[s])
-        elif label.startswith("CUDA API"):
-            colors = [VERMILLION if x else "#DDDDDD" for x in f.get("launch", [True] * len(f))]
-        else:
-            colors = [color] * len(f)
-        ax.broken_barh(list(zip(starts, widths)), (y - height / 2, height),
-                       facecolors=colors, edgecolor=BLACK, linewidth=0.3)
-    labels = [_short(r[0]) for r in rows]
-    for y, (label, f, _) in enumerate(rows):
-        if label.startswith("CUDA API") and f.empty:
-            ax.text(0.5, y, "no CUDA API calls in this span", transform=ax.get_yaxis_transform(),
-                    ha="center", va="center", fontsize=9, color="#555555")
-    if connect and api_df is not None and gpu_df is not None:
-        joined = launches(Trace(None, gpu_df, api_df, {}))
-        if joined is not None:
-            y_api = next(i for i, r in enumerate(rows) if r[0].startswith("CUDA API"))
-            y_gpu = len(rows) - 1
-            for a, s in zip(joined["api_start_ns"], joined["start_ns"]):
-                ax.plot([(a - t0) / 1e3, (s - t0) / 1e3], [y_api + height / 2, y_gpu - height / 2],
-                        color=GREY, linewidth=0.6, alpha=0.8)
-    ax.set_yticks(range(len(rows)), labels)
-    ax.set_ylim(len(rows) - 0.4, -0.6)
-    ax.set_xlim((lo - t0) / 1e3, (hi - t0) / 1e3)
-    ax.set_xlabel("µs from the start of the first iteration shown")
-    ax.grid(True, axis="x", alpha=0.3)
-    if legend:
-        used = sorted({short_kernel_name(n) for n in gpu_df["name"]}) if gpu_df is not None else []
-        handles = [matplotlib.patches.Patch(facecolor=colors_of[s], edgecolor=BLACK, label=s)
-                   for s in used]
-        if api_df is not None:
-            handles.append(matplotlib.patches.Patch(facecolor=VERMILLION, edgecolor=BLACK,
-                                                    label="launch call"))
-        _legend_right(ax, handles)
-    return ax
-
-
-def plot_timelines(eager: Trace, graph: Optional[Trace], first: int = 1, count: int = 3,
-                   axes=None, stats_from: Optional[int] = None):
-    """The eager loop (``count`` iterations from ``first``) above the same work replayed from a
-    CUDA graph, on the same time span, so that their paces compare at a glance; each panel's
-    title gives its pace from the trace (``steady_state`` from iteration ``stats_from``, default
-    ``first``). Without ``graph`` the eager loop alone. Returns the axes."""
-    stats_from = first if stats_from is None else stats_from
-    n = 2 if graph is not None else 1
-    if axes is None:
-        import matplotlib.pyplot as plt
-        ranges = eager.nvtx["range"].nunique() if eager.nvtx is not None else 0
-        heights = [ranges + 2, 2][:n]
-        axes = plt.subplots(n, 1, figsize=(12, 0.55 * sum(heights) + 1.2 * n),
-                            constrained_layout=True, squeeze=False,
-                            gridspec_kw={"height_ratios": heights})[1][:, 0]
-    t0, t1 = steady_window(eager, first, count)
-    span_us = (t1 - t0) / 1e3
-    colors: Dict[str, str] = {}
-    for t in (eager, graph):
-        for k in (kernels(t)["name"] if t is not None else []):
-            colors.setdefault(short_kernel_name(k),
-                              _KERNEL_COLORS[len(colors) % len(_KERNEL_COLORS)])
-    s = steady_state(eager, stats_from)
-    plot_timeline(eager, first, count, ax=axes[0], kernel_colors=colors)
-    axes[0].set_title(f"eager loop: one iteration every {s['period_us']:.1f} µs, "
-                      f"{s['kernel_us']:.1f} µs of it on the GPU ({s['busy']:.0%} busy)",
-                      fontsize="medium", loc="left")
-    if graph is not None:
-        g = steady_state(graph, stats_from)
-        plot_timeline(graph, first, span_us=span_us, ax=axes[1], kernel_colors=colors)
-        axes[1].set_title(f"the same work replayed from one CUDA graph: one iteration every "
-                          f"{g['period_us']:.1f} µs ({g['busy']:.0%} busy)",
-                          fontsize="medium", loc="left")
-        axes[0].set_xlabel("")
-    return axes
-
-
 # ============================================================================ host parts
 
 def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
@@ -475,3 +353,8 @@ def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
 def impl_label(name: str) -> str:
     """The registry's legend text of an implementation (``cute.auto (the default)``...)."""
     return registry_impl(name).style["label"]
+
+
+# the timelines live in their own module; imported last (it takes this module's helpers)
+from .timeline import (KERNEL_NAMES, RANGE_COLORS, plot_timeline,  # noqa: E402,F401
+                       plot_timelines, short_kernel_name)

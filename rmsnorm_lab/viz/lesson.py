@@ -27,13 +27,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from .. import results as results_io
-from ..registry import impl as _registry_impl
+from .sweeps import style_of
 # The notebooks reach everything through this one module: what the compiler made of a kernel
 # and the recorded measurements live beside it.
 from .compiled import (Compiled, compiled_table, inspect, read_compiled,  # noqa: F401
                        target_arch, tool_version)
 from .recorded import (COPY_OF, RECORDED_GPU, RESULTS_ROOT, fmt_shape,  # noqa: F401
-                       load_ncu, load_teach, ncu_sentence, ncu_shape, ncu_view, recorded_sass,
+                       load_ncu, load_teach, ncu_sentence, ncu_shape, ncu_units, ncu_value,
+                       ncu_view, recorded_sass,
                        teach_path, teach_table)
 
 # ------------------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def style(name: str) -> dict:
     if name in TEACH_STYLES:
         color, ls, marker = TEACH_STYLES[name]
         return dict(color=color, linestyle=ls, marker=marker, label=name)
-    return _registry_impl(name).style
+    return style_of(name)
 
 
 # ------------------------------------------------------------------------------------------------

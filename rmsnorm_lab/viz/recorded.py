@@ -137,6 +137,24 @@ def ncu_view(ncu: pd.DataFrame, kernels: Optional[Sequence[str]] = None) -> pd.D
     return pd.DataFrame(rows).set_index("kernel") if rows else pd.DataFrame()
 
 
+#: Nsight Compute's "speed of light" of each unit: how busy it was, as a % of its peak
+NCU_UNITS = {"DRAM": "GPU Speed Of Light Throughput/DRAM Throughput",
+             "L2": "GPU Speed Of Light Throughput/L2 Cache Throughput",
+             "L1/TEX": "GPU Speed Of Light Throughput/L1/TEX Cache Throughput",
+             "SM (compute)": "GPU Speed Of Light Throughput/Compute (SM) Throughput"}
+
+
+def ncu_value(ncu: pd.DataFrame, kernel: str, metric: str) -> float:
+    """One recorded metric of ``kernel`` (NaN when the record does not hold it)."""
+    hit = ncu[(ncu["kernel"] == kernel) & (ncu["metric"] == metric)]
+    return float(hit["value"].iloc[0]) if len(hit) else math.nan
+
+
+def ncu_units(ncu: pd.DataFrame, kernel: str) -> pd.Series:
+    """How busy each unit of ``NCU_UNITS`` was during ``kernel``, % of its peak."""
+    return pd.Series({unit: ncu_value(ncu, kernel, m) for unit, m in NCU_UNITS.items()})
+
+
 def ncu_shape(ncu: pd.DataFrame, kernel: Optional[str] = None) -> str:
     """The M×N the record was taken at (of ``kernel``, or of the first row)."""
     d = ncu[ncu["kernel"] == kernel] if kernel is not None else ncu

@@ -10,7 +10,8 @@ The figures follow one set of rules, so that each reads at a glance:
 * the registry's colours, line styles and markers (Okabe and Ito's palette: distinct under the
   common colour-vision deficiencies), so a series looks the same in every figure;
 * y ranges that show the differences that matter (bandwidth from just under the slowest shown
-  point to the ceiling, with a % of the ceiling axis; ratios centred on 1);
+  point to the ceiling, with a % of the ceiling axis; ratios drawn from 1, the range fitted to
+  them);
 * legends outside the data.
 
 When results hold several GPUs, pass ``gpu=`` (a slug such as ``"h200"``): one figure never mixes
@@ -27,6 +28,7 @@ from typing import Dict, Optional, Sequence
 
 try:
     import matplotlib
+    import matplotlib.lines
     import matplotlib.ticker
 except ImportError:  # the tables and fits still work; the figures need matplotlib
     matplotlib = None
@@ -47,6 +49,8 @@ from ..results import CEILINGS  # noqa: E402
 
 #: series per axes, the ceiling line included
 MAX_SERIES = 5
+#: registry colours too light to read on white, and the darker shade drawn instead
+ON_WHITE = {"#F0E442": "#B8A200"}
 #: Okabe-Ito colours used outside the registry's series
 BLUE, VERMILLION, GREEN, GREY, BLACK = "#0072B2", "#D55E00", "#009E73", "#999999", "#000000"
 
@@ -66,6 +70,13 @@ def _log2_x(ax, values) -> None:
     if ticks:
         ax.set_xticks(ticks, [str(t) for t in ticks], rotation=45 if len(ticks) > 4 else 0)
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def style_of(name: str) -> dict:
+    """The registry's line style of an implementation, with a colour that reads on white."""
+    st = dict(impl(name).style)
+    st["color"] = ON_WHITE.get(st["color"].upper(), st["color"])
+    return st
 
 
 def legend_outside(ax, where: str = "right", offset: float = 1.02, **kw) -> None:
@@ -110,6 +121,32 @@ def _percent_axis(ax, ceiling: float) -> None:
     sec.set_ylabel("% of the ceiling")
 
 
+#: two series whose medians differ by less than this everywhere are drawn as coinciding
+COINCIDE = 0.01
+
+
+def coincides_with(name: str, d: pd.DataFrame, x: str, shown: Sequence[str]) -> Optional[str]:
+    """The series drawn before ``name`` (in ``shown``) whose medians at every ``x`` of both lie
+    within ``COINCIDE`` of ``name``'s, or None: its line would hide ``name``'s."""
+    mine = d[d["impl"] == name].set_index(x)["p50"]
+    for other in shown[:shown.index(name)]:
+        theirs = d[d["impl"] == other].set_index(x)["p50"]
+        both = mine.index.intersection(theirs.index)
+        if len(both) and float((mine[both] / theirs[both] - 1).abs().max()) < COINCIDE:
+            return other
+    return None
+
+
+def _coinciding(name: str, d: pd.DataFrame, x: str, shown: Sequence[str]) -> dict:
+    """Line keywords that keep ``name`` visible over a series it coincides with: dashed, hollow
+    markers, and the legend saying so."""
+    other = coincides_with(name, d, x, shown)
+    if other is None:
+        return {}
+    return dict(linestyle=(0, (4, 3)), fillstyle="none", markersize=7, linewidth=1.6,
+                label=f"{style_of(name)['label']} (within {COINCIDE:.0%} of {other})")
+
+
 def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax, impls):
     d, gpu = one_gpu(df, gpu)
     d = d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
@@ -124,8 +161,9 @@ def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax, impls):
     lows, highs = [], []
     for name in shown:
         s = d[d["impl"] == name].sort_values(x)
-        st = impl(name).style
-        ax.plot(s[x], s["p50"], markersize=4, **st)
+        st = dict(style_of(name), markersize=4)
+        st.update(_coinciding(name, d, x, shown))
+        ax.plot(s[x], s["p50"], **st)
         ax.fill_between(s[x], s["p20"], s["p80"], color=st["color"], alpha=0.15)
         lows.append(s["p20"].min())
         highs.append(s["p80"].max())
@@ -168,9 +206,13 @@ def plot_bandwidth_vs_N(df: pd.DataFrame, op: str, M: int = 16384, path: str = "
 def plot_eager_vs_graph(df: pd.DataFrame, op: str, impl: str, N: int = 4096,
                         gpu: Optional[str] = None, ax=None):
     """µs per call against M for one implementation, launched eagerly and replayed in a CUDA
-    graph: where the lines part, the host (launch path) and not the kernel sets the time."""
+    graph: where the lines part, the host (launch path) and not the kernel sets the time. The y
+    range spans every implementation's times of ``op`` at width N, so that panels drawn for
+    several implementations share one scale."""
     d, gpu = one_gpu(df, gpu)
-    d = d[(d["op"] == op) & (d["impl"] == impl) & (d["metric"] == "time") & (d["N"] == N)]
+    every = library_rows(d[(d["op"] == op) & (d["metric"] == "time") & (d["N"] == N)
+                           & d["path"].isin(["eager", "graph"]) & ~d["impl"].isin(CEILINGS)])
+    d = every[every["impl"] == impl]
     ax = _axes(ax)
     for path, colour, ls, marker in (("eager", VERMILLION, "--", "o"),
                                      ("graph", BLUE, "-", "s")):
@@ -179,14 +221,28 @@ def plot_eager_vs_graph(df: pd.DataFrame, op: str, impl: str, N: int = 4096,
                 label=path)
     _log2_x(ax, d["M"])
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    if len(every):
+        ax.set_ylim(every["p50"].min() / 1.3, every["p50"].max() * 1.3)
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("M")
     ax.set_ylabel("µs per call (median)")
     ax.set_title(f"{gpu}: {impl} {op}, eager vs graph, N={N}", fontsize="medium")
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, which="major", alpha=0.3)
     legend_outside(ax)
     return ax
+
+
+def _fit_ratio_range(ax, values) -> None:
+    """y range of a ratio figure: from just under the smallest of ``values`` and 1 to just over
+    the largest, so the bars (drawn from 1) fill it."""
+    import numpy as np
+
+    v = np.asarray([x for x in values if np.isfinite(x)] + [1.0], dtype=float)
+    lo, hi = float(v.min()), float(v.max())
+    pad = max(0.08 * (hi - lo), 0.02)
+    ax.set_ylim(lo - pad, hi + pad)
 
 
 def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
@@ -194,16 +250,16 @@ def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
                refs: Optional[Dict[str, float]] = None,
                marks: Optional[Dict[str, Sequence[float]]] = None):
     """Grouped bars of ratios, drawn from 1 (not from 0), so a bar's length is the difference
-    that matters; y range centred on 1. ``series`` maps a legend label to a frame with one row
-    per label (in order) holding ``ratio`` and optional ``lo``/``hi`` (whiskers); NaN leaves a
-    gap. ``refs`` adds dashed reference lines (label -> ratio), ``marks`` a reference value per
+    that matters; the y range fits what is drawn (and 1). ``series`` maps a legend label to a
+    frame with one row per label (in order) holding ``ratio`` and optional ``lo``/``hi``
+    (whiskers); NaN leaves a gap. ``refs`` adds dashed reference lines (label -> ratio), ``marks`` a reference value per
     label drawn as a black tick across its group (label -> values). Returns ``ax``."""
     import numpy as np
 
     n = max(1, len(series))
     width = 0.8 / n
     palette = [BLUE, VERMILLION, GREEN, GREY]
-    extent = 0.0
+    seen = []  # every value drawn: the y range fits them
     xs = np.arange(len(labels))
     for j, (name, r) in enumerate(series.items()):
         colour = (colours or {}).get(name, palette[j % len(palette)])
@@ -213,14 +269,11 @@ def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
         if {"lo", "hi"} <= set(r.columns):
             err = [np.clip(vals - r["lo"].to_numpy(dtype=float), 0, None),
                    np.clip(r["hi"].to_numpy(dtype=float) - vals, 0, None)]
-            if np.isfinite(r[["lo", "hi"]].to_numpy(dtype=float)).any():
-                extent = max(extent, float(np.nanmax(np.abs(r[["lo", "hi"]].to_numpy(dtype=float)
-                                                            - 1))))
+            seen += list(r[["lo", "hi"]].to_numpy(dtype=float).ravel())
         ax.bar(pos, vals - 1, width, bottom=1, color=colour, yerr=err, capsize=2,
                label=name,
                hatch=None if j == 0 else "//", edgecolor="white", linewidth=0.5)
-        if np.isfinite(vals).any():
-            extent = max(extent, float(np.nanmax(np.abs(vals - 1))))
+        seen += list(vals)
         if annotate:
             tips = r["hi"].to_numpy(dtype=float) if "hi" in r.columns else vals
             lows = r["lo"].to_numpy(dtype=float) if "lo" in r.columns else vals
@@ -232,15 +285,13 @@ def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
                             xytext=(0, 3 if v >= 1 else -10), ha="center", fontsize="x-small")
     for name, v in (refs or {}).items():
         ax.axhline(v, color=GREY, linestyle="--", linewidth=1.2, label=name)
-        extent = max(extent, abs(v - 1))
+        seen.append(v)
     for name, vals in (marks or {}).items():
         vals = np.asarray(vals, dtype=float)
         ax.plot(xs, vals, linestyle="none", marker="_", markersize=34, markeredgewidth=2.2,
                 color=BLACK, label=name)
-        if np.isfinite(vals).any():
-            extent = max(extent, float(np.nanmax(np.abs(vals - 1))))
-    extent = max(extent * 1.25, 0.02)
-    ax.set_ylim(1 - extent, 1 + extent)
+        seen += list(vals)
+    _fit_ratio_range(ax, seen)
     ax.axhline(1.0, color=BLACK, linewidth=1)
     ax.set_xticks(list(xs), list(labels), rotation=30 if len(labels) > 4 else 0)
     ax.grid(True, axis="y", alpha=0.3)
@@ -268,8 +319,7 @@ def plot_time_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
         for x, v in enumerate(r["ratio"]):
             ax.annotate(f"{v:.2f}", (x, v), textcoords="offset points",
                         xytext=(0, 4 if v >= 1 else -11), ha="center", fontsize="small")
-        extent = max(float((r[["lo", "hi", "ratio"]] - 1).abs().max().max()) * 1.25, 0.02)
-        ax.set_ylim(1 - extent, 1 + extent)
+        _fit_ratio_range(ax, r[["lo", "hi", "ratio"]].to_numpy(dtype=float).ravel())
     ax.axhline(1.0, color=BLACK, linewidth=1)
     ax.set_xticks(list(range(len(r))), labels, rotation=30)
     ax.set_xlabel("M × N")
@@ -283,9 +333,12 @@ def plot_time_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
 def plot_fixed_cost(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
                     path: str = "graph", gpu: Optional[str] = None, min_M: int = 0, ax=None):
     """Each implementation's median µs minus the time the ceiling (``copy`` for the forward)
-    would take to move the same bytes, against M at width N: the time a launch spends beyond
-    streaming at the ceiling's rate. Flat lines are a fixed cost per launch; the legend gives
-    ``fixed_cost_fit``'s intercept and streaming rate."""
+    would take to move the same bytes, against the MB moved (a linear axis from 0) at width N:
+    the time a launch spends beyond streaming at the ceiling's rate. Markers are the measured
+    points; the thin line of the same colour is ``fixed_cost_fit``'s line through them, which
+    meets 0 MB at the fit's fixed cost (the legend gives it and the streaming rate)."""
+    import numpy as np
+
     d, gpu = one_gpu(df, gpu)
     ceiling = ceiling_gbps(df, op, gpu)
     if ceiling is None:
@@ -293,60 +346,72 @@ def plot_fixed_cost(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
     fit = fixed_cost_fit(df, impls, op, N, path, gpu, min_M)
     p50 = at_width(d, impls, op, N, path, min_M)
     ax = _axes(ax)
+    top, handles = 0.0, []
     for name in [i for i in impls if i in p50.index.get_level_values(0)][:MAX_SERIES]:
         pts = p50.loc[name].dropna()
-        floor_us = pts["bandwidth"] * pts["time"] / ceiling  # the same bytes at the ceiling
-        st = impl(name).style
-        label = st.pop("label")
+        mb = pts["bandwidth"] * pts["time"] / 1e3  # GB/s x µs = kB; / 1e3: MB
+        st = style_of(name)
+        label, ls = st.pop("label"), st.pop("linestyle")
+        st["fillstyle"] = "full" if ls == "-" else "none"  # two series of one colour apart
         if name in fit.index:
             f = fit.loc[name]
-            label += (f"\nfixed {f['fixed µs']:.2f} µs, streams at "
-                      f"{f['streaming GB/s']:.0f} GB/s")
-        ax.plot(pts.index, pts["time"] - floor_us, markersize=4, label=label, **st)
+            label += f": fixed {f['fixed µs']:.2f} µs, {f['streaming GB/s']:.0f} GB/s"
+            xs = np.array([0.0, float(mb.max())])
+            ax.plot(xs, f["fixed µs"] + xs * 1e3 * (1 / f["streaming GB/s"] - 1 / ceiling),
+                    color=st["color"], linestyle=ls, linewidth=1.2)
+        ax.plot(mb.to_numpy(), (pts["time"] - mb * 1e3 / ceiling).to_numpy(), linestyle="none",
+                markersize=7, markeredgewidth=1.5, label=label, **st)
+        handles.append(matplotlib.lines.Line2D([], [], linestyle=ls, label=label, **st))
+        top = max(top, float(mb.max()))
     ax.axhline(0, color=BLACK, linewidth=1)
-    _log2_x(ax, p50.index.get_level_values("M"))
-    ax.set_xlabel("M")
+    ax.set_xlim(0, top * 1.05 if top else None)
+    ax.set_xlabel(f"MB moved per call (N = {N}; one point per M measured)")
     ax.set_ylabel(f"median µs above {CEILING_OF_OP[op]} of the same bytes")
-    ax.set_title(f"{gpu}: {op} at N={N} ({path}): time beyond the {ceiling:.0f} GB/s ceiling",
-                 fontsize="medium")
+    ax.set_title(f"{gpu}: {op} ({path}): time beyond the {ceiling:.0f} GB/s ceiling; "
+                 "lines: the fit", fontsize="medium")
     ax.grid(True, alpha=0.3)
-    legend_outside(ax, labelspacing=1.0)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.18), fontsize="small",
+              frameon=False)
     return ax
 
 
-def whisker_barh(ax, ys, mid, low, high, colors) -> None:
-    """Horizontal bars of ``mid`` at ``ys``, whiskers from ``low`` to ``high``, each bar
-    labelled with its value just past its whisker (the probe and host-parts figures)."""
-    mid, low, high = (pd.Series(list(v), dtype=float) for v in (mid, low, high))
-    ax.barh(list(ys), mid, xerr=[mid - low, high - mid], color=colors, capsize=2)
-    for y, v, end in zip(ys, mid, high):
-        ax.annotate(f"{v:.1f}", (max(v, end), y), xytext=(3, 0), textcoords="offset points",
-                    va="center", fontsize=8)
-
-
 def plot_probe(probe: pd.DataFrame, captions: dict, M: int, N: int, ax=None,
-               title: str = "", highlight_impl: Optional[str] = None):
-    """One probe's configurations at M x N as horizontal bars: the median µs over its
-    repetitions, whiskers from the fastest to the slowest. ``captions`` maps ``impl`` names to
-    labels and fixes the order (top to bottom); configurations not in it are left out. The
-    lab's configurations (``row.*``) are blue, the rest grey, ``highlight_impl`` orange; the
-    x range starts just under the fastest bar, so the differences show."""
+                title: str = "", highlight_impl: Optional[str] = None):
+    """One probe's configurations at M x N as dots: the median µs over its repetitions,
+    whiskers from the fastest to the slowest, each labelled with its median. ``captions`` maps
+    ``impl`` names to labels and fixes the order (top to bottom); configurations not in it are
+    left out. The lab's configurations (``row.*``) are blue, the rest grey, ``highlight_impl``
+    orange. Dots, not bars: the x range starts just under the fastest configuration, so the
+    differences show, and no bar length suggests a zero that is not on the axis."""
     ax = _axes(ax)
     at = probe[(probe["M"] == M) & (probe["N"] == N) & probe["impl"].isin(list(captions))]
     stats = at.groupby("impl")["us"].agg(["median", "min", "max"]).reindex(list(captions))
     stats = stats.dropna()
-    ys = range(len(stats))[::-1]
-    colours = ["#E69F00" if i == highlight_impl else (BLUE if i.startswith("row.") else GREY)
-               for i in stats.index]
-    whisker_barh(ax, ys, stats["median"], stats["min"], stats["max"], colours)
-    ax.set_yticks(list(ys), [captions[i] for i in stats.index])
+    ys = list(range(len(stats)))[::-1]
+    for y, (name, r) in zip(ys, stats.iterrows()):
+        colour = "#E69F00" if name == highlight_impl else (BLUE if name.startswith("row.")
+                                                           else GREY)
+        ax.errorbar([r["median"]], [y], xerr=[[r["median"] - r["min"]], [r["max"] - r["median"]]],
+                    fmt="o", color=colour, markersize=8, capsize=3)
+        ax.annotate(f"{r['median']:.1f}", (r["max"], y), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(ys, [captions[i] for i in stats.index])
     if len(stats):
         lo, hi = stats["min"].min(), stats["max"].max()
-        ax.set_xlim(lo - 0.15 * (hi - lo) - 0.01 * lo, hi + 0.12 * (hi - lo) + 0.01 * hi)
-    ax.set_xlabel("µs per call (CUDA-graph replay; median, whiskers min–max)")
+        ax.set_xlim(lo - 0.08 * (hi - lo), hi + 0.14 * (hi - lo))
+    ax.set_ylim(-0.6, len(stats) - 0.4)
+    ax.set_xlabel("µs per call (CUDA-graph replay; median, whiskers min–max)\n"
+                  "the axis starts near the fastest configuration, not at 0")
     ax.set_title(title or f"{M}×{N}", fontsize="medium")
     ax.grid(True, axis="x", alpha=0.3)
     return ax
+
+
+def share_y(axes) -> None:
+    """Give ``axes`` one y range, the union of theirs, so that panels of one quantity compare."""
+    lows, highs = zip(*(a.get_ylim() for a in axes))
+    for a in axes:
+        a.set_ylim(min(lows), max(highs))
 
 
 def plot_percent_of_copy(table: pd.DataFrame, impls: Sequence[str], style, ax=None,
@@ -361,7 +426,7 @@ def plot_percent_of_copy(table: pd.DataFrame, impls: Sequence[str], style, ax=No
     for name in shown:
         s = table.xs(name, level="impl").reset_index().sort_values(x)
         st = style(name)
-        ax.plot(s[x], s["% of copy"], markersize=5, **st)
+        ax.plot(s[x], s["% of copy"], markersize=6, **st)
         lows.append(float(s["% of copy"].min()))
         highs.append(float(s["% of copy"].max()))
     ax.axhline(100, color=BLACK, linestyle=":", linewidth=1, label="copy of the same bytes")

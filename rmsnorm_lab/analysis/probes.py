@@ -1,0 +1,63 @@
+"""Tables of the probes the lessons read (``results/<gpu>/logs/*-probe-*.jsonl``,
+``*-sweep-*.jsonl``: one JSON object per timed configuration, read with
+``results.load_probe`` or ``pandas.read_json(lines=True)``): the fused backward's strips per SM
+(notebook 02) and programmatic dependent launch on and off (notebook 01)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+STRIPS = r"fused\.k(\d+)\.pf(\d)"
+
+
+def strips_table(sweep: pd.DataFrame, prefetch: bool = True) -> pd.DataFrame:
+    """The strips sweep's fused-kernel rows (``fused.k<strips>.pf<prefetch>``) with or without
+    the prefetch: one row per shape and strips per SM, columns ``M``, ``N``, ``per SM``,
+    ``us``, ``gbs``, ``% of best`` (GB/s over the best count's at that shape, same prefetch) and
+    ``plan`` (the plan's count for that shape)."""
+    parts = sweep["impl"].str.extract(STRIPS)
+    keep = parts[0].notna() & (parts[1] == str(int(prefetch)))
+    t = sweep[keep].assign(**{"per SM": parts.loc[keep, 0].astype(int)})
+    t = t.assign(**{"% of best": 100 * t["gbs"] / t.groupby(["M", "N"])["gbs"].transform("max"),
+                    "plan": t["model_k"].astype(int)})
+    return t[["M", "N", "per SM", "us", "gbs", "% of best", "plan"]].sort_values(
+        ["N", "M", "per SM"]).reset_index(drop=True)
+
+
+def strips_choices(table: pd.DataFrame) -> pd.DataFrame:
+    """Per shape of ``strips_table``: the measured best count, the plan's, whether they agree,
+    and the plan's share of the best (``% of best``)."""
+    rows = []
+    for (M, N), g in table.groupby(["M", "N"]):
+        best = g.loc[g["gbs"].idxmax()]
+        plan = g[g["per SM"] == g["plan"].iloc[0]]
+        rows.append({"M": M, "N": N, "best": int(best["per SM"]), "plan": int(g["plan"].iloc[0]),
+                     "agree": int(best["per SM"]) == int(g["plan"].iloc[0]),
+                     "plan % of best": float(plan["% of best"].iloc[0]) if len(plan) else None})
+    return pd.DataFrame(rows).set_index(["M", "N"])
+
+
+def strips_ratio(table: pd.DataFrame, fewer: int, more: int, N: int) -> pd.Series:
+    """Per M at width N: the time with ``fewer`` strips per SM over the time with ``more``."""
+    t = table[table["N"] == N].pivot_table(index="M", columns="per SM", values="us")
+    return (t[fewer] / t[more]).dropna()
+
+
+def pdl_table(probe: pd.DataFrame) -> pd.DataFrame:
+    """The PDL probe's rows (a ``pdl`` column) as one row per kernel and shape: the median µs
+    launched plainly and with PDL, their fastest-slowest ranges, PDL over plain, and
+    ``resolved``: whether the two ranges do not overlap. A kernel is named as the probe names
+    it (``auto:row``: what ``auto`` launched, ``row:row``: the row kernel asked for)."""
+    d = probe.dropna(subset=["pdl"]).assign(pdl=lambda f: f["pdl"].astype(bool))
+    g = d.groupby(["impl", "M", "N", "pdl"])["us"].agg(["median", "min", "max", "count"])
+    rows = []
+    for (impl, M, N), r in g.groupby(level=[0, 1, 2]):
+        r = r.droplevel([0, 1, 2])
+        if not {False, True} <= set(r.index):
+            continue
+        plain, pdl = r.loc[False], r.loc[True]
+        rows.append({"kernel": impl, "M": int(M), "N": int(N), "plain µs": plain["median"],
+                     "PDL µs": pdl["median"], "PDL / plain": pdl["median"] / plain["median"],
+                     "repetitions": int(min(plain["count"], pdl["count"])),
+                     "resolved": plain["max"] < pdl["min"] or pdl["max"] < plain["min"]})
+    return pd.DataFrame(rows).set_index(["kernel", "M", "N"])

@@ -1,0 +1,52 @@
+"""Figures of the probes the lessons read (tables: ``rmsnorm_lab.analysis.probes``)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .sweeps import BLACK, BLUE, VERMILLION
+
+def strips_panels(table: pd.DataFrame, N: int = 4096) -> list:
+    """The shapes of a ``strips_table``, in drawing order: width N by M first, then the other
+    widths by N and M. Every shape once."""
+    return sorted(set(zip(table["M"], table["N"])), key=lambda s: (s[1] != N, s[1], s[0]))
+
+
+def plot_strips(table: pd.DataFrame, N: int = 4096, axes=None, per_row: int = 4):
+    """Small multiples, one panel per shape of ``table`` (``analysis.probes.strips_table``):
+    GB/s as a % of the best strips count against strips (CTAs) per SM, the plan's choice a
+    star. One y range for every panel. Returns the axes drawn (one per shape)."""
+    import matplotlib.ticker
+
+    shapes = strips_panels(table, N)
+    if axes is None:
+        import matplotlib.pyplot as plt
+        rows = math.ceil(len(shapes) / per_row)
+        axes = plt.subplots(rows, per_row, figsize=(3.0 * per_row, 2.6 * rows + 0.4),
+                            sharey=True, layout="constrained", squeeze=False)[1].ravel()
+    lo = max(0.0, float(table["% of best"].min()) - 5)
+    for ax, (M, n) in zip(axes, shapes):
+        g = table[(table["M"] == M) & (table["N"] == n)].sort_values("per SM")
+        ax.plot(g["per SM"], g["% of best"], "-o", color=BLUE, markersize=4)
+        pick = g[g["per SM"] == g["plan"]]
+        ax.plot(pick["per SM"], pick["% of best"], "*", color=VERMILLION, markersize=15,
+                markeredgecolor=BLACK, markeredgewidth=0.5, zorder=3)
+        ax.set_xscale("log", base=2)
+        ticks = sorted(g["per SM"].unique())
+        ax.set_xticks(ticks, [str(k) for k in ticks])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_ylim(lo, 103)
+        ax.set_title(f"{M}×{n}", fontsize="medium")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes)[len(shapes):]:
+        ax.set_visible(False)
+    shown = list(axes)[:len(shapes)]
+    for ax in shown[::per_row]:
+        ax.set_ylabel("% of the best count")
+    for ax in shown[-per_row:]:
+        ax.set_xlabel("fused strips per SM")
+    shown[0].figure.suptitle("fused backward, GB/s against strips per SM (one panel per "
+                             "shape); star: the plan's choice", fontsize="medium")
+    return shown

@@ -1,0 +1,193 @@
+"""The nsys timelines of the host-overhead lesson (notebooks/03_host_overhead.ipynb, the report):
+an eager loop and the same work replayed from a CUDA graph, NVTX ranges above the CUDA API calls
+and the kernels on one time axis (traces: ``rmsnorm_lab.profiling.trace``)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import matplotlib
+import matplotlib.patches
+import numpy as np
+import pandas as pd
+
+from ..profiling.trace import (Trace, kernels, launches, stage_order, steady_state,
+                               steady_window)
+# Okabe and Ito's palette (the yellow left out: it does not read on white)
+BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
+ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
+OTHER_API = "#DDDDDD"  # CUDA API calls that launch no kernel (a graph replay, a sync)
+
+
+def _axes(ax, size=(12, 3.5)):
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+    return plt.subplots(figsize=size, constrained_layout=True)[1]
+
+
+def _legend_right(ax, handles) -> None:
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  fontsize="small", frameon=False)
+
+# ============================================================================ timeline
+
+#: kernel-name fragments -> the short name a timeline shows
+KERNEL_NAMES = (("RMSNormFusedAddForward", "forward + add"), ("RMSNormForward", "forward"),
+                ("DwReduce", "dW reduce"), ("RMSNormBackward", "backward"),
+                ("Dx", "dx"), ("Dw", "dW partials"))
+_KERNEL_COLORS = (BLUE, ORANGE, GREEN, PURPLE, SKY, BLACK)
+#: NVTX ranges by stage (launch calls are vermillion, kernels take _KERNEL_COLORS)
+RANGE_COLORS = {"iter": "#CCCCCC", "replay": "#CCCCCC", "warmup": "#CCCCCC", "launch": SKY,
+                "reduce": PURPLE, "marshal": ORANGE, "compile": GREEN}
+
+
+def short_kernel_name(name: str) -> str:
+    """A mangled CuTe kernel name as a reader knows it (``forward``, ``backward``, ``dW
+    reduce``); any other kernel keeps its first 30 characters."""
+    for part, short in KERNEL_NAMES:
+        if part in name:
+            return short
+    return name if len(name) <= 30 else name[:29] + "…"
+
+
+def _short(name: str, width: int = 40) -> str:
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
+def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
+                  api: bool = True, connect: bool = True, span_us: Optional[float] = None,
+                  kernel_colors: Optional[Dict[str, str]] = None, legend: bool = True,
+                  drawn: Optional[Dict[str, str]] = None):
+    """NVTX ranges (one row per range name, ordered by stage) above the CUDA API calls and the
+    kernels, on one time axis in µs from the start of iteration ``first`` (default 1: the first
+    iteration pays for what was cold and would squeeze the rest), over ``count`` iterations or
+    ``span_us``. Iterations are the ``iter`` ranges, or for a graph replay the kernel groups.
+    Thin grey lines join each launch call to the kernel it launched (correlation id). ``drawn``
+    (label -> colour) is filled with what the legend lists: the kernels and the kinds of CUDA
+    API call in view."""
+    t0, t1 = steady_window(trace, first, count, None if span_us is None else span_us * 1e3)
+    pad = 0.02 * (t1 - t0)
+    lo, hi = t0 - pad, t1 + pad
+
+    def clip(f):
+        if f is None or f.empty:
+            return None
+        f = f[(f["end_ns"] >= lo) & (f["start_ns"] <= hi)]
+        return f if not f.empty else None
+
+    nv = clip(trace.nvtx)
+    gpu_df = clip(kernels(trace)) if trace.gpu is not None else None
+    api_df = clip(trace.api) if api else None
+    rows: List[Tuple[str, pd.DataFrame, object]] = []
+    if nv is not None:
+        for name in sorted(nv["range"].unique(), key=stage_order):
+            rows.append((name, nv[nv["range"] == name],
+                         RANGE_COLORS.get(name.split(" ", 1)[0], GREY)))
+    if api_df is not None or (api and trace.api is not None):
+        # kept when empty: a span without launch calls is what a graph replay looks like
+        rows.append(("CUDA API (host)", api_df if api_df is not None else trace.api.iloc[:0],
+                     None))
+    if gpu_df is not None:
+        rows.append(("GPU kernels", gpu_df, None))
+    if not rows:
+        raise ValueError("nothing to draw in this window")
+    ax = _axes(ax, (12, 3.5))
+    colors_of = dict(kernel_colors or {})
+    height = 0.7
+    for y, (label, f, color) in enumerate(rows):
+        starts = (f["start_ns"] - t0) / 1e3
+        widths = np.maximum(f["dur_ns"] / 1e3, (hi - lo) / 1e3 * 2e-3)
+        if label == "GPU kernels":
+            colors = []
+            for n in f["name"]:
+                s = short_kernel_name(n)
+                if s not in colors_of:
+                    colors_of[s] = _KERNEL_COLORS[len(colors_of) % len(_KERNEL_COLORS)]
+                colors.append(colors_of[s])
+        elif label.startswith("CUDA API"):
+            colors = [VERMILLION if x else OTHER_API for x in f.get("launch", [True] * len(f))]
+        else:
+            colors = [color] * len(f)
+        ax.broken_barh(list(zip(starts, widths)), (y - height / 2, height),
+                       facecolors=colors, edgecolor=BLACK, linewidth=0.3)
+    labels = [_short(r[0]) for r in rows]
+    for y, (label, f, _) in enumerate(rows):
+        if label.startswith("CUDA API") and f.empty:
+            ax.text(0.5, y, "no CUDA API calls in this span", transform=ax.get_yaxis_transform(),
+                    ha="center", va="center", fontsize=9, color="#555555")
+    if connect and api_df is not None and gpu_df is not None:
+        joined = launches(Trace(None, gpu_df, api_df, {}))
+        if joined is not None:
+            y_api = next(i for i, r in enumerate(rows) if r[0].startswith("CUDA API"))
+            y_gpu = len(rows) - 1
+            for a, s in zip(joined["api_start_ns"], joined["start_ns"]):
+                ax.plot([(a - t0) / 1e3, (s - t0) / 1e3], [y_api + height / 2, y_gpu - height / 2],
+                        color=GREY, linewidth=0.6, alpha=0.8)
+    ax.set_yticks(range(len(rows)), labels)
+    ax.set_ylim(len(rows) - 0.4, -0.6)
+    ax.set_xlim((lo - t0) / 1e3, (hi - t0) / 1e3)
+    ax.set_xlabel("µs from the start of the first iteration shown")
+    ax.grid(True, axis="x", alpha=0.3)
+    seen = {} if drawn is None else drawn
+    if gpu_df is not None:
+        for n in sorted({short_kernel_name(n) for n in gpu_df["name"]}):
+            seen[f"kernel: {n}"] = colors_of[n]
+    if api_df is not None:
+        launch = api_df.get("launch", pd.Series(True, index=api_df.index)).astype(bool)
+        if launch.any():
+            seen["CUDA API: a kernel launch"] = VERMILLION
+        if (~launch).any():
+            seen["CUDA API: another call (graph launch, sync...)"] = OTHER_API
+    if legend:
+        _legend_right(ax, _handles(seen))
+    return ax
+
+
+def _handles(drawn: Dict[str, str]):
+    return [matplotlib.patches.Patch(facecolor=c, edgecolor=BLACK, label=label)
+            for label, c in drawn.items()]
+
+
+def plot_timelines(eager: Trace, graph: Optional[Trace], first: int = 1, count: int = 3,
+                   axes=None, stats_from: Optional[int] = None):
+    """The eager loop (``count`` iterations from ``first``) above the same work replayed from a
+    CUDA graph, on the same time span, so that their paces compare at a glance; each panel's
+    title gives its pace from the trace (``steady_state`` from iteration ``stats_from``, default
+    ``first``). Without ``graph`` the eager loop alone. Returns the axes."""
+    stats_from = first if stats_from is None else stats_from
+    n = 2 if graph is not None else 1
+    if axes is None:
+        import matplotlib.pyplot as plt
+        ranges = eager.nvtx["range"].nunique() if eager.nvtx is not None else 0
+        heights = [ranges + 2, 2][:n]
+        axes = plt.subplots(n, 1, figsize=(12, 0.55 * sum(heights) + 1.2 * n),
+                            constrained_layout=True, squeeze=False,
+                            gridspec_kw={"height_ratios": heights})[1][:, 0]
+    t0, t1 = steady_window(eager, first, count)
+    span_us = (t1 - t0) / 1e3
+    colors: Dict[str, str] = {}
+    for t in (eager, graph):
+        for k in (kernels(t)["name"] if t is not None else []):
+            colors.setdefault(short_kernel_name(k),
+                              _KERNEL_COLORS[len(colors) % len(_KERNEL_COLORS)])
+    s = steady_state(eager, stats_from)
+    drawn: Dict[str, str] = {}  # one legend for both panels, beside the first
+    plot_timeline(eager, first, count, ax=axes[0], kernel_colors=colors, legend=False,
+                  drawn=drawn)
+    axes[0].set_title(f"eager loop: one iteration every {s['period_us']:.1f} µs, "
+                      f"{s['kernel_us']:.1f} µs of it on the GPU ({s['busy']:.0%} busy)",
+                      fontsize="medium", loc="left")
+    if graph is not None:
+        g = steady_state(graph, stats_from)
+        plot_timeline(graph, first, span_us=span_us, ax=axes[1], kernel_colors=colors,
+                      legend=False, drawn=drawn)
+        axes[1].set_title(f"the same work replayed from one CUDA graph: one iteration every "
+                          f"{g['period_us']:.1f} µs ({g['busy']:.0%} busy)",
+                          fontsize="medium", loc="left")
+        axes[0].set_xlabel("")
+    _legend_right(axes[0], _handles(drawn))
+    return axes
+
+
