@@ -445,3 +445,24 @@ def test_crossover_host_time_comes_from_the_newest_host_benchmark_run():
     assert t.loc["cute.auto@tvm_ffi", "crossover M"] == pytest.approx(1024 * 10 / 5)
     assert t.loc["torch.native", "crossover M"] == pytest.approx(1024 * 20 / 15)
     assert t.loc["torch.native", "kernel"] == "torch.native"
+
+
+def test_report_model_section_compares_each_norm_with_torch_in_the_same_run(tmp_path):
+    from rmsnorm_lab.analysis.report import model_section
+    rows = []
+    for stamp, scale in (("2026-01-01T00:00:00+00:00", 2.0), ("2026-01-02T00:00:00+00:00", 1.0)):
+        for choice, t in (("torch", 100.0), ("lab", 90.0)):
+            for op, M, path, metric in (("full", 16384, "eager", "wall"),
+                                        ("fwd", 16384, "eager", "wall"),
+                                        ("fwd", 8, "eager", "wall"), ("fwd", 8, "eager", "time"),
+                                        ("fwd", 8, "graph", "time")):
+                rows.append(dict(gpu="h200", timestamp=stamp, impl=f"llama.{choice}", op=op,
+                                 M=M, N=4096, path=path, metric=metric, p50=scale * t * 1e3))
+    md, headline = model_section(pd.DataFrame(rows), tmp_path)
+    text = "\n".join(md)
+    # the newest run only, divided by torch's row of the same run
+    assert "| llama | lab | 0.900 | 0.900 | 0.900 | 0.900 |" in text
+    assert "| llama | lab | 90.00 |" in text and "180.00" not in text
+    assert (tmp_path / "h200-model-vs-torch.png").exists()
+    assert headline[0] == ("h200 llama in a model, lab / torch: train 0.900, decode 0.900 eager, "
+                           "0.900 from a graph")

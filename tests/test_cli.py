@@ -145,10 +145,11 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     assert "no CUDA GPU here: rendering the recorded results" in p.stdout
     assert "h200 fwd (GB/s, graph, median)" in p.stdout
     md = (out / "report.md").read_text()
-    assert "## h200" in md
+    assert "## h200" in md and "## In a model (notebook 05)" in md
+    assert "h200 llama in a model, lab / torch: train" in p.stdout
     pngs = {f.name for f in out.glob("*.png")}
     assert {"h200-fwd-bandwidth-vs-M.png", "h200-bwd-eager-vs-graph.png",
-            "gpus-roofline.png"} <= pngs
+            "gpus-roofline.png", "h200-model-vs-torch.png"} <= pngs
     assert all(f"![{name}]({name})" in md for name in pngs)
     assert f"wrote {len(pngs) + 1} files to {out}" in p.stdout  # not old-notes.txt
     assert "old-notes.txt" not in p.stdout

@@ -1,6 +1,7 @@
-"""The cross-GPU section of ``python -m rmsnorm_lab report``: notebook 04's figures as PNGs and a
-short markdown summary. Reads committed results only; never compiles (the compiled-code table
-comes from its cache, ``compiled/ptx_table.csv``)."""
+"""The sections of ``python -m rmsnorm_lab report`` that follow notebooks 04 and 05: across GPUs
+(figures as PNGs and a short markdown summary) and in a model (the model step against torch's
+norm). Reads committed results only; never compiles (the compiled-code table comes from its
+cache, ``compiled/ptx_table.csv``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import List, Tuple
 import pandas as pd
 
 from ..viz import gpus as figures
-from . import MODELLED, compiled, model, speed
+from . import MODELLED, compiled, model, model_step, speed
 from .tables import markdown_table
 from .reported import load_reported
 from .specs import bandwidth_table
@@ -114,3 +115,65 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
                ""]
     md += [f"![{n}]({n})" for n in names] + [""]
     return md, headline
+
+
+#: the model-step columns the report shows, and those it compares with torch's norm
+MODEL_COLUMNS = ["train wall", "prefill wall", "decode wall", "decode events", "decode graph"]
+MODEL_RATIOS = ["train wall", "prefill wall", "decode wall", "decode graph"]
+
+
+def model_section(steps: pd.DataFrame, out: Path) -> Tuple[List[str], List[str]]:
+    """Notebook 05's step table per GPU: the newest run of ``bench --op model`` (every norm
+    choice, ms, p50), each choice over torch's norm in the same model and run (also as a figure),
+    and the torch.compile run; (markdown lines, headline lines for stdout)."""
+    from matplotlib.figure import Figure
+
+    from ..viz import model_step as step_figures
+
+    md = ["## In a model (notebook 05)", "",
+          "`bench --op model`: transformers' Llama and Qwen3 architectures (8 layers, hidden "
+          "4096, random weights), a training step and a prefill of 8×2048 tokens and a decode "
+          "step of batch 8, per norm choice: `shipped` (transformers' own), `torch` "
+          "(`torch.nn.RMSNorm`), `lab` (`rmsnorm_lab.patch`), `lab+carry` (the residual add "
+          "fused into the next norm), `liger`. ms per step, median; `wall` a back-to-back loop, "
+          "`events` CUDA events, `graph` replayed from a CUDA graph. Ratios are against "
+          "`torch` in the same model and run.", ""]
+    headline: List[str] = []
+    if steps.empty:
+        return md + ["No model-step results.", ""], headline
+    for gpu in sorted(steps["gpu"].unique()):
+        g = steps[steps["gpu"] == gpu]
+        run = model_step.one_run(g, "llama.lab")
+        if run.empty:
+            continue
+        table = model_step.step_table(run)
+        ratios = model_step.versus(table)
+        md += [f"### {gpu}", "", "ms per step:", "",
+               markdown_table(table[[c for c in MODEL_COLUMNS if c in table.columns]]
+                              .reset_index(), 2), "",
+               "time over torch's norm's:", "",
+               markdown_table(ratios[MODEL_RATIOS].reset_index(), 3), ""]
+        archs = sorted(ratios.index.get_level_values("arch").unique())
+        fig = Figure(figsize=(6.6 * len(archs), 4.2), layout="constrained")
+        shown = ratios[MODEL_RATIOS].to_numpy(dtype=float)
+        span = (min(0.85, float(pd.Series(shown.ravel()).min()) - 0.07),  # room for labels
+                float(pd.Series(shown.ravel()).max()) + 0.12)
+        for ax, arch in zip(fig.subplots(1, len(archs), squeeze=False).ravel(), archs):
+            step_figures.plot_vs_torch(ratios, arch, MODEL_RATIOS, ax=ax, xlim=span)
+        name = _save(fig, out / f"{gpu}-model-vs-torch.png")
+        md += [f"![{name}]({name})", ""]
+        compiled_run = model_step.one_run(g, "llama.compile.lab")
+        if not compiled_run.empty:
+            ct = model_step.step_table(compiled_run, {
+                "train wall": ("train", "eager", "wall"),
+                "prefill wall": ("prefill", "eager", "wall")})
+            md += ["Under `torch.compile` (its own run): `compile.torch` is the model with "
+                   "torch's norm compiled, `compile.lab` with the lab's op (opaque to Inductor):",
+                   "", markdown_table(ct.reset_index(), 2), ""]
+        for arch in archs:
+            if (arch, "lab") in ratios.index:
+                r = ratios.loc[(arch, "lab")]
+                headline.append(f"{gpu} {arch} in a model, lab / torch: train "
+                                f"{r['train wall']:.3f}, decode {r['decode wall']:.3f} eager, "
+                                f"{r['decode graph']:.3f} from a graph")
+    return md, headline + [""]

@@ -154,9 +154,10 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
           "in the same run.", ""]
     headline = []
     gpus = sorted(df["gpu"].unique())
-    # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU comparison
+    # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU
+    # comparison, the model step
     total = sum(len(set(df[df["gpu"] == gpu]["op"]) & set(results_io.OPS)) + 1
-                for gpu in gpus) + 2
+                for gpu in gpus) + 3
     step = iter(range(1, total + 1))
     for gpu in gpus:
         g = df[df["gpu"] == gpu]
@@ -189,11 +190,17 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
              "data flow (notebooks 01 and 02)")
     md += ["## how the kernels work (notebooks 01 and 02)", ""]
     md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
-    from ..analysis.report import gpu_section  # notebook 04's figures (reads only, no compiling)
+    # notebooks 04 and 05's figures (reads only, no compiling)
+    from ..analysis.report import gpu_section, model_section
 
     progress(f"[{next(step)}/{total}] across GPUs: roofline, crossover, reported vs "
              "modelled (notebook 04)")
     section, lines = gpu_section(df, out, root)
+    md += section
+    headline += lines
+    progress(f"[{next(step)}/{total}] in a model: the model step against torch's norm "
+             "(notebook 05)")
+    section, lines = model_section(results_io.load_all(root, model_steps=True), out)
     md += section
     headline += lines
     (out / "report.md").write_text("\n".join(md))
