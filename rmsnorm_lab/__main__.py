@@ -66,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser(
         "bench", help="benchmark one op on this GPU and write a results file",
         description="Benchmark one op on this GPU: every lab kernel and every installed peer "
-                    "(Liger-Kernel, quack, torch), each checked against the reference first, "
-                    "timed eagerly and by CUDA-graph replay; writes <results>/<gpu>/<op>.csv "
-                    "with provenance. Needs a CUDA GPU (exit status 2 without one).")
+                    "(Liger-Kernel, quack, FlashInfer, torch), each checked against the "
+                    "reference first, timed eagerly and by CUDA-graph replay; writes "
+                    "<results>/<gpu>/<op>.csv with provenance. Needs a CUDA GPU (exit status 2 "
+                    "without one).")
     b.add_argument("--op", choices=sorted(OPS) + ["host", "model"], default="fwd",
                    help="the op to sweep; 'host': host µs per launch path, the host/device "
                         "crossover and the tensor-cache memory cost; 'model': train, prefill "

@@ -99,6 +99,7 @@ class Impl:
 # Okabe-Ito: blue, vermillion, bluish green, reddish purple, orange, sky blue, yellow, black
 _BLUE, _VERMILLION, _GREEN, _PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 _ORANGE, _SKY, _YELLOW, _BLACK, _GREY = "#E69F00", "#56B4E9", "#F0E442", "#000000", "#999999"
+_BROWN = "#8C564B"  # beyond Okabe-Ito's eight: the one more peer
 
 IMPLS: Tuple[Impl, ...] = (
     # the lab: solid lines, filled markers
@@ -115,6 +116,7 @@ IMPLS: Tuple[Impl, ...] = (
     Impl("liger.triton", "peer", _ORANGE, "--", "P"),
     Impl("liger.cutedsl", "peer", _VERMILLION, "--", "X"),
     Impl("quack", "peer", _YELLOW, "--", "*"),
+    Impl("flashinfer", "peer", _BROWN, "--", "p"),
     Impl("torch.compile", "peer", _BLACK, "--", "d"),
     Impl("torch.native", "peer", _GREY, "--", "h"),
     # ceilings: thin dotted, no marker

@@ -72,6 +72,16 @@ def quack(eps: float) -> Optional[ForwardFn]:
     return lambda x, w: rmsnorm(x, w, eps=eps)
 
 
+def flashinfer(eps: float) -> Optional[ForwardFn]:
+    """FlashInfer's ``rmsnorm`` (an inference kernel: no backward, so a forward peer only);
+    FlashInfer computes in fp32 and rounds once, at the store."""
+    try:
+        from flashinfer.norm import rmsnorm
+    except Exception:  # noqa: BLE001
+        return None
+    return lambda x, w: rmsnorm(x, w, eps)
+
+
 def torch_native(eps: float) -> Optional[ForwardFn]:
     # differentiable: autograd's own RMSNorm backward
     rms_norm = torch.nn.functional.rms_norm
@@ -102,6 +112,7 @@ FORWARD_PEERS: Dict[str, Callable[[float], Optional[ForwardFn]]] = {
     "liger.triton": liger_triton,
     "liger.cutedsl": liger_cutedsl,
     "quack": quack,
+    "flashinfer": flashinfer,
     "torch.native": torch_native,
     "torch.compile": torch_compile,
 }
