@@ -16,7 +16,7 @@ import torch
 from torch.autograd import forward_ad
 
 from . import autograd, dispatch, reference
-from .common.rows import rows_without_copy
+from .common.rows import rows_without_copy, same_layout
 from .registry import BACKENDS
 from .settings import settings
 
@@ -178,12 +178,17 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     raises).
     """
     compiling = torch.compiler.is_compiling()
-    fast = dispatch.fast_call  # a call planned before: all in C++
-    if (fast is not None and backend in (None, "cute") and not in_place and not compiling
-            and residual is None):
-        y = fast(x, weight, eps, offset, casting_mode)
-        if y is not None:
-            return y
+    if backend in (None, "cute") and not in_place and not compiling:
+        if residual is None:
+            fast = dispatch.fast_call  # a call planned before: all in C++
+            if fast is not None:
+                y = fast(x, weight, eps, offset, casting_mode)
+                if y is not None:
+                    return y
+        elif dispatch.fast_add_call is not None:
+            out = dispatch.fast_add_call(x, residual, weight, eps, offset, casting_mode)
+            if out is not None:
+                return out
     if backend is None:  # the default backend; off CUDA, torch's math, as torch.nn.RMSNorm
         backend = settings.backend
         if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
@@ -198,8 +203,8 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, residual))
     native = (not compiling and machinery is None and not in_place and x.numel() > 0
-              and residual is None and dispatch.routed_to_native(backend)
-              and dispatch.native_node() is not None)
+              and (residual is None or same_layout(x, residual))
+              and dispatch.routed_to_native(backend) and dispatch.native_node() is not None)
     path = choose_path(compiling=compiling, machinery=machinery, native=native,
                        training=training, empty=x.numel() == 0)
     if residual is not None:

@@ -266,7 +266,9 @@ def fused_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float,
     if path == "reference":
         h = x + residual
         return reference.rms_norm(h, weight, eps, offset, casting_mode), h
-    if path in ("python_node", "native"):
+    if path == "native":
+        return dispatch.native_fused_add(x, residual, weight, eps, offset, casting_mode)
+    if path == "python_node":
         return FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, casting_mode,
                                              backend)
     y, h, _ = dispatch.fused_add_forward(x, residual, weight, eps, offset, casting_mode, backend,

@@ -164,15 +164,19 @@ _native = None  # (extension, native.launch) once loaded; False where it cannot 
 #: route ``backend=None`` calls to the native node; else None. Kept current on every change of
 #: the settings.
 fast_call = None
+#: ``fast_add_call(x, residual, weight, eps, offset, casting_mode)``: the same for the fused
+#: residual add (``CallMemo.call_add``: ``(y, h)`` or None).
+fast_add_call = None
 
 
 def _update_fast_call() -> None:
-    global fast_call
-    fast_call = None
+    global fast_call, fast_add_call
+    fast_call = fast_add_call = None
     if (routed_to_native(settings.backend) and not settings.experiments.settings_per_call
             and _native):
         extension, native_launch = _native
         fast_call = native_launch.memo(extension).call
+        fast_add_call = native_launch.memo(extension, residual=True).call_add
 
 
 def native_node():
@@ -200,3 +204,14 @@ def native_forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, 
     if settings.experiments.settings_per_call:
         per_call_settings_cost()
     return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
+
+
+def native_fused_add(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
+                     eps: float, offset: float, casting_mode: str
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(y, h) of the fused add through the native node (``native_forward``'s counterpart; the
+    residual laid out as x)."""
+    extension, native_launch = _native
+    if settings.experiments.settings_per_call:
+        per_call_settings_cost()
+    return native_launch.rms_norm_add(extension, x, residual, weight, eps, offset, casting_mode)

@@ -6,8 +6,8 @@ import ctypes
 import torch
 import tvm_ffi
 
-from rmsnorm_lab.cute.backward_runner import (COUNT, DW, DX, DY, NO_PARTIALS, OFFSET, PARTIALS,
-                                              RSTD, W, X, RowsRule)
+from rmsnorm_lab.cute.backward_runner import (COUNT, DH, DW, DX, DY, NO_PARTIALS, OFFSET,
+                                              PARTIALS, RSTD, W, X, RowsRule)
 from rmsnorm_lab.native.launch import BackwardSpec, LaunchSpec, StepSpec, ffi_handle
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,6 +50,18 @@ class StandIns:
             R.copy_(r)
         Y.copy_(out)
 
+    def forward_add(self, x, r, w, y, h, rstd, grid, eps, offset):
+        """The fused add's forward: h = x + r (in x's dtype), y its norm."""
+        self.log.append(("forward_add", dict(x=described(x), r=described(r), grid=grid)))
+        as_torch(h).copy_(as_torch(x) + as_torch(r))
+        self.forward(h, w, y, rstd, grid, eps, offset)
+
+    def backward_dh(self, dy, x, w, rstd, dx, dh, part, count, offset):
+        """The fused add's dx kernels: the norm's dx plus h's own gradient."""
+        self.log.append(("backward_dh", dict(dh=described(dh))))
+        self.backward(dy, x, w, rstd, dx, part, count, offset)
+        as_torch(dx).add_(as_torch(dh))
+
     def backward(self, dy, x, w, rstd, dx, part, count, offset):
         """Fused: dx and the strip partials of dW (``count`` strips); split: dx only."""
         self.log.append(("backward", dict(dy=described(dy), count=count, part_rows=part.shape[0])))
@@ -81,40 +93,45 @@ class StandIns:
 
 def functions(k: StandIns) -> dict:
     return {name: tvm_ffi.convert(getattr(k, name)) for name in ("forward", "backward", "dw",
-                                                                  "reduce")}
+                                                                  "reduce", "forward_add",
+                                                                  "backward_dh")}
 
 
 def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, count=2,
-                eps=EPS, offset=0.0, backward=None, training=True, spec_only=False):
+                eps=EPS, offset=0.0, backward=None, training=True, spec_only=False,
+                residual=False):
     """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels, its
     three backwards (dx and dW, dx alone, dW alone) as ``backward_runner.backward_steps`` orders
     them; ``grid`` and ``count`` are the forward grid and the strips or row groups (capped at
     M); an inference launch (no backwards) with ``training=False``; its LaunchSpec with
-    ``spec_only``."""
+    ``spec_only``; the fused add's with ``residual``."""
     n = x.shape[-1]
-    back = backward or fns["backward"]
+    back = backward or fns["backward_dh" if residual else "backward"]
+    dh = (DH,) if residual else ()
     groups = RowsRule(1, count)
-    dx_alone = (_step(back, (DY, X, W, RSTD, DX, NO_PARTIALS, COUNT, OFFSET), RowsRule(),
-                      "split"),)
+    dx_alone = (_step(back, (DY, X, W, RSTD, DX) + dh + (NO_PARTIALS, COUNT, OFFSET),
+                      RowsRule(), "split"),)
     reduce = _step(fns["reduce"], (PARTIALS, DW), None, "split" if split else "fused",
                    stage="reduce", on_partials=True)
     dw_alone = (_step(fns["dw"], (DY, X, RSTD, PARTIALS), None, "split"), reduce)
     if split:
         both = dx_alone + dw_alone if with_weight else dx_alone
     else:
-        both = (_step(back, (DY, X, W, RSTD, DX, PARTIALS if with_weight else NO_PARTIALS,
-                             COUNT, OFFSET), groups, "fused"),) + ((reduce,) if with_weight else ())
+        both = (_step(back, (DY, X, W, RSTD, DX) + dh
+                      + (PARTIALS if with_weight else NO_PARTIALS, COUNT, OFFSET), groups,
+                      "fused"),) + ((reduce,) if with_weight else ())
     backwards = ()
     if training:
         rows = groups if with_weight else None
         backwards = (BackwardSpec(both, rows), BackwardSpec(dx_alone, None),
                      BackwardSpec(dw_alone if with_weight else dx_alone, rows))
     spec = LaunchSpec(
-        forward=ffi_handle(fns["forward"]), forward_name="row", forward_argb=0xFF0000FF,
+        forward=ffi_handle(fns["forward_add" if residual else "forward"]), forward_name="row",
+        forward_argb=0xFF0000FF,
         forward_grid=RowsRule(1, grid), row_stride=n, weighted=with_weight, eps=eps,
         offset=offset, nvtx=False, no_weight=torch.empty(0, dtype=x.dtype),
         no_rstd=torch.empty(0), no_partials=torch.empty(1, 1), aligned=aligned,
-        backward=backwards)
+        backward=backwards, residual=residual)
     return spec if spec_only else native.Launch(spec)
 
 

@@ -168,3 +168,36 @@ def test_inference_through_the_memo_equals_the_python_launch(variant, monkeypatc
     assert first.grad_fn is None and second.shape == x.shape
     same(first, expected)
     same(second, expected)
+
+
+@pytest.mark.parametrize("backward", ["fused", "split"])
+def test_fused_add_native_equals_the_python_node_and_is_memoized(backward, monkeypatch):
+    """The fused residual add on the native node: (y, h) and the gradients of x, the residual
+    and the weight bitwise those of the Python node; repeated, served by the call memo."""
+    from rmsnorm_lab import api
+    from rmsnorm_lab.native import launch as native_launch
+    x, r, dy, dh = (fresh((3, 33, 4096), torch.bfloat16) for _ in range(4))
+    w = fresh((4096,), torch.bfloat16)
+
+    def run_add(node):
+        xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+        poison_allocator()
+        with settings.override(autograd_node=node, backward=backward):
+            y, h = rms_norm(xg, wg, EPS, residual=rg)
+            torch.autograd.backward((y, h), (dy, dh))
+        torch.cuda.synchronize()
+        return (y.detach(), h.detach(), xg.grad, rg.grad, wg.grad), y.grad_fn.name()
+
+    native, native_name = run_add("native")
+    python, python_name = run_add("python")
+    assert native_name == "RMSNormAddNativeBackward" and "FusedAdd" in python_name
+    for a, b in zip(native, python):
+        same(a, b)
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("the Python path ran for a memoized call")
+    monkeypatch.setattr(api, "validate", not_again)
+    monkeypatch.setattr(native_launch, "plan_launch", not_again)
+    again, _ = run_add("native")
+    for a, b in zip(native, again):
+        same(a, b)

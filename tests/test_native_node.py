@@ -313,3 +313,124 @@ def test_compiled_autograd_is_refused_clearly(native):
     with pytest.raises(RuntimeError, match="does not support compiled autograd"):
         with compiled_autograd._enable(lambda gm: gm):
             y.sum().backward()
+
+
+# ------------------------------------------------------------------------ the fused residual add
+
+def call_add(native, k, x, r, w, **kw):
+    fns = functions(k)
+    launch = make_launch(native, fns, x, w is not None, residual=True, **kw)
+    return native.apply_add(x, r, w, launch), fns
+
+
+def reference_add_grads(x, r, w, dy, dh):
+    x64, r64 = (t.detach().double().requires_grad_() for t in (x, r))
+    w64 = w.detach().double().requires_grad_()
+    h = x64 + r64
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w64
+    torch.autograd.backward((y, h), (dy.double(), dh.double()))
+    return y.detach(), h.detach(), x64.grad, r64.grad, w64.grad
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_fused_add_forward_and_gradients_match_float64(native, split):
+    """(y, h) from one forward; x and the residual get one gradient, h's own plus the norm's,
+    from the dx kernels (which are handed h's gradient); dW as for rms_norm."""
+    k = StandIns()
+    x, r = (torch.randn(2, 5, 16, requires_grad=True) for _ in range(2))
+    w = torch.randn(16, requires_grad=True)
+    (y, h), _ = call_add(native, k, x, r, w, split=split, count=3)
+    assert y.grad_fn is h.grad_fn and y.grad_fn.name() == "RMSNormAddNativeBackward"
+    dy, dh = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    torch.autograd.backward((y, h), (dy, dh))
+    y64, h64, dx64, dr64, dw64 = reference_add_grads(x, r, w, dy, dh)
+    for got, want in ((y, y64), (h, h64), (x.grad, dx64), (r.grad, dr64), (w.grad, dw64)):
+        torch.testing.assert_close(got.detach().double(), want, rtol=1e-5, atol=1e-5)
+    assert [c["r"]["shape"] for c in k.calls("forward_add")] == [(10, 16)]
+    assert len(k.calls("backward_dh")) == 1
+
+
+def test_fused_add_with_h_alone_used_passes_its_gradient_through(native):
+    k = StandIns()
+    x, r = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    (y, h), _ = call_add(native, k, x, r, w)
+    dh = torch.randn(4, 8)
+    h.backward(dh)
+    torch.testing.assert_close(x.grad, dh)
+    torch.testing.assert_close(r.grad, dh)
+    assert torch.count_nonzero(w.grad) == 0 and not k.calls("backward_dh")
+
+
+def test_fused_add_with_y_alone_used_gets_a_zero_h_gradient(native):
+    k = StandIns()
+    x, r = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    (y, h), _ = call_add(native, k, x, r, w)
+    dy = torch.randn(4, 8)
+    y.backward(dy)
+    _, _, dx64, _, dw64 = reference_add_grads(x, r, w, dy, torch.zeros(4, 8))
+    torch.testing.assert_close(x.grad.double(), dx64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad.double(), dw64, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_add_residual_alone_requiring_grad_is_a_training_call(native):
+    """The memo's key counts the residual's requires_grad: a call whose residual alone needs a
+    gradient is a training call, planned apart from the inference one."""
+    k = StandIns()
+    fns = functions(k)
+    x, r, w = torch.randn(3, 8), torch.randn(3, 8, requires_grad=True), torch.randn(8)
+    memo = native.CallMemo(8, 2048)
+    training = make_launch(native, fns, x, True, residual=True)
+    memo.insert(x, w, EPS, 0.0, "llama", training, memo.settings, r)
+    assert memo.find(x, w, EPS, 0.0, "llama", r) is training
+    assert memo.find(x, w, EPS, 0.0, "llama", r.detach()) is None  # the inference key
+    assert memo.find(x, w, EPS, 0.0, "llama") is None               # rms_norm's key
+    y, h = memo.call_add(x, r, w, EPS, 0.0, "llama")
+    h.sum().backward()
+    torch.testing.assert_close(r.grad, torch.ones(3, 8))
+
+
+def test_fused_add_memo_refuses_a_residual_laid_out_otherwise(native):
+    k = StandIns()
+    fns = functions(k)
+    x, w = torch.randn(4, 8), torch.randn(8)
+    r = torch.randn(8, 4).t()  # x's shape, other strides
+    memo = native.CallMemo(8, 2048)
+    launch = make_launch(native, fns, x, True, residual=True, training=False)
+    assert not memo.insert(x, w, EPS, 0.0, "llama", launch, memo.settings, r)
+    assert memo.call_add(x, r, w, EPS, 0.0, "llama") is None
+    with pytest.raises(RuntimeError, match="laid out as x"):
+        native.apply_add(x, r, w, launch)
+
+
+def test_plain_and_fused_add_launches_are_not_interchangeable(native):
+    k = StandIns()
+    fns = functions(k)
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with pytest.raises(RuntimeError, match="takes the residual"):
+        native.apply(x, w, make_launch(native, fns, x, True, residual=True))
+    with pytest.raises(RuntimeError, match="not a fused-add launch"):
+        native.apply_add(x, torch.randn(4, 8), w, make_launch(native, fns, x, True))
+
+
+def test_fused_add_real_kernels_are_reached_through_the_c_abi(native):
+    """The fused add's CuTe compilations (sm_90a, no GPU needed) decode the nine forward
+    arguments and the backward's, h's gradient among them, as the node passes them: each refuses
+    the CPU tensors with its own message."""
+    from rmsnorm_lab.native import launch as native_launch
+    x, r = (torch.randn(64, 4096, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    w = torch.randn(4096, dtype=torch.bfloat16, requires_grad=True)
+    snap = native_launch.Snapshot("auto", "fused", True, False, 0)
+    spec = native_launch.plan_launch(x, w, EPS, 0.0, "llama", 132, True, snap, residual=r)
+    assert spec.residual and spec.backward[0].steps[0].args[5] == 8  # DH after DX
+    launch = native.Launch(spec)
+    with pytest.raises(RuntimeError, match=r"gX: Tensor\(\[n0, 4096\], bfloat16\).*"
+                                           r"expected device_type=cuda"):
+        native.apply_add(x, r, w, launch)
+    k = StandIns()
+    fns = functions(k)  # held: the launch keeps only their handles
+    stand_in_forward = dataclasses.replace(spec, forward=ffi_handle(fns["forward_add"]))
+    y, h = native.apply_add(x, r, w, native.Launch(stand_in_forward))
+    with pytest.raises(RuntimeError, match=r"gDy: Tensor.*gDh: Tensor.*device_type=cuda"):
+        torch.autograd.backward((y, h), (torch.randn_like(y), torch.randn_like(h)))

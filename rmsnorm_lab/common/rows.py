@@ -69,3 +69,8 @@ def check_weight(weight: Optional[torch.Tensor], n: int) -> None:
     if weight is not None and weight.stride(0) != 1 and n > 1:
         raise ValueError(f"weight must be contiguous, got stride {weight.stride(0)}")
 
+
+def same_layout(x: torch.Tensor, residual: torch.Tensor) -> bool:
+    """Is the fused add's residual laid out exactly as x (what the native node takes: its
+    kernels address both with x's row stride)?"""
+    return residual.shape == x.shape and residual.stride() == x.stride()

@@ -24,7 +24,7 @@ import torch
 
 HERE = pathlib.Path(__file__).parent
 SOURCE = HERE / "native_node.cpp"
-HEADERS = (HERE / "ffi.h", HERE / "call_key.h")
+HEADERS = (HERE / "ffi.h", HERE / "call_key.h", HERE / "launch.h")
 
 _LOCK = threading.Lock()  # one build per process, whichever thread asks first
 _MODULE = None

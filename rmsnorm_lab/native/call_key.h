@@ -42,7 +42,8 @@ struct CallKey {
   int32_t w_device = 0;
   int64_t w_size = 0, w_stride = 0;
   bool aligned = false;
-  bool training = false;  // grad mode on and x or the weight requiring grad
+  bool training = false;  // grad mode on and x or the weight (or the residual) requiring grad
+  bool residual = false;  // the fused residual add (its residual laid out as x)
   double eps = 0.0, offset = 0.0;
   int64_t settings = 0;
   std::string casting_mode;
@@ -52,7 +53,8 @@ struct CallKey {
            row_stride == o.row_stride && dims == o.dims && few_rows == o.few_rows &&
            x_dtype == o.x_dtype && x_device == o.x_device && w_dtype == o.w_dtype &&
            w_device == o.w_device && w_size == o.w_size && w_stride == o.w_stride &&
-           aligned == o.aligned && training == o.training && eps == o.eps &&
+           aligned == o.aligned && training == o.training && residual == o.residual &&
+           eps == o.eps &&
            offset == o.offset && casting_mode == o.casting_mode &&
            std::equal(sizes, sizes + dims, o.sizes) &&
            std::equal(strides, strides + dims, o.strides);
@@ -65,7 +67,7 @@ struct CallKeyHash {
     auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
     for (int32_t i = 0; i < k.dims; ++i) mix(k.sizes[i]), mix(k.strides[i]);
     mix(k.layout), mix(k.n), mix(k.row_stride), mix(k.few_rows), mix(k.x_dtype);
-    mix(k.x_device), mix(k.w_dtype), mix(k.aligned), mix(k.training);
+    mix(k.x_device), mix(k.w_dtype), mix(k.aligned), mix(k.training), mix(k.residual);
     mix(static_cast<uint64_t>(k.settings));
     return h;
   }

@@ -6,7 +6,9 @@ Python decides what to launch, exactly as the Python paths do: the forward entry
 the forward grid, the strip counts and the rows of dW partials follow the row count. The decision
 is handed to the extension as one ``LaunchSpec`` of plain values; the extension (native_node.cpp)
 launches the forward and, for a training call, keeps what the backward needs on its tape node and
-runs the steps of the backward the inputs' gradients ask for, in C++.
+runs the steps of the backward the inputs' gradients ask for, in C++. The fused residual add
+(``rms_norm_add``) goes the same way with its own forward, dx kernels that add h's gradient, and
+its own memo.
 
 The decision is memoized in the extension's ``CallMemo``, keyed on what a plan reads: the row
 width and layout, dtypes, devices, alignment, casting mode, eps, offset, which side of ``auto``'s
@@ -36,8 +38,9 @@ from ..settings import on_change, settings
 
 #: entries -> their compiled functions; never cleared (see above)
 _FUNCTIONS: Dict[Tuple, Tuple] = {}
-#: the extension's CallMemo (call -> Launch), made with the first native call
-_memo = None
+#: the extension's CallMemos (call -> Launch) of rms_norm (False) and of the fused add (True),
+#: each made with its first native call
+_memos: Dict[bool, object] = {}
 _memo_lock = threading.Lock()
 LAUNCHES_CAP = 1024  # bounded under ever-changing shapes: a full memo starts over
 
@@ -74,7 +77,8 @@ class LaunchSpec:
     attributes). Nothing in it depends on the row count M: the grid, strip counts and partial
     rows are rules of M, evaluated per call. A training launch has backwards and its forward
     stores rstd; an inference launch has none and runs the forward that does not."""
-    forward: int               # TVM-FFI handle: (x, w, y, rstd, grid, eps, offset)
+    forward: int               # TVM-FFI handle: (x, w, y, rstd, grid, eps, offset); with
+    #                            a residual (x, r, w, y, h, rstd, grid, eps, offset)
     forward_name: str          # NVTX: "row", "persistent", ...
     forward_argb: int
     forward_grid: RowsRule
@@ -89,6 +93,8 @@ class LaunchSpec:
     aligned: bool              # the backward kernels assume 16-byte aligned rows of dy
     #: (dx and dW, dx alone, dW alone): the node runs the one its inputs' gradients ask for
     backward: Tuple[BackwardSpec, ...] = ()
+    #: the fused residual add: the forward writes h too, the dx kernels add h's gradient
+    residual: bool = False
 
 
 class Snapshot(NamedTuple):
@@ -121,16 +127,20 @@ def _backward_spec(bwd, sms: int, w_dtype: Optional[torch.dtype], fused_strips: 
 
 
 def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
-                casting_mode: str, sms: int, training: bool, snap: Snapshot) -> LaunchSpec:
+                casting_mode: str, sms: int, training: bool, snap: Snapshot,
+                residual: Optional[torch.Tensor] = None) -> LaunchSpec:
     """The launch of a call under the settings ``snap``: a training launch (the forward that
-    stores rstd, and the backwards), or an inference one. Raises, like the Python paths, on a
-    layout the kernels cannot address."""
+    stores rstd, and the backwards), or an inference one; with ``residual`` (laid out as x),
+    the fused residual add's. Raises, like the Python paths, on a layout the kernels cannot
+    address."""
     x2 = as_rows(x)
     M, N = x2.shape
     check_weight(weight, N)
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
-    fwd = runner.entry_for(x2, weight, casting_mode, training, snap.forward_variant, snap.pdl)
+    r2 = as_rows(residual, "residual") if residual is not None else None
+    fwd = runner.entry_for(x2, weight, casting_mode, training, snap.forward_variant, snap.pdl,
+                           residual=r2)
     forward = fwd.ffi()
     _FUNCTIONS.setdefault(fwd, (forward,))
     w_dtype = weight.dtype if weight is not None else None
@@ -138,7 +148,8 @@ def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, off
     if training:
         # dy is not known yet: x stands in for its alignment, and the node copies a gradient
         # that arrives in another layout (common.rows.kernel_grad_rows)
-        bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, snap.backward, snap.pdl)
+        bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, snap.backward, snap.pdl,
+                                        dh=residual is not None)
         backward = tuple(_backward_spec(bwd, sms, w_dtype, snap.fused_strips, dx, dw)
                          for dx, dw in ((True, True), (True, False), (False, True)))
         aligned, no_partials = bwd.dx.vec > 1, bwd.no_part
@@ -149,7 +160,7 @@ def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, off
         forward_grid=RowsRule(plan.rows_per_cta, sms * plan.ctas_per_sm if plan.persistent else 0),
         row_stride=x2.stride(0), weighted=weight is not None, eps=eps, offset=offset,
         nvtx=snap.nvtx, no_weight=fwd.empty_w, no_rstd=fwd.empty_rstd, no_partials=no_partials,
-        aligned=aligned, backward=backward)
+        aligned=aligned, backward=backward, residual=residual is not None)
 
 
 def settings_code() -> int:
@@ -157,13 +168,14 @@ def settings_code() -> int:
     return Snapshot.now().code
 
 
-def memo(native):
-    """The extension's call memo (made on first use; its settings code follows every change)."""
-    global _memo
-    if _memo is not None:
-        return _memo
+def memo(native, residual: bool = False):
+    """The extension's call memo of rms_norm, or with ``residual`` the fused add's (each made
+    on first use; its settings code follows every change)."""
+    found = _memos.get(residual)
+    if found is not None:
+        return found
     with _memo_lock:
-        if _memo is None:
+        if residual not in _memos:
             # the one use of M a plan makes: ``auto`` takes the persistent grid for few rows
             memo = native.CallMemo(LAUNCHES_CAP, AUTO_PERSISTENT_MAX_ROWS)
             memo.settings = settings_code()
@@ -171,8 +183,8 @@ def memo(native):
             def follow_settings():
                 memo.settings = settings_code()
             on_change(follow_settings)
-            _memo = memo
-    return _memo
+            _memos[residual] = memo
+    return _memos[residual]
 
 
 def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
@@ -192,3 +204,21 @@ def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
         launch = native.Launch(spec)
         calls.insert(x, weight, eps, offset, casting_mode, launch, snap.code)
     return native.apply(x, weight, launch)
+
+
+def rms_norm_add(native, x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
+                 eps: float, offset: float, casting_mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(y, h) of the fused residual add through the native extension (``residual`` laid out as
+    x: ``common.rows.same_layout``), as ``rms_norm`` does for the plain norm."""
+    calls = memo(native, residual=True)
+    launch = calls.find(x, weight, eps, offset, casting_mode, residual)
+    if launch is None:
+        from ..common.device import sm_count
+        training = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, residual, weight))
+        snap = Snapshot.now()
+        spec = plan_launch(x, weight, eps, offset, casting_mode, sm_count(x.get_device()),
+                           training, snap, residual=residual)
+        launch = native.Launch(spec)
+        calls.insert(x, weight, eps, offset, casting_mode, launch, snap.code, residual)
+    return native.apply_add(x, residual, weight, launch)
