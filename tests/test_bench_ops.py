@@ -42,7 +42,7 @@ def test_ops_and_sweeps():
     for name in ("bwd", "full"):
         op = runner.OPS[name]
         assert op.name == name
-        assert list(op.sweep) == runner.FWD_SWEEP
+        assert list(op.sweep) == runner.BWD_SWEEP
         assert list(op.quick_sweep) == runner.QUICK_FWD_SWEEP
         assert op.peers is peers.BACKWARD_PEERS
     assert runner.OPS["bwd"].prepare is not None and runner.OPS["full"].prepare is None
@@ -184,7 +184,8 @@ def test_lab_impl_names():
         impls, problem = runner.lab_implementations(op)
         assert problem is None and set(impls) == set(lab.lab_impls(op))
     assert list(lab.lab_impls("fwd")) == ["cute.row", "cute.persistent", "cute.warp",
-                                             "cute.auto", "cute.auto-pdl", "triton.row"]
+                                          "cute.cluster", "cute.auto", "cute.auto-pdl",
+                                          "triton.row"]
     with pytest.raises(ValueError, match="sideways"):
         lab.lab_impls("sideways")
 

@@ -62,11 +62,12 @@ def test_report_renders_markdown_and_figures(tmp_path):
     # progress on stderr, one line per group of figures, numbered
     progress = [ln for ln in p.stderr.splitlines() if ln.startswith("report: [")]
     assert progress == [
-        "report: [1/4] testgpu fwd: tables, bandwidth and eager-vs-graph figures",
-        "report: [2/4] testgpu: backward and host figures (notebooks 02 and 03)",
-        "report: [3/4] how the kernels work: thread layout and backward data flow "
+        "report: [1/5] testgpu fwd: tables, bandwidth and eager-vs-graph figures",
+        "report: [2/5] testgpu: backward and host figures (notebooks 02 and 03)",
+        "report: [3/5] how the kernels work: thread layout and backward data flow "
         "(notebooks 01 and 02)",
-        "report: [4/4] across GPUs: roofline, crossover, reported vs modelled (notebook 04)"]
+        "report: [4/5] across GPUs: roofline, crossover, reported vs modelled (notebook 04)",
+        "report: [5/5] in a model: the model step against torch's norm (notebook 05)"]
     assert f"reading the results in {res}" in p.stderr
     # ... and at the end, on stdout, every file it wrote, report.md first
     listed = p.stdout.split(f"files to {out} in ")[1].splitlines()[1:]
@@ -309,7 +310,9 @@ def test_ninja_of_the_environment_is_put_on_path(tmp_path, monkeypatch):
 def test_fwd_sweep_is_the_design():
     assert runner.FWD_SWEEP == [(1024, 4096), (4096, 4096), (8192, 4096), (16384, 4096),
                                 (32768, 4096), (65536, 4096), (16384, 1024), (16384, 2048),
-                                (16384, 8192), (16384, 16384), (65536, 128), (262144, 128)]
+                                (16384, 8192), (16384, 16384), (65536, 128), (262144, 128),
+                                (4096, 32768), (16384, 32768)]
+    assert runner.BWD_SWEEP == runner.FWD_SWEEP[:-2]  # the wide rows: the forward's alone
     assert set(runner.OPS) == {"fwd", "bwd", "full", "fwd-add", "bwd-add"}
 
 

@@ -30,6 +30,9 @@ CASES = [
     ("warp", 64, BF16, F32, "gemma"),      # four rows share a warp
     ("fallback", 1023, BF16, BF16, "llama"),
     ("fallback", 65537, F32, F32, "gemma"),
+    ("cluster", 32768, BF16, BF16, "llama"),  # two CTAs share a row
+    ("cluster", 131072, BF16, None, "gemma"),  # eight
+    ("cluster", 65536, F32, F32, "none"),
 ]
 
 
@@ -47,8 +50,8 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
     if variant == "fallback":
         assert facts.global_loads_16B == 0 and facts.global_loads_scalar > 0
     else:
-        # a 16-byte load and store for every column block that can hold part of the row
-        blocks = -(-N // (plan.vec * plan.threads_per_row))
+        # a 16-byte load and store for every column block of the CTA's part of the row
+        blocks = -(-min(N, plan.cols_per_tile * plan.chunks) // (plan.vec * plan.threads_per_row))
         assert facts.global_loads_16B >= blocks
         assert facts.global_stores_16B >= blocks
     assert facts.local_accesses == 0
@@ -98,3 +101,18 @@ def test_fused_add_forward_reads_the_residual_and_stores_h(arch, variant, N, x_d
     if facts.spill_bytes is None:
         pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
     assert facts.spill_bytes == 0, f"{facts.spill_bytes} bytes spilled, {facts.registers} regs"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cluster_sums_meet_in_distributed_shared_memory(arch):
+    """The cluster variant: its CTAs start together (a cluster barrier before any remote
+    store), each sends its sum to every peer with one asynchronous remote store counted by the
+    peer's mbarrier, and waits on its own; the row is read once (no column chunks)."""
+    plan = plan_forward("cluster", 65536, BF16, BF16, "llama", store_rstd=True, aligned=True,
+                        arch=arch)
+    assert (plan.cluster_n, plan.chunks) == (4, 1)
+    ptx = compile_and_inspect(plan, arch).ptx
+    assert "barrier.cluster.wait" in ptx and "fence.mbarrier_init" in ptx
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes") == 1
+    assert "mbarrier.try_wait" in ptx
+    assert ptx.index("barrier.cluster.wait") < ptx.index("st.async")

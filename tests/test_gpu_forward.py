@@ -15,7 +15,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 MODES = ["llama", "gemma", "none"]
 SHAPES = [(1, 1), (1, 4096), (3, 1023), (127, 4096), (133, 8192), (4096, 4096),
           (16384, 16384), (64, 65536), (2, 7, 1024)]
-CUTE_VARIANTS = ["row", "persistent", "warp", "fallback", "auto"]
+CUTE_VARIANTS = ["row", "persistent", "warp", "fallback", "cluster", "auto"]
 
 # Tolerance of y against the reference evaluated on the same inputs: the kernels round at the
 # same points, so differences come from fp32 summation order and rsqrt.approx (a few fp32 ulps).
@@ -187,3 +187,26 @@ def test_chained_launches_read_complete_outputs(variant, N, in_graph, capture_on
         assert not torch.isnan(ys[k + 1]).any(), f"step {k + 1}: NaN read from an unfinished step"
         rel = ((ys[k + 1].double() - expect.double()).norm() / expect.double().norm()).item()
         assert rel <= MAX_REL[torch.bfloat16], f"step {k + 1}: rel err {rel:.3g}"
+
+
+# The cluster variant: 2, 4 and 8 CTAs per row, a single row, an odd row count, leading dims.
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 32768), (3, 32768), (1000, 32768), (2, 5, 65536),
+                                   (17, 131072)], ids=lambda s: "x".join(map(str, s)))
+def test_cluster_rows_and_rstd_match_reference(shape, dtype):
+    from rmsnorm_lab import dispatch
+    N = shape[-1]
+    x, w = fresh(shape, dtype), fresh((N,), dtype)
+    poison_allocator()
+    with settings.override(forward_variant="cluster"):
+        try:
+            y, rstd = dispatch.forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
+        except NotEligible:
+            pytest.skip(f"cluster not eligible for N={N} {dtype}")
+    torch.cuda.synchronize()
+    assert not torch.isnan(y).any() and not torch.isnan(rstd).any()
+    expect = reference.rms_norm(x, w, 1e-6, 0.0, "llama")
+    rel = ((y.double() - expect.double()).norm() / expect.double().norm()).item()
+    assert rel <= MAX_REL[dtype]
+    torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6).view(rstd.shape), rtol=1e-4,
+                               atol=0)

@@ -29,15 +29,18 @@ REL_TOL = 1e-2
 HOST_SHAPE = (128, 4096)
 LAB_PREFIXES = ("cute.", "triton.")
 
-#: the forward sweep: N=4096 over M, then M=16384 over N
-FWD_SWEEP: List[Tuple[int, int]] = (
+#: the sweep's shapes: N=4096 over M, then M=16384 over N, and per-head rows
+SWEEP: List[Tuple[int, int]] = (
     [(M, 4096) for M in (1024, 4096, 8192, 16384, 32768, 65536)]
     + [(16384, N) for N in (1024, 2048, 8192, 16384)]
     + PER_HEAD_SHAPES
 )
+#: rows too wide for one CTA's registers (the cluster variant's, against column chunks)
+WIDE_SHAPES: List[Tuple[int, int]] = [(4096, 32768), (16384, 32768)]
+FWD_SWEEP: List[Tuple[int, int]] = SWEEP + WIDE_SHAPES
 QUICK_FWD_SWEEP: List[Tuple[int, int]] = [(1024, 4096), (16384, 4096)]
-#: the backward and forward+backward sweeps are the forward's shapes
-BWD_SWEEP: List[Tuple[int, int]] = list(FWD_SWEEP)
+#: the backward and forward+backward sweeps
+BWD_SWEEP: List[Tuple[int, int]] = list(SWEEP)
 QUICK_BWD_SWEEP: List[Tuple[int, int]] = list(QUICK_FWD_SWEEP)
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

@@ -1,4 +1,5 @@
-"""CuTe DSL RMSNorm forward: one kernel class, four variants chosen by the plan.
+"""CuTe DSL RMSNorm forward: one kernel class for four variants chosen by the plan, and one for
+rows split over a thread-block cluster.
 
 * ``row``        one CTA per row; the row lives in registers between the reduction and the store.
 * ``persistent`` the same tile, but the grid is sized from the SM count and each CTA loops over
@@ -6,6 +7,8 @@
 * ``warp``       one warp per row, several rows per CTA: the reduction is shuffles only, with no
                  shared memory and no CTA barrier.
 * ``fallback``   one element per copy with column predication: any width, any alignment.
+* ``cluster``    (``RMSNormClusterForward``) a row too wide for one CTA's registers over the CTAs
+                 of a cluster, their partial sums exchanged through distributed shared memory.
 
 Rows wider than the register budget (``plan.chunks > 1``), and rows of 16 KB (see plan.py), stream
 through registers in column chunks: one pass for the sum of squares, a second pass to normalize
@@ -23,6 +26,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 import torch
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .pdl import wait_for_previous_grid
 from .plan import ForwardPlan
@@ -283,3 +288,105 @@ class RMSNormFusedAddForward(RMSNormForward):
                  offset: Float32, stream: cuda.CUstream):
         """Host side: x, the residual, y and h arrive as (M, N):(ld, 1) rows."""
         self.launch(gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream)
+
+
+@dsl_user_op
+def f32_bits(value: Float32, *, loc=None, ip=None) -> Int32:
+    """The 32 bits of an fp32 value as an Int32 (a remote store takes b32 words)."""
+    return Int32(llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+class RMSNormClusterForward(RMSNormForward):
+    """``cluster``: one row per thread-block cluster of ``plan.cluster_n`` CTAs. CTA ``rank`` of
+    the cluster holds columns ``[rank * cols_per_tile, (rank + 1) * cols_per_tile)`` of the row
+    in registers and reduces its sum of squares over its own threads; then thread j stores that
+    sum into slot ``rank`` of CTA j's shared memory (distributed shared memory, ``st.async``),
+    each store counted by CTA j's mbarrier, so every CTA waits for exactly the ``cluster_n``
+    words it is owed and adds them itself. The row is read once and written once."""
+
+    def __init__(self, plan: ForwardPlan):
+        assert plan.variant == "cluster" and plan.cluster_n > 1 and plan.chunks == 1
+        super().__init__(plan)
+
+    def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
+        """Host side: ``grid`` is the rows (``plan.grid``); the launch is that many clusters."""
+        p = self.plan
+        M = Int32(gX.shape[0])
+        mX, mY = self.rows(gX, M), self.rows(gY, M)
+        mW = None
+        if cutlass.const_expr(self.w_type is not None):
+            mW = cute.make_tensor(gW.iterator, cute.make_layout((1, p.N), stride=(0, 1)))
+        mRstd = None
+        if cutlass.const_expr(p.store_rstd):
+            mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
+        smem_bytes = 8 + (SLOTS * self.warps_per_row + p.cluster_n) * 4 + 16
+        self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
+            grid=[grid * p.cluster_n, 1, 1], block=[p.threads, 1, 1],
+            cluster=[p.cluster_n, 1, 1], smem=smem_bytes, stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
+               eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        rank = cute.arch.block_idx_in_cluster()
+        row = bidx // p.cluster_n
+        warp = tidx // 32
+        lane = tidx % 32
+        smem = SmemAllocator()
+        mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
+        sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
+                                    byte_alignment=4)
+        sPeers = smem.allocate_tensor(Float32, cute.make_layout((p.cluster_n,)),
+                                      byte_alignment=4)
+        if tidx == 0:  # expects one arrival (below) and the peers' cluster_n words
+            cute.arch.mbarrier_init(mbar, 1)
+            cute.arch.mbarrier_init_fence()
+        # A peer's shared memory (and mbarrier) may be written only once the peer runs and has
+        # initialized it: arrive now, wait just before the first remote store, so the loads
+        # below overlap the wait.
+        cute.arch.cluster_arrive_relaxed()
+
+        tiler = (1, p.cols_per_tile)
+        tiled_x = cute.make_tiled_copy(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
+                                num_bits_per_copy=p.vec * self.x_type.width),
+            self.tv_layout(), tiler)
+        thr_x = tiled_x.get_slice(tidx)
+        # this CTA's slice is column tile `rank`: its coordinates carry the offset
+        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
+                                                 (row, rank)))
+        pred = self.column_predicate(tXcX, 0)
+        tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (row, rank)))
+        tXrX = cute.make_fragment_like(tXgX)
+        tXrX.fill(0)
+        cute.copy(tiled_x, tXgX, tXrX, pred=pred)
+
+        ss = row_sum(self.sum_of_squares(tXrX), sBuf, 0, 0, warp, lane, self.warps_per_row)
+        cute.arch.cluster_wait()
+        if tidx == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar, p.cluster_n * 4)
+        if tidx < p.cluster_n:  # thread j hands this CTA's sum to CTA j, in its slot `rank`
+            cute.arch.store_async_dsmem(sPeers.iterator + rank, f32_bits(ss), mbar, tidx)
+        cute.arch.mbarrier_wait(mbar, 0)
+        total = Float32(0.0)
+        for j in cutlass.range_constexpr(p.cluster_n):
+            total = total + sPeers[j]
+        rstd = cute.math.rsqrt(total / Float32(p.N) + eps)
+        if cutlass.const_expr(p.store_rstd):
+            if rank == 0 and tidx == 0:
+                mRstd[row] = rstd
+
+        tWrW = None
+        if cutlass.const_expr(self.w_type is not None):
+            tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, rank)))
+            tWrW = cute.make_fragment_like(tWgW)
+            tWrW.fill(0)
+            for k in cutlass.range_constexpr(p.vecs_per_thread):
+                if tXcX[(0, k), 0, 0][1] < p.N:
+                    cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
+        tXrY = cute.make_fragment_like(tXrX)
+        tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset).to(self.x_type))
+        cute.copy(tiled_x, tXrY, thr_x.partition_D(cute.local_tile(mY, tiler, (row, rank))),
+                  pred=pred)

@@ -77,6 +77,8 @@ class ForwardPlan(RowTilePlan):
     pdl: bool = False        # programmatic dependent launch (``uses_pdl``)
     #: the fused residual add: the row is h = x + residual, stored, then normalized
     residual: bool = False
+    #: cluster: the CTAs of a thread-block cluster that share one row (1: other variants)
+    cluster_n: int = 1
 
     @property
     def persistent(self) -> bool:
@@ -225,6 +227,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     def max_vecs_of(threads: int) -> int:
         return elems_in_registers(threads, x_bytes, w_bytes) // vec
 
+    if variant == "cluster":
+        return _cluster_plan(n_vecs, max_vecs_of, arch, common)
     if variant == "warp":
         vecs_per_thread = -(-n_vecs // 32)
         # A row of fewer copies than a warp has lanes (a per-head row: 128 bf16 are 16 copies)
@@ -261,6 +265,36 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
                        min_ctas_per_sm=min_ctas_per_sm,
                        pdl=pdl and uses_pdl(variant, threads, arch), **common)
+
+
+# The cluster variant: CTAs of MAX_THREADS threads per cluster, at most the portable cluster size
+# (8 on Hopper and Blackwell), on the architectures with thread-block clusters.
+MAX_CLUSTER = 8
+CLUSTER_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+
+
+def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -> ForwardPlan:
+    """The ``cluster`` plan: a row too wide for one CTA's registers split over the fewest CTAs
+    of a cluster (a power of two) that hold it in one pass, each CTA a column slice; their sums
+    of squares meet in distributed shared memory. The row is read from DRAM once, where the
+    ``row`` variant's column chunks read it twice (the second time mostly from L2)."""
+    if arch is not None and arch not in CLUSTER_ARCHS:
+        raise NotEligible(f"thread-block clusters need Hopper or later, not {arch}")
+    if common["residual"]:
+        raise NotEligible("the cluster variant serves rms_norm alone, not the fused add")
+    # copies one CTA holds in one pass (the row variant's bound on a chunk)
+    per_cta = MAX_THREADS * max(1, min(MAX_COPIES_PER_CHUNK, max_vecs_of(MAX_THREADS)))
+    if n_vecs <= per_cta:
+        raise NotEligible("the row fits one CTA's registers: no cluster needed")
+    cluster_n = 2
+    while cluster_n * per_cta < n_vecs:
+        cluster_n *= 2
+    if cluster_n > MAX_CLUSTER:
+        raise NotEligible(f"the row needs {cluster_n} CTAs, over a cluster's {MAX_CLUSTER}")
+    vecs_per_thread = -(-n_vecs // (cluster_n * MAX_THREADS))
+    return ForwardPlan(threads_per_row=MAX_THREADS, rows_per_cta=1,
+                       vecs_per_thread=vecs_per_thread, chunks=1, cluster_n=cluster_n,
+                       **common)
 
 
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:

@@ -28,7 +28,8 @@ from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from ..common import nvtx
 from ..settings import settings
 from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
-from .forward import TORCH_TO_CUTE, RMSNormForward, RMSNormFusedAddForward
+from .forward import (TORCH_TO_CUTE, RMSNormClusterForward, RMSNormForward,
+                      RMSNormFusedAddForward)
 from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_variant,
                    check_int32_addressable, plan_forward)
 
@@ -72,7 +73,9 @@ def _fake_args(plan: ForwardPlan):
 
 
 def _kernel_object(plan: ForwardPlan):
-    return RMSNormFusedAddForward(plan) if plan.residual else RMSNormForward(plan)
+    if plan.residual:
+        return RMSNormFusedAddForward(plan)
+    return RMSNormClusterForward(plan) if plan.cluster_n > 1 else RMSNormForward(plan)
 
 
 def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
@@ -199,12 +202,12 @@ def _launch_marshaled(entry: _Entry, x2, w, y, r, grid: int, eps: float, offset:
             args = [_marshal(x2, align), _marshal(w, w_align), _marshal(y, align), _marshal(r, 4)]
     if path == "jit":  # CuTe DSL's own cache, which may compile: under the compile lock
         with COMPILE_LOCK, nvtx.range("launch", plan.variant, x2.shape):
-            RMSNormForward(plan)(*args, grid, eps, offset, stream)
+            _kernel_object(plan)(*args, grid, eps, offset, stream)
         return
     kernel = entry.dlpack_kernel
     if kernel is None:
         kernel = entry.dlpack_kernel = compile_locked(
-            RMSNormForward(plan), *args, cutlass.Int32(grid), cutlass.Float32(eps),
+            _kernel_object(plan), *args, cutlass.Int32(grid), cutlass.Float32(eps),
             cutlass.Float32(offset), stream, options=f"--gpu-arch {entry.arch}",
             label=plan.variant)
     with nvtx.range("launch", plan.variant, x2.shape):
