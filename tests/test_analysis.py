@@ -466,3 +466,22 @@ def test_report_model_section_compares_each_norm_with_torch_in_the_same_run(tmp_
     assert (tmp_path / "h200-model-vs-torch.png").exists()
     assert headline[0] == ("h200 llama in a model, lab / torch: train 0.900, decode 0.900 eager, "
                            "0.900 from a graph")
+
+
+def test_host_rows_come_from_the_newest_host_benchmark_run_not_the_sweeps():
+    """A sweep times host rows too (newer, other code path for the lab's variants): the host
+    tables keep the host benchmark's run, where every implementation was timed together."""
+    from rmsnorm_lab.analysis import host as H
+    from rmsnorm_lab.analysis.tables import host_table
+    bench, sweep = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"
+    rows = [dict(gpu="h200", timestamp=t, op="full", impl=i, path="host", M=128, N=4096,
+                 dtype="bf16", metric="host", p20=v, p50=v, p80=v)
+            for t, i, v in ((bench, "cute.auto@tvm_ffi", 100.0), (bench, "torch.native", 105.0),
+                            (sweep, "torch.native", 136.0), (sweep, "cute.row", 24.0))]
+    df = pd.DataFrame(rows)
+    t = host_table(df, "full")
+    assert t.loc[("torch.native", 128, 4096), "p50"] == 105.0
+    assert "cute.row" not in t.index.get_level_values("impl")
+    h = H.host_rows(df)
+    assert set(h["impl"]) == {"cute.auto@tvm_ffi", "torch.native"}
+    assert float(h.loc[h["impl"] == "torch.native", "p50"].iloc[0]) == 105.0

@@ -84,3 +84,15 @@ def test_figures_draw_ratios_and_both_timelines():
         assert len(ax.collections[2].get_segments()) == 1
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+def test_ops_as_of_a_model_run_keep_the_kernels_it_ran():
+    from rmsnorm_lab.analysis import model_step as ms
+    from rmsnorm_lab.results import latest
+    row = dict(gpu="h200", op="bwd", impl="cute.auto", path="graph", M=65536, N=128,
+               dtype="bf16", metric="time")
+    ops = pd.DataFrame([dict(row, timestamp="2026-01-01T00:00:00+00:00", p50=120.0),
+                        dict(row, timestamp="2026-01-03T00:00:00+00:00", p50=60.0)])
+    run = pd.DataFrame([dict(timestamp="2026-01-02T00:00:00+00:00")])
+    assert ms.ops_as_of(ops, run)["p50"].tolist() == [120.0]
+    assert latest(ops)["p50"].tolist() == [60.0]

@@ -23,9 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from ..results import read_jsonl
+from ..results import latest, read_jsonl
 from ..settings import LAUNCH_PATHS, Experiments, Settings, settings
-from .tables import one_gpu
+from .tables import host_benchmark_run, one_gpu
 
 HOST_SHAPE = (128, 4096)
 CACHE_SHAPE = (16384, 4096)
@@ -126,11 +126,13 @@ def _workload(op: str, impl: str) -> Tuple[Optional[str], str]:
 
 def host_rows(df: pd.DataFrame, gpu: Optional[str] = None,
               shape: Tuple[int, int] = HOST_SHAPE) -> pd.DataFrame:
-    """The host µs rows at ``shape`` as ``impl`` (without ``+autograd``), ``workload``, ``p20``,
-    ``p50``, ``p80``; rows of toggles the settings no longer have are left out."""
-    d, _ = one_gpu(df, gpu)
-    d = d[(d["metric"] == "host") & (d["path"] == "host") & (d["M"] == shape[0])
-          & (d["N"] == shape[1])]
+    """The host µs rows at ``shape`` of the newest host benchmark run (``tables.host_benchmark_run``)
+    as ``impl`` (without ``+autograd``), ``workload``, ``p20``, ``p50``, ``p80``; rows of toggles
+    the settings no longer have are left out."""
+    _, gpu = one_gpu(df, gpu)
+    d = df[(df["gpu"] == gpu) & (df["metric"] == "host") & (df["path"] == "host")
+           & (df["M"] == shape[0]) & (df["N"] == shape[1])]
+    d = latest(host_benchmark_run(d))
     rows = []
     for r in d.itertuples(index=False):
         w, impl = _workload(r.op, r.impl)

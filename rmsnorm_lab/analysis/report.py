@@ -82,8 +82,10 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
             f"({MODELLED} scenario)", ax=fig.subplots())
         names.append(_save(fig, out / "gpus-reported-vs-modelled.png"))
         verdict = model.finding(pr)
-        md += ["The PR's finding (B200: CuTe faster because the host dominates; H100: parity), "
-               "computed by the model at M=8192, N=4096, with today's measured host costs:", ""]
+        md += ["Liger-Kernel PR #1336's finding (its CuTe DSL RMSNorm against its Triton one: "
+               "on the B200 CuTe faster because the host dominates; on the H100 parity), "
+               "computed by the model at M=8192, N=4096, with the host costs measured on the "
+               "H200's host:", ""]
         md += [f"- {k}: {v}" for k, v in verdict.items()]
         if pr_era is not None:
             v2 = model.finding(pr_era)
@@ -159,7 +161,8 @@ def model_section(steps: pd.DataFrame, out: Path) -> Tuple[List[str], List[str]]
         span = (min(0.85, float(pd.Series(shown.ravel()).min()) - 0.07),  # room for labels
                 float(pd.Series(shown.ravel()).max()) + 0.12)
         for ax, arch in zip(fig.subplots(1, len(archs), squeeze=False).ravel(), archs):
-            step_figures.plot_vs_torch(ratios, arch, MODEL_RATIOS, ax=ax, xlim=span)
+            step_figures.plot_vs_torch(ratios, arch, MODEL_RATIOS, ax=ax, xlim=span,
+                                        gpu=gpu)
         name = _save(fig, out / f"{gpu}-model-vs-torch.png")
         md += [f"![{name}]({name})", ""]
         compiled_run = model_step.one_run(g, "llama.compile.lab")

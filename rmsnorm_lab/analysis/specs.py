@@ -70,7 +70,7 @@ SPECS: Dict[str, GPUSpec] = {s.key: s for s in (
             "https://www.nvidia.com/en-us/data-center/hgx/",
             "https://resources.nvidia.com/en-us-blackwell-architecture",
             "bandwidth per GPU from the HGX B200 datasheet (64 TB/s for 8 GPUs); SMs, L2 and "
-            "clock are NOT datasheet figures (the brief gives none): commonly reported "
+            "clock are NOT datasheet figures (the datasheet gives none): commonly reported "
             "device-query values, treat as approximate; FP32 from the HGX B200 column of "
             "NVIDIA's per-GPU Blackwell specifications",
             75.0, "https://www.nvidia.com/en-us/data-center/hgx/"),

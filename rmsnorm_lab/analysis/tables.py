@@ -50,10 +50,14 @@ def library_rows(d: pd.DataFrame) -> pd.DataFrame:
 
 
 def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[float]:
-    """Median GB/s of ``op``'s ceiling on ``gpu``, newest run; None when not measured."""
+    """Median GB/s of ``op``'s ceiling on ``gpu``: measured in ``op``'s own sweep (the same run
+    as the kernels it bounds) where it was, else in the newest run that measured it; None when
+    not measured."""
     name = CEILING_OF_OP.get(op)
     d, _ = one_gpu(df, gpu)
     d = d[(d["impl"] == name) & (d["metric"] == "bandwidth") & (d["path"] == "graph")]
+    if (d["op"] == op).any():
+        d = d[d["op"] == op]
     if d.empty:
         return None
     newest = pd.to_datetime(d["timestamp"], utc=True).idxmax()
@@ -84,15 +88,27 @@ def fwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:
     return bandwidth_table(df, "fwd", gpu)
 
 
+def host_benchmark_run(d: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``d`` from the newest run of the host benchmark (``bench --op host``: the one
+    that times the lab's launch paths, ``cute.auto@tvm_ffi``...), where every implementation was
+    timed interleaved on one host, so their costs compare; ``d`` itself when it holds no such
+    run. The sweeps time host rows too, each in its own run (and the lab's variants inside
+    ``settings.override``, whose cost they include): those are left out."""
+    runs = d.loc[d["impl"].astype(str).str.contains("@", regex=False), "timestamp"]
+    if runs.empty:
+        return d
+    newest = runs.iloc[pd.to_datetime(runs, utc=True).argmax()]
+    return d[d["timestamp"] == newest]
+
+
 def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.DataFrame:
-    """Host µs per call (p20, p50, p80) per implementation and shape, from the host benchmark
-    (``bench --op host``): the lab's launch paths (``cute.auto@tvm_ffi``...) and the peers. The
-    sweeps' own host rows of the lab's kernels are left out: the sweep calls each variant inside
-    ``settings.override``, whose cost they include."""
-    d, _ = one_gpu(df, gpu)
-    d = d[(d["op"] == op) & (d["metric"] == "host")]
+    """Host µs per call (p20, p50, p80) per implementation and shape, from the newest host
+    benchmark run (``host_benchmark_run``): the lab's launch paths and the peers."""
+    _, gpu = one_gpu(df, gpu)
+    d = df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "host")]
+    d = host_benchmark_run(d)
     impl = d["impl"].astype(str)
-    d = d[impl.str.contains("@") | ~impl.str.startswith(("cute.", "triton.", TEACH_PREFIX))]
+    d = d[impl.str.contains("@") | ~impl.str.startswith(("cute.", TEACH_PREFIX))]
     d = d.assign(impl=pd.Categorical(d["impl"], impl_order(d["impl"]), ordered=True))
     return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[["p20", "p50", "p80"]]
 

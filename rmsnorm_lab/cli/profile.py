@@ -24,7 +24,7 @@ Warm-up runs outside the capture, so each compile range appears once, before it;
 --include-compile the capture starts before the warm-up. Every timed iteration is an NVTX range
 "iter" of the rmsnorm_lab domain; the lab's compile/marshal/launch/reduce ranges nest inside.
 Exit status: 0 ok; 2 no CUDA GPU, no nvtx package, or a configuration that cannot run (e.g. --op
-full with a backend that has no backward yet)."""
+full with a backend that has no backward)."""
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
