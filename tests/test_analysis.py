@@ -485,3 +485,15 @@ def test_host_rows_come_from_the_newest_host_benchmark_run_not_the_sweeps():
     h = H.host_rows(df)
     assert set(h["impl"]) == {"cute.auto@tvm_ffi", "torch.native"}
     assert float(h.loc[h["impl"] == "torch.native", "p50"].iloc[0]) == 105.0
+
+
+def test_the_ceiling_comes_from_the_sweep_run_not_a_newer_tagged_run():
+    from rmsnorm_lab.analysis.tables import ceiling_gbps
+    sweep, tagged = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"
+    base = dict(gpu="h200", op="fwd", path="graph", N=4096, dtype="bf16", metric="bandwidth",
+                p20=1.0, p80=1.0)
+    rows = [dict(base, timestamp=sweep, impl="cute.auto", M=m, p50=4000.0) for m in (1, 2, 3)]
+    rows += [dict(base, timestamp=sweep, impl="copy", M=131072, p50=4290.0),
+             dict(base, timestamp=tagged, impl="cute.auto", M=65536, p50=4100.0),
+             dict(base, timestamp=tagged, impl="copy", M=131072, p50=4300.0)]
+    assert ceiling_gbps(pd.DataFrame(rows), "fwd") == 4290.0

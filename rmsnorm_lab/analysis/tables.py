@@ -50,14 +50,21 @@ def library_rows(d: pd.DataFrame) -> pd.DataFrame:
 
 
 def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[float]:
-    """Median GB/s of ``op``'s ceiling on ``gpu``: measured in ``op``'s own sweep (the same run
-    as the kernels it bounds) where it was, else in the newest run that measured it; None when
-    not measured."""
+    """Median GB/s of ``op``'s ceiling on ``gpu``, measured in the same run as the kernels it
+    bounds: of the runs of ``op`` that measured it, the one that measured most of ``op``'s
+    rows (its sweep, not a tagged run of a few shapes; the newest of equal sweeps); else the
+    newest run that measured it; None when not measured."""
     name = CEILING_OF_OP.get(op)
-    d, _ = one_gpu(df, gpu)
-    d = d[(d["impl"] == name) & (d["metric"] == "bandwidth") & (d["path"] == "graph")]
-    if (d["op"] == op).any():
-        d = d[d["op"] == op]
+    _, gpu = one_gpu(df, gpu)
+    # every run's rows (not only the newest of each measurement): runs are what is compared
+    d = df[(df["gpu"] == gpu) & (df["metric"] == "bandwidth") & (df["path"] == "graph")]
+    ceilings = d[(d["impl"] == name) & (d["op"] == op)]
+    if not ceilings.empty:
+        rows_per_run = d[d["op"] == op]["timestamp"].value_counts()
+        best = max(ceilings["timestamp"],  # the most rows; of equal sweeps, the newest
+                   key=lambda t: (rows_per_run.get(t, 0), pd.Timestamp(t)))
+        return float(ceilings.loc[ceilings["timestamp"] == best, "p50"].iloc[0])
+    d = d[d["impl"] == name]
     if d.empty:
         return None
     newest = pd.to_datetime(d["timestamp"], utc=True).idxmax()
