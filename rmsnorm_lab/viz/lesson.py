@@ -156,6 +156,7 @@ TEACH_STYLES = {
     "teach.cta_row": (_OI["blue"], "-", "o"),
     "teach.warp_row": (_OI["green"], "--", "v"),
     "teach.persistent": (_OI["purple"], "-", "^"),
+    "teach.cluster_row": (_OI["sky"], "-", ">"),
     "teach.split_dx": (_OI["sky"], "--", "s"),
     "teach.split_dw": (_OI["orange"], "-.", "D"),
     "teach.split": (_OI["purple"], "-", "^"),
