@@ -98,3 +98,31 @@ def test_cells_are_coloured_by_warp_and_labelled_where_they_fit():
     cells = [t.get_text() for t in zoom.texts]
     assert len(cells) == 16 and cells[1] == "t1\ncols 8–15"
     plt.close("all")
+
+
+def test_many_column_blocks_are_drawn_in_part_and_the_rest_named_in_a_band():
+    from rmsnorm_lab.viz.layout import shown_blocks
+
+    assert shown_blocks(2) == [(0, 0), (1, 1)]
+    assert shown_blocks(16) == [(0, 0), (1, 1), (2, 14), (15, 15)]
+    p = plan("warp", 4096)  # 2 rows x 16 blocks
+    fig, ax = plt.subplots()
+    draw_row_layout(p, ax=ax, lanes=8)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["row 0, k=0: cols 0–255", "row 0, k=1: cols 256–511", "row 0, k=2…14",
+                      "row 0, k=15: cols 3840–4095", "row 1, k=0: cols 0–255",
+                      "row 1, k=1: cols 256–511", "row 1, k=2…14", "row 1, k=15: cols 3840–4095"]
+    bands = [t.get_text() for t in ax.texts if t.get_text().startswith("k = 2 … 14")]
+    assert len(bands) == 2 and "cols 512–3839" in bands[0]
+    cells = [t.get_text() for t in ax.texts if t.get_text().startswith("t")]
+    assert len(cells) == 2 * 3 * 8  # every drawn block of both rows labelled
+    key = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert key == ["warp 0 (t0–31)", "warp 1 (t32–63)"]  # one colour per warp, named
+    plt.close(fig)
+
+
+def test_a_zoom_inside_one_warp_says_so():
+    fig, ax = plt.subplots()
+    draw_row_layout(plan("row", 4096), ax=ax, lanes=8)
+    assert "all lanes shown are warp 0" in ax.get_title()
+    plt.close(fig)

@@ -113,9 +113,12 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
             ax.plot(ai, speed.roof_tflops(g, ai, copy), color=BLACK, linestyle="--",
                     linewidth=1)
         ax.axvline(s.ridge_flop_per_byte, color=GREY, linestyle=":", linewidth=1)
+        # left of the ridge, above the roof: the slope is lower there, and the text stays
+        # inside the panel however close the ridge is to its right edge
         ax.annotate(f"ridge {s.ridge_flop_per_byte:.0f} FLOP/B", (s.ridge_flop_per_byte,
                                                                  s.fp32_tflops),
-                    xytext=(4, -14), textcoords="offset points", fontsize=8, color="#444444")
+                    xytext=(-4, 4), textcoords="offset points", fontsize=8, color="#444444",
+                    ha="right", va="bottom")
         for r in points[points["gpu"] == g].itertuples(index=False):
             oc = OP_COLORS.get(r.op, GREY)
             if r.kind == REPORTED:
@@ -150,6 +153,11 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
                        "stars drawn right of their intensity, the lab's left)", marker="*",
                        color=GREY, markersize=11, markeredgecolor=BLACK, markeredgewidth=0.5)]
     _legend_right(axes[-1], handles)
+    where = sorted(set(points[points["kind"] == MEASURED]["gpu"]) & set(gpus))
+    axes[0].figure.suptitle(
+        "Roofline per GPU: RMSNorm's forward and backward (cute.auto)"
+        + (f", measured on the {', '.join(spec(g).name for g in where)}, modelled and reported "
+           "elsewhere" if where else ", modelled and reported"), fontsize="medium")
     return axes
 
 
@@ -188,6 +196,8 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
     ax.set_ylim(0, 100)
     ax.set_xlabel(f"M (rows), N={N} bf16")
     ax.set_ylabel("% of the datasheet bandwidth")
+    ax.set_title(f"{impl} {op}: share of each GPU's datasheet bandwidth reached, against M",
+                 fontsize="medium")
     ax.grid(True, alpha=0.3)
     _legend_right(ax)
     return ax
@@ -197,6 +207,8 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
 
 CROSSOVER_IMPLS = ("liger.cutedsl", "liger.triton", "cute.auto")
 _HOST_STYLES = (("--", VERMILLION), (":", PURPLE), ("-.", BLUE), ((0, (5, 2, 1, 2)), GREEN))
+#: each implementation's marker on its kernel curve (filled where measured, hollow where modelled)
+_IMPL_MARKERS = ("o", "s", "^", "D")
 
 
 def _measured_crossovers(df: pd.DataFrame, names: Sequence[str], gpu: str) -> Dict[str, float]:
@@ -229,41 +241,81 @@ def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = CROSSOVER_IMPLS, op:
         here = meas[meas["gpu"] == g] if not meas.empty else meas
         crossed = _measured_crossovers(df, [v[0] for v in shown.values()], g) \
             if not here.empty else {}
+        curves: Dict[str, pd.Series] = {}
         for i, (name, (host_name, h)) in enumerate(shown.items()):
             ls, c = _HOST_STYLES[i % len(_HOST_STYLES)]
             kernel = model.device_impl(name)
             a.axhline(h, color=c, linestyle=ls, linewidth=1.4)
             m = here[here["impl"] == kernel].sort_values("M") if not here.empty else here
+            mark = _IMPL_MARKERS[i % len(_IMPL_MARKERS)]
             if not m.empty:
-                a.plot(m["M"], m["time_us"], color=c, markersize=4, linewidth=1.2,
-                       **STYLE[MEASURED])
+                # one marker per implementation, each smaller than the one before: curves that
+                # lie on top of each other still show every marker
+                a.plot(m["M"], m["time_us"], color=c, linewidth=1.2,
+                       **dict(STYLE[MEASURED], marker=mark, markersize=max(3.0, 7.0 - 1.5 * i)))
                 x = crossed.get(host_name, math.nan)
+                curves[name] = m.set_index("M")["time_us"]
             else:
                 a.plot(Ms, model.device_us(cal, op, kernel, g, Ms, N), color=c, markersize=4,
-                       linewidth=1.2, **STYLE[MODELLED])
+                       linewidth=1.2, **dict(STYLE[MODELLED], marker=mark))
                 x = model.crossover_M(cal, op, kernel, h, g, N)
             if math.isfinite(x) and Ms[0] <= x <= Ms[-1]:
                 a.plot([x], [h], "o", color=c, markersize=10, markerfacecolor="none",
                        markeredgewidth=1.8, zorder=4)
         _log2_x(a, Ms[::2])
+        a.set_xlim(Ms[0] / 1.3, Ms[-1] * 1.3)
         a.set_yscale("log")
         a.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
         _plain(a.yaxis)
+        if curves:
+            _unmeasured_span(a, Ms, min(float(c.index.min()) for c in curves.values()))
+            _coincide_note(a, curves)
         a.set_title(spec(g).name + (f" ({MEASURED})" if not here.empty else f" ({MODELLED})"),
                     fontsize="medium", color=_color(g))
         a.set_xlabel(f"M (rows), N={N}")
         a.grid(True, which="major", alpha=0.3)
-    axes[0].set_ylabel("µs per call")
+    axes[0].set_ylabel("µs per call (log scale)")
     handles = [_handle(f"{host_name}: host {h:.0f} µs (line), its kernel (curve)", color=c,
-                       linestyle=ls)
-               for (host_name, h), (ls, c) in zip(shown.values(), _HOST_STYLES)]
-    handles += [_handle(f"kernel µs, {MEASURED}", color=GREY, **STYLE[MEASURED]),
-                _handle(f"kernel µs, {MODELLED}", color=GREY, **STYLE[MODELLED])]
+                       linestyle=ls, marker=_IMPL_MARKERS[i % len(_IMPL_MARKERS)])
+               for i, ((host_name, h), (ls, c)) in enumerate(zip(shown.values(), _HOST_STYLES))]
+    handles += [_handle(f"kernel µs, {MEASURED} (filled, solid)", color=GREY,
+                        **STYLE[MEASURED]),
+                _handle(f"kernel µs, {MODELLED} (hollow, dashed)", color=GREY,
+                        **dict(STYLE[MODELLED], marker="o"))]
     _legend_right(axes[-1], handles[:5])
+    axes[0].figure.suptitle(f"{op}, N={N}: host time per call (lines) against kernel time "
+                            "(curves) per GPU; rings: the crossover, left of it the call is "
+                            "host-bound", fontsize="medium")
     return axes
 
 
-# ============================================================================ the PR's ratios
+def _unmeasured_span(ax, Ms, first: float) -> None:
+    """Grey out the sizes left of the first measured M, so the empty stretch reads as not
+    measured rather than as missing data."""
+    if first <= Ms[0]:
+        return
+    edge = first / math.sqrt(2)  # halfway (in log) to the size below it
+    ax.axvspan(Ms[0] / 1.3, edge, color=GREY, alpha=0.15, linewidth=0)
+    ax.text(math.sqrt(Ms[0] / 1.3 * edge), 0.03, f"not measured\nbelow M={first:,.0f}",
+            transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7,
+            color="#444444")
+
+
+def _coincide_note(ax, curves: Dict[str, pd.Series]) -> None:
+    """Where several measured curves were drawn, how far apart they lie (max/min - 1 at the
+    smallest and largest M they share), written in the panel: on a log axis a few % apart
+    looks like one line."""
+    both = pd.concat(curves, axis=1).dropna()
+    if len(curves) < 2 or both.empty:
+        return
+    spread = both.max(axis=1) / both.min(axis=1) - 1
+    lo, hi = both.index.min(), both.index.max()
+    ax.text(0.03, 0.97, f"measured kernels within\n{spread[lo]:.0%} of each other at "
+            f"M={lo:,.0f},\n{spread[hi]:.0%} at M={hi:,.0f}", transform=ax.transAxes,
+            ha="left", va="top", fontsize=7, color="#444444")
+
+
+# ================================================ Liger-Kernel PR #1336's ratios, CuTe / Triton
 
 def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame] = None,
                               scenario_label: str = "", ax=None, title_suffix: str = ""):

@@ -132,18 +132,18 @@ def plot_ladder(runs: Dict[str, pd.DataFrame], steps: Sequence[str],
         ax.grid(True, axis="x", which="both", alpha=0.3)
     axes[0].set_yticks(ys, labels)
     axes[0].set_ylim(len(labels) - 0.5, -0.9)
-    if title:
-        axes[0].figure.suptitle(title, fontsize="medium")
+    axes[0].figure.suptitle(title or "host µs per call along the launch path, one panel per "
+                            "workload (dashed: torch's F.rms_norm)", fontsize="medium")
     return axes
 
 
 # ============================================================================ against torch
 
 def plot_vs_torch(table: pd.DataFrame, impls: Sequence[str], torch_name: str = TORCH,
-                  ax=None, labels: Optional[Dict[str, str]] = None):
+                  ax=None, labels: Optional[Dict[str, str]] = None, gpu: Optional[str] = None):
     """Host µs per call over torch's ``F.rms_norm`` (``table``: ``host_table``), one row per
     implementation, one marker per workload, on a log axis centred on 1 (left of the line:
-    cheaper than torch)."""
+    cheaper than torch); ``gpu``, the machine measured, names it in the title."""
     ax = _axes(ax, (8, 0.5 * len(impls) + 1.6))
     impls = [i for i in impls if i in table.index]
     ys = np.arange(len(impls))
@@ -165,8 +165,10 @@ def plot_vs_torch(table: pd.DataFrame, impls: Sequence[str], torch_name: str = T
     ax.axvline(1.0, color=BLACK, linewidth=1)
     ax.set_yticks(ys, [(labels or {}).get(i, i) for i in impls])
     ax.set_ylim(len(impls) - 0.5, -0.5)
-    ax.set_xlabel(f"host time per call / {(labels or {}).get(torch_name, torch_name)}'s "
-                  "(log scale; < 1: cheaper)")
+    torch_label = (labels or {}).get(torch_name, torch_name)
+    ax.set_xlabel(f"host time per call / {torch_label}'s (log scale; < 1: cheaper)")
+    ax.set_title(f"{gpu + ': ' if gpu else ''}host time per call against {torch_label}'s",
+                 fontsize="medium")
     ax.grid(True, axis="x", alpha=0.3)
     _legend_right(ax, title="workload", title_fontsize="small")
     return ax
@@ -183,21 +185,58 @@ def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
     impls = host_order(h["impl"])
     ax = _axes(ax, (9, 0.4 * len(impls) + 1.5))
     workloads = [w for w in WORKLOADS if w in set(h["workload"])]
+    far = off_scale(h)
+    top = float(h[~h["impl"].isin(far)][["p50", "p80"]].max().max()) * 1.6 if far else None
     ys = np.arange(len(impls))
     for j, w in enumerate(workloads):
         s = h[h["workload"] == w].set_index("impl").reindex(impls)
         color, marker = WORKLOAD_STYLE[w]
         off = (j - (len(workloads) - 1) / 2) * 0.22
-        _dots(ax, ys + off, s["p50"], s["p20"], s["p80"], color, marker, label=w, size=5)
+        near = ~s.index.isin(far)
+        _dots(ax, (ys + off)[near], s["p50"][near], s["p20"][near], s["p80"][near], color,
+              marker, label=w, size=5)
+        if far:  # at the right edge, hollow: the value is in the note beside them
+            ax.plot(np.full(len(far), top / 1.12), [ys[impls.index(i)] + off for i in far],
+                    marker, color=color, markersize=5, fillstyle="none", linestyle="none")
+    for i in far:
+        _off_scale_note(ax, h[h["impl"] == i], workloads, ys[impls.index(i)], top / 1.3)
     ax.set_yticks(ys, impls)
     ax.set_ylim(len(impls) - 0.5, -0.5)
     ax.set_xscale("log")
     _plain_log(ax.xaxis)
-    ax.set_xlabel("host µs per call (median; whiskers p20-p80; log scale)")
+    if far:
+        ax.set_xlim(None, top)
+    ax.set_xlabel("host µs per call (median; whiskers p20-p80; log scale)"
+                  + ("\nhollow markers at the right edge: off this scale, value beside them"
+                     if far else ""))
     ax.set_title(f"{gpu}: host time per call, {shape[0]}×{shape[1]} bf16", fontsize="medium")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     _legend_right(ax)
     return ax
+
+
+#: a row whose slowest point is this many times the next slowest row's is drawn off the scale
+OFF_SCALE = 10.0
+
+
+def off_scale(h: pd.DataFrame) -> list:
+    """The implementations of ``h`` (``host_rows``) so much slower than all the rest that one
+    log axis spanning them would squeeze every other row: each row's highest p80 (or p50) more
+    than ``OFF_SCALE`` times that of the next slower row, from the top down."""
+    worst = h.assign(v=h["p80"].fillna(h["p50"])).groupby("impl")["v"].max()
+    worst = worst.dropna().sort_values(ascending=False)
+    far = []
+    while len(worst) > len(far) + 1 and worst.iloc[len(far)] > OFF_SCALE * worst.iloc[len(far) + 1]:
+        far.append(worst.index[len(far)])
+    return far
+
+
+def _off_scale_note(ax, rows: pd.DataFrame, workloads, y: float, x: float) -> None:
+    """Each workload's median of an off-scale row, written at ``x`` (right-aligned)."""
+    med = rows.set_index("workload")["p50"]
+    parts = [f"{w} {med[w] / 1e3:,.1f} ms" for w in workloads if w in med.index]
+    ax.annotate("off this scale: " + ", ".join(parts) + " →", (x, y), ha="right", va="center",
+                fontsize=8, color="#333333")
 
 
 # ============================================================================ crossover
@@ -250,7 +289,10 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     _plain_log(ax.yaxis)
     ax.set_xlabel(f"M (rows), N={HOST_SHAPE[1]} bf16")
-    ax.set_ylabel(f"µs per call ({workload})")
+    ax.set_ylabel(f"µs per call ({workload}; log scale)")
+    ax.set_title(f"{gpu}: host time per call (lines) against kernel time (curves), {workload}"
+                 "\nrings: the crossover; left of a ring the call is host-bound",
+                 fontsize="medium")
     ax.grid(True, which="major", alpha=0.3)
     _legend_right(ax)
     return ax
@@ -280,24 +322,50 @@ def plot_cache_steps(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SH
                               (t["step p80"] / 1e3 - ms).fillna(0)],
                 fmt="o", color=VERMILLION, markersize=7, capsize=3,
                 label="cached path (median, p20–p80)")
-    for x, v in zip(xs, ms):
-        if pd.notna(v):
-            ax.annotate(f"{v:.1f}", (x, v), xytext=(8, 0), textcoords="offset points",
-                        va="center", fontsize=8)
-    for ref, (ls, c) in zip(references, (("--", BLUE), (":", GREEN))):
+    lines = []
+    for ref in references:
         s = step_of(d, ref, gpu, shape)
         if "time" in s:
+            ls, c = _reference_style(ref)
             name = f"{ref} (the default)" if ref == DEFAULT_IMPL else ref
             ax.axhline(s["time"] / 1e3, color=c, linestyle=ls, linewidth=1.5,
                        label=f"{name}: {s['time'] / 1e3:.1f} ms")
+            lines.append(s["time"] / 1e3)
     ax.set_xticks(xs, list(t.index))
     ax.set_xlim(-0.5, len(t) - 0.5)
     ax.set_ylim(0, None)  # from zero: the ratios between caps read as lengths
+    _value_labels(ax, xs, ms, lines)
     ax.set_xlabel("tensor_cache_cap of the cached path (handles kept)")
     ax.set_ylabel(f"ms per step ({shape[0]}×{shape[1]}, fwd+bwd)")
+    ax.set_title(f"{gpu}: step time per tensor_cache_cap", fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     _legend_right(ax)
     return ax
+
+
+def _reference_style(name: str):
+    """(line style, colour) of a reference line in the cache-cap panels: one per name, so that
+    a line looks the same in both panels."""
+    return ("--", BLUE) if name == DEFAULT_IMPL else (":", GREEN)
+
+
+def _value_labels(ax, xs, values, lines: Sequence[float]) -> None:
+    """Each value written right of its marker, level with it unless a horizontal line at
+    ``lines`` would run through the text (centre within 5 points): then level, 9 points above
+    or below, whichever keeps it furthest from every line."""
+    lo, hi = ax.get_ylim()
+    box = ax.get_position()
+    per_pt = (hi - lo) / max(box.height * ax.figure.get_figheight() * 72, 1.0)  # data per point
+    for x, v in zip(xs, values):
+        if pd.isna(v):
+            continue
+
+        def room(dy):  # points between the text's centre and the nearest line
+            return min((abs(v + dy * per_pt - ln) / per_pt for ln in lines), default=1e9)
+
+        dy = 0 if room(0) >= 5 else max((0, 9, -9), key=room)
+        ax.annotate(f"{v:.1f}", (x, v), xytext=(8, dy), textcoords="offset points",
+                    va="center", fontsize=8)
 
 
 def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
@@ -314,11 +382,15 @@ def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAP
     xs = np.arange(len(t))
     ax_m.plot(xs, t["peak MiB"], "o", color=VERMILLION, markersize=7, label="cached path")
     if "peak_mem" in tr:
-        ax_m.axhline(tr["peak_mem"], color=GREEN, linestyle=":", linewidth=1.5,
+        ls, c = _reference_style(triton)
+        ax_m.axhline(tr["peak_mem"], color=c, linestyle=ls, linewidth=1.5,
                      label=f"{triton} ({tr['peak_mem']:,.0f} MiB)")
     ax_m.set_xticks(xs, list(t.index))
-    ax_m.set_xlabel("tensor_cache_cap")
+    ax_m.set_xlim(-0.5, len(t) - 0.5)
+    ax_m.set_ylim(0, None)  # from zero, as the step-time panel: differences read as lengths
+    ax_m.set_xlabel("tensor_cache_cap of the cached path (handles kept)")
     ax_m.set_ylabel("peak MiB above the step's start")
+    ax_m.set_title(f"{gpu}: peak memory per tensor_cache_cap", fontsize="medium")
     ax_m.grid(True, axis="y", alpha=0.3)
     _legend_right(ax_m)
     plot_cache_steps(d, gpu, shape, ax=ax_t, references=(triton,))
@@ -357,4 +429,4 @@ def impl_label(name: str) -> str:
 
 # the timelines live in their own module; imported last (it takes this module's helpers)
 from .timeline import (KERNEL_NAMES, RANGE_COLORS, plot_timeline,  # noqa: E402,F401
-                       plot_timelines, short_kernel_name)
+                       plot_timelines, short_kernel_name, trace_gpu)

@@ -18,34 +18,62 @@ NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURP
 
 def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
                   norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"), ax=None,
-                  xlim: Optional[tuple] = None):
+                  xlim: Optional[tuple] = None, gpu: Optional[str] = None):
     """Horizontal bars: each norm's time over torch's norm's in the same model, per workload
     column, centred on 1 (left of the line: faster than torch's), each bar labelled with its
-    ratio. ``xlim``: the same range for panels that are compared."""
+    ratio; a bar too short to see gets a diamond at its tip. ``xlim``: the same range for panels
+    that are compared (widened on the left by the same room for the labels in every panel);
+    ``gpu``: the GPU the steps ran on, for the title."""
     ax = _axes(ax, (7.0, 0.55 * len(columns) * 1.6 + 1.0))
     rows = ratios.loc[arch]
     norms = [n for n in norms if n in rows.index]
     height = 0.8 / max(len(norms), 1)
     y = np.arange(len(columns))
+    drawn = rows.loc[norms, list(columns)].to_numpy(dtype=float)
+    lo, hi = xlim if xlim is not None else _fit(drawn)
+    lo = _label_room(ax, lo, hi)
     for i, norm in enumerate(norms):
         vals = rows.loc[norm, list(columns)].to_numpy(dtype=float)
         ys = y + (i - (len(norms) - 1) / 2) * height
-        ax.barh(ys, vals - 1.0, height=height, left=1.0, color=NORM_COLORS.get(norm, GREY),
-                label=norm)
+        colour = NORM_COLORS.get(norm, GREY)
+        ax.barh(ys, vals - 1.0, height=height, left=1.0, color=colour, label=norm)
+        short = np.isfinite(vals) & (np.abs(vals - 1.0) < 0.012 * (hi - lo))
+        ax.plot(vals[short], ys[short], "D", color=colour, markersize=5,
+                markeredgecolor="black", markeredgewidth=0.5)
         for yy, v in zip(ys, vals):
             if np.isfinite(v):
-                ax.annotate(f"{v:.3f}", (v, yy), xytext=(3 if v >= 1 else -3, 0),
+                ax.annotate(f"{v:.3f}", (v, yy), xytext=(5 if v >= 1 else -5, 0),
                             textcoords="offset points", va="center", fontsize=7,
                             ha="left" if v >= 1 else "right")
     ax.axvline(1.0, color="black", lw=1)
-    if xlim is not None:
-        ax.set_xlim(*xlim)
+    ax.set_xlim(lo, hi)
     ax.set_yticks(y, columns)
     ax.invert_yaxis()
-    ax.set_xlabel("time / time with torch.nn.RMSNorm (same model, same run)")
-    ax.set_title(f"{arch}: each norm against torch's")
+    ax.set_xlabel("time / time with torch.nn.RMSNorm (same model, same run)\n"
+                  "bars drawn from 1; diamonds: bars too short to see")
+    ax.set_title(f"{gpu + ': ' if gpu else ''}{arch}, each norm's step time over torch's norm's",
+                 fontsize="medium")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return ax
+
+
+def _fit(values: np.ndarray) -> tuple:
+    """An x range holding 1 and every finite value, with room at the right for a label."""
+    v = np.append(values[np.isfinite(values)], 1.0)
+    return float(v.min()) - 0.02, float(v.max()) + 0.12 * max(float(v.max() - v.min()), 0.1)
+
+
+#: points a ratio label takes left of its bar ("0.871" at 7 points, its offset and a gap)
+LABEL_PT = 30
+
+
+def _label_room(ax, lo: float, hi: float) -> float:
+    """The left limit moved left so that a label ending at ``lo`` stays inside the axes (not on
+    the tick labels); from ``lo``, ``hi`` and the axes' width alone, so panels given one range
+    keep one range."""
+    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+    frac = min(0.4, LABEL_PT / max(width_pt, 1.0))
+    return lo - frac * (hi - lo) / (1 - frac)
 
 
 def plot_decode_timeline(kernels: Dict[str, pd.DataFrame], step: int = 1, ax=None,

@@ -121,6 +121,9 @@ def _percent_axis(ax, ceiling: float) -> None:
     sec.set_ylabel("% of the ceiling")
 
 
+#: the note on an axis that does not start at zero
+NOT_FROM_ZERO = "(axis starts near the data, not at 0)"
+
 #: two series whose medians differ by less than this everywhere are drawn as coinciding
 COINCIDE = 0.01
 
@@ -180,8 +183,10 @@ def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax, impls):
             _percent_axis(ax, ceiling)
     _log2_x(ax, d[x])
     ax.set_xlabel(x)
-    ax.set_ylabel("GB/s (median; band p20–p80)")
-    subset = f"; {len(shown)} of {measured} implementations" if len(shown) < measured else ""
+    ax.set_ylabel("GB/s (median; band p20–p80)" + (f"\n{NOT_FROM_ZERO}"
+                                                    if ax.get_ylim()[0] > 0 else ""))
+    # the subset on a line of its own: one long line overflows the axes and is cut at the edge
+    subset = f"\n{len(shown)} of {measured} implementations shown" if len(shown) < measured else ""
     ax.set_title(f"{gpu}: {op} bandwidth vs {x}, {fixed}={value}, {path}{subset}",
                  fontsize="medium")
     ax.grid(True, alpha=0.3)
@@ -213,6 +218,10 @@ def plot_eager_vs_graph(df: pd.DataFrame, op: str, impl: str, N: int = 4096,
     every = library_rows(d[(d["op"] == op) & (d["metric"] == "time") & (d["N"] == N)
                            & d["path"].isin(["eager", "graph"]) & ~d["impl"].isin(CEILINGS)])
     d = every[every["impl"] == impl]
+    # the shared range: implementations measured both ways only (one timed eagerly alone, at
+    # one size, would stretch every panel past the data)
+    both = every.groupby("impl")["path"].transform(lambda p: p.nunique() == 2)
+    every = every[both.astype(bool)] if both.any() else every
     ax = _axes(ax)
     for path, colour, ls, marker in (("eager", VERMILLION, "--", "o"),
                                      ("graph", BLUE, "-", "s")):

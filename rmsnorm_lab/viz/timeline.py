@@ -59,14 +59,15 @@ def _short(name: str, width: int = 40) -> str:
 def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
                   api: bool = True, connect: bool = True, span_us: Optional[float] = None,
                   kernel_colors: Optional[Dict[str, str]] = None, legend: bool = True,
-                  drawn: Optional[Dict[str, str]] = None):
+                  drawn: Optional[Dict[str, str]] = None, title: Optional[str] = None):
     """NVTX ranges (one row per range name, ordered by stage) above the CUDA API calls and the
     kernels, on one time axis in µs from the start of iteration ``first`` (default 1: the first
     iteration pays for what was cold and would squeeze the rest), over ``count`` iterations or
     ``span_us``. Iterations are the ``iter`` ranges, or for a graph replay the kernel groups.
     Thin grey lines join each launch call to the kernel it launched (correlation id). ``drawn``
     (label -> colour) is filled with what the legend lists: the kernels and the kinds of CUDA
-    API call in view."""
+    API call in view. ``title``: the axes' title; by default what is shown (and the GPU, from
+    the trace's folder), none for a ``span_us`` window (a panel of ``plot_timelines``)."""
     t0, t1 = steady_window(trace, first, count, None if span_us is None else span_us * 1e3)
     pad = 0.02 * (t1 - t0)
     lo, hi = t0 - pad, t1 + pad
@@ -131,6 +132,10 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
     ax.set_xlabel("µs from the start of the first iteration shown")
     ax.grid(True, axis="x", alpha=0.3)
     seen = {} if drawn is None else drawn
+    for label, _, color in rows:  # the NVTX ranges: every colour drawn is in the legend
+        if color is not None:
+            stage = label.split(" ", 1)[0]
+            seen.setdefault(f"NVTX range: {stage}{' …' if ' ' in label else ''}", color)
     if gpu_df is not None:
         for n in sorted({short_kernel_name(n) for n in gpu_df["name"]}):
             seen[f"kernel: {n}"] = colors_of[n]
@@ -142,7 +147,24 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
             seen["CUDA API: another call (graph launch, sync...)"] = OTHER_API
     if legend:
         _legend_right(ax, _handles(seen))
+    if title is None:
+        gpu = trace_gpu(trace)
+        last = first + count - 1
+        title = (f"{gpu + ': ' if gpu else ''}nsys timeline of iterations {first}–{last}: "
+                 "host ranges and calls above the kernels they launched"
+                 if span_us is None else "")
+    if title:
+        ax.set_title(title, fontsize="medium")
     return ax
+
+
+def trace_gpu(trace: Trace) -> str:
+    """The GPU a trace was taken on, when its files lie in a folder named after one
+    (``profiles/<gpu>/``, as ``profile`` writes them); else ''."""
+    from ..analysis.specs import SPECS
+
+    folders = {p.parent.name for p in trace.files.values()}
+    return folders.pop() if len(folders) == 1 and next(iter(folders)) in SPECS else ""
 
 
 def _handles(drawn: Dict[str, str]):
@@ -175,14 +197,16 @@ def plot_timelines(eager: Trace, graph: Optional[Trace], first: int = 1, count: 
     s = steady_state(eager, stats_from)
     drawn: Dict[str, str] = {}  # one legend for both panels, beside the first
     plot_timeline(eager, first, count, ax=axes[0], kernel_colors=colors, legend=False,
-                  drawn=drawn)
-    axes[0].set_title(f"eager loop: one iteration every {s['period_us']:.1f} µs, "
+                  drawn=drawn, title="")
+    gpu = trace_gpu(eager)
+    axes[0].set_title(f"{gpu + ': ' if gpu else ''}eager loop: one iteration every "
+                      f"{s['period_us']:.1f} µs, "
                       f"{s['kernel_us']:.1f} µs of it on the GPU ({s['busy']:.0%} busy)",
                       fontsize="medium", loc="left")
     if graph is not None:
         g = steady_state(graph, stats_from)
         plot_timeline(graph, first, span_us=span_us, ax=axes[1], kernel_colors=colors,
-                      legend=False, drawn=drawn)
+                      legend=False, drawn=drawn, title="")
         axes[1].set_title(f"the same work replayed from one CUDA graph: one iteration every "
                           f"{g['period_us']:.1f} µs ({g['busy']:.0%} busy)",
                           fontsize="medium", loc="left")
