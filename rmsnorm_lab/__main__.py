@@ -164,9 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
     """``parser.parse_args``, except that an argument no command knows is reported with the
     usage of the command it was given to, not the top-level one."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    given = sys.argv[1:] if argv is None else list(argv)
+    if not any(a in commands.choices for a in given):
+        unknown = [a for a in given if a.startswith("-") and a not in ("-h", "--help")]
+        if unknown:  # an option before any command: name it, not the missing command
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args, extra = parser.parse_known_args(argv)
     if extra:
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 

@@ -131,6 +131,11 @@ def test_an_unknown_option_is_reported_with_its_command_usage():
     assert "usage: python -m rmsnorm_lab report" in p.stderr and "--bogus" in p.stderr
 
 
+def test_an_unknown_option_before_any_command_is_named():
+    p = cli("--bogus")
+    assert p.returncode == 2 and "unrecognized arguments: --bogus" in p.stderr
+
+
 def test_unknown_op_is_refused_by_argparse():
     p = cli("bench", "--op", "sideways")
     assert p.returncode == 2 and "invalid choice" in p.stderr
