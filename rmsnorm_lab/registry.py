@@ -51,6 +51,8 @@ VARIANTS: Tuple[Variant, ...] = (
             benchmarked=False),
     Variant("fused", "bwd", "cute", 0xFFE69F00, "rmsnorm_lab.cute.backward_plan:plan_backward"),
     Variant("split", "bwd", "cute", 0xFFF0E442, "rmsnorm_lab.cute.backward_plan:plan_split"),
+    Variant("cluster", "bwd", "cute", 0xFF000000,
+            "rmsnorm_lab.cute.backward_plan:plan_cluster_backward"),
     Variant("dw_reduce", "reduce", "cute", 0xFF999999),
     Variant("row", "fwd", "triton", 0xFF56B4E9),
     Variant("split", "bwd", "triton", 0xFF56B4E9),

@@ -216,3 +216,21 @@ def test_backward_pdl_on_hopper_only():
     from rmsnorm_lab.cute.backward_plan import backward_uses_pdl
     assert backward_uses_pdl("sm_90a")
     assert not backward_uses_pdl("sm_100a") and not backward_uses_pdl(None)
+
+
+def test_cluster_backward_splits_rows_one_cta_cannot_hold():
+    from rmsnorm_lab.cute.backward_plan import plan_cluster_backward
+    with pytest.raises(NotEligible, match="fits one CTA"):
+        plan_cluster_backward(8192, BF16, BF16, "llama", True)
+    p = plan_cluster_backward(16384, BF16, BF16, "llama", True)
+    assert (p.cluster_n, p.vecs_per_thread, p.chunks, p.kind) == (4, 2, 1, "fused")
+    assert p.cols_per_tile * p.cluster_n == 16384 and p.ctas_per_sm >= 2
+    assert plan_cluster_backward(65536, BF16, BF16, "llama", True).cluster_n == 8
+    with pytest.raises(NotEligible, match="cluster of 8"):
+        plan_cluster_backward(131072, BF16, BF16, "llama", True)
+    with pytest.raises(NotEligible, match="fused add"):
+        plan_cluster_backward(16384, BF16, BF16, "llama", True, dh=True)
+    with pytest.raises(NotEligible, match="16-byte"):
+        plan_cluster_backward(16385, BF16, BF16, "llama", True)
+    with pytest.raises(NotEligible, match="Hopper"):
+        plan_cluster_backward(16384, BF16, BF16, "llama", True, arch="sm_80")

@@ -172,3 +172,24 @@ def test_fused_plan_strips_fit_the_registers_ptxas_gives(N, dtype, dh):
     assert plan.ctas_per_sm * plan.threads_per_row * per_thread <= 65536, (
         f"{facts.registers} registers: {plan.ctas_per_sm} strips of {plan.threads_per_row} "
         f"threads do not fit one SM (prefetch={plan.prefetch})")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N,x_dtype,w_dtype", [(16384, BF16, BF16), (32768, BF16, None),
+                                               (16384, F32, F32)],
+                         ids=["16384-bf16", "32768-bf16-noweight", "16384-fp32"])
+def test_cluster_backward_exchanges_each_rows_sum_through_distributed_shared_memory(
+        arch, N, x_dtype, w_dtype):
+    """Two mbarriers taken in turn, one cluster barrier before the loop, one remote store per
+    row: the row's slice in registers, read once (no chunks), no local memory."""
+    from rmsnorm_lab.cute.backward_plan import plan_cluster_backward
+    plan = plan_cluster_backward(N, x_dtype, w_dtype, "llama", True, arch=arch)
+    facts = compile_and_inspect(plan, arch)
+    ptx = facts.ptx
+    assert ptx.count("mbarrier.init.shared") == 2 and "barrier.cluster.wait" in ptx
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes") == 1
+    assert "mbarrier.try_wait" in ptx
+    assert facts.local_accesses == 0
+    assert facts.global_loads_16B >= 2 * plan.vecs_per_thread  # x and dy of the slice
+    if facts.spill_bytes is not None:
+        assert facts.spill_bytes == 0 and facts.registers * plan.threads * plan.ctas_per_sm <= 65536

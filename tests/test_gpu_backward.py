@@ -305,3 +305,23 @@ def test_back_to_back_backwards_under_pdl(mode, capture_on_side_stream):
     for k in range(steps):
         dx, dw = outs[k + 1]
         check(dx, dw, outs[k][0], x, w, rstd, 0.0, "llama", f"{mode} step {k + 1}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape,strips", [((1000, 16384), None), ((3, 32768), None),
+                                          ((257, 16384), 5), ((131, 65536), 2)],
+                         ids=["1000x16384", "3x32768", "257x16384-5strips", "131x65536-2strips"])
+def test_cluster_backward_matches_reference(dtype, shape, strips):
+    """Rows split over a cluster's CTAs: plan-sized grids, strips of uneven lengths, fewer rows
+    than strips, with and without a weight, every casting mode."""
+    for with_weight, casting in ((True, "llama"), (True, "gemma"), (True, "none"),
+                                 (False, "llama")):
+        dy, x, w, rstd = inputs(shape, dtype, with_weight)
+        poison_allocator()
+        try:
+            dx, dw = backward(dy, x, w, rstd, 0.5 if with_weight else 0.0, casting, "cluster",
+                              sms(), strips=strips)
+        except NotEligible:
+            pytest.skip(f"cluster not eligible at {shape} {dtype}")
+        check(dx, dw, dy, x, w, rstd, 0.5 if with_weight else 0.0, casting,
+              f"cluster weight={with_weight} strips={strips}")

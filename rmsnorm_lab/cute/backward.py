@@ -16,6 +16,8 @@ The math (reference.py holds the rounding points)::
   (``strips_per_cta``) and sum their rows in shared memory into one partial row.
 * ``RMSNormBackward`` with a ``dx`` plan: one CTA per row, dx only (the split path). Rows wider
   than the register budget take two passes over column chunks, like the forward.
+* ``RMSNormClusterBackward`` (backward_cluster.py): the fused plan of a row too wide for one CTA,
+  over the CTAs of a thread-block cluster.
 * ``RMSNormBackwardDW``: the split path's dW. CTA (b, g) sums ``dy * x_hat`` over the rows of
   group g for column block b -- one warp per row, ``dw_unroll`` rows per warp in flight -- then
   reduces over its warps in shared memory and writes ``dw_partial[g, block b]``.

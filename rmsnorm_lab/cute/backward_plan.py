@@ -20,6 +20,9 @@ Three kernels serve the backward (``dx = rstd * (m - x_hat * mean(m * x_hat))`` 
              in shared memory and writes ``dw_partial[group, cols]``; each row lane issues the
              loads of ``dw_unroll`` rows before using them. x and dy are read again.
 
+``cluster`` (``plan_cluster_backward``) is the fused kernel for rows one CTA cannot hold, each
+row's columns split over the CTAs of a thread-block cluster, a strip per cluster.
+
 Either way a last small kernel (dw_reduce.py) sums the G (or row-group) fp32 partial rows into dw,
 reading G x N fp32 values: little next to the M x N inputs.
 
@@ -96,6 +99,8 @@ class BackwardPlan(RowTilePlan):
     pdl: bool = False        # programmatic dependent launch (backward_uses_pdl)
     #: fused and dx: the fused add's gradient at h joins dx (dx = dh + the norm's dx)
     dh: bool = False
+    #: cluster: the CTAs of a thread-block cluster that share each row of a strip (1: one CTA)
+    cluster_n: int = 1
 
     @property
     def cta_threads(self) -> int:
@@ -277,6 +282,48 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
         fit = SM_SMEM_BYTES // (dw_smem + 1024)
         plan = dataclasses.replace(plan, ctas_per_sm=max(1, min(WIDE_FUSED_CTAS_PER_SM, fit)))
     return plan
+
+
+def plan_cluster_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
+                          casting_mode: str, aligned: bool, dh: bool = False,
+                          arch: Optional[str] = None) -> BackwardPlan:
+    """The ``cluster`` plan: the fused backward of a row too wide for one CTA's registers, its
+    columns split over the CTAs of a thread-block cluster. A cluster walks a strip of rows; each
+    CTA keeps its column slice of w and of the dW accumulator in registers, and per row the CTAs'
+    partial sums of ``m * x_hat`` meet in distributed shared memory. The row is read once, where
+    the chunked fused plan reads it twice (the second time mostly from L2). The cluster takes as
+    many CTAs as give each thread the copies the fused plan holds at N = 4096 (two CTAs per SM),
+    at most MAX_CLUSTER."""
+    from .plan import CLUSTER_ARCHS, COPIES_PER_THREAD, MAX_CLUSTER, MAX_THREADS
+    if arch is not None and arch not in CLUSTER_ARCHS:
+        raise NotEligible(f"thread-block clusters need Hopper or later, not {arch}")
+    if dh:
+        raise NotEligible("the cluster backward serves rms_norm alone, not the fused add")
+    _check(N, x_dtype, casting_mode)
+    vec = vector_width(N, x_dtype, aligned)
+    if vec == 1:
+        raise NotEligible("the cluster backward needs 16-byte copies (aligned rows, N % vec == 0)")
+    try:
+        fits = plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned).chunks == 1
+    except NotEligible:  # too wide even for the chunked fused plan
+        fits = False
+    if fits:
+        raise NotEligible("the row fits one CTA's registers: the fused plan holds it")
+    n_vecs = N // vec
+    want = -(-n_vecs // (MAX_THREADS * COPIES_PER_THREAD))
+    cluster_n = min(MAX_CLUSTER, max(2, 1 << (want - 1).bit_length()))
+    vecs_per_thread = -(-n_vecs // (cluster_n * MAX_THREADS))
+    elem = _ELEM_BYTES[x_dtype]
+    w_bytes = _ELEM_BYTES[w_dtype] if w_dtype is not None else 0
+    per_elem = 2 * elem + w_bytes + (4 if w_dtype is not None else 0) + FP32_LIVE
+    if vecs_per_thread * vec > elems_in_registers(MAX_THREADS, per_elem):
+        raise NotEligible(f"the row needs more than a cluster of {MAX_CLUSTER} CTAs' registers")
+    return BackwardPlan(kind="fused", x_dtype=x_dtype, w_dtype=w_dtype, N=N,
+                        casting_mode=casting_mode, vec=vec, threads_per_row=MAX_THREADS,
+                        rows_per_cta=1, vecs_per_thread=vecs_per_thread, chunks=1,
+                        ctas_per_sm=resident_ctas(MAX_THREADS, vecs_per_thread * vec * per_elem,
+                                                  most=MAX_FUSED_CTAS_PER_SM),
+                        cluster_n=cluster_n)
 
 
 def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str,

@@ -28,8 +28,10 @@ from ..common.rows import kernel_grad_rows
 from ..reference import check_casting_mode
 from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDh, RMSNormBackwardDW
+from .backward_cluster import RMSNormClusterBackward
 from .backward_plan import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
-                            auto_mode, backward_uses_pdl, plan_backward, plan_split)
+                            auto_mode, backward_uses_pdl, plan_backward, plan_cluster_backward,
+                            plan_split)
 from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
 from .compile import compile_tvm_ffi, target_arch
@@ -74,6 +76,8 @@ def _fake_args(plan: BackwardPlan):
 def _kernel_object(plan: BackwardPlan):
     if plan.kind == "dw":
         return RMSNormBackwardDW(plan)
+    if plan.cluster_n > 1:
+        return RMSNormClusterBackward(plan)
     return RMSNormBackwardDh(plan) if plan.dh else RMSNormBackward(plan)
 
 
@@ -131,6 +135,10 @@ def _check_inputs(dy2, x2, weight, rstd):
             raise ValueError(f"{name} spans 2**31 elements or more: Int32 indexing limit")
 
 
+#: the backward modes whose one kernel computes dx and the strips' dW partials together
+FUSED_MODES = ("fused", "cluster")
+
+
 class _Entry:
     """One configuration's mode and plans (the chosen family's, and the split pair that serves a
     backward needing dx alone or dW alone), kernels compiled on first use, and the stand-ins
@@ -150,7 +158,7 @@ class _Entry:
     @property
     def plans(self) -> Tuple[BackwardPlan, ...]:
         """The chosen family's plans: (fused,) or (dx, dw) (dx alone without a weight)."""
-        if self.mode == "fused":
+        if self.mode in FUSED_MODES:
             return (self.fused,)
         return (self.dx,) if self.dw is None else (self.dx, self.dw)
 
@@ -191,6 +199,9 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
         fused = None
         if chosen == "fused":
             fused = plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned, dh)
+        elif chosen == "cluster":
+            fused = plan_cluster_backward(N, x2.dtype, w_dtype, casting_mode, aligned, dh,
+                                          target_arch(x2.device))
         dx, dw = plan_split(N, x2.dtype, w_dtype, casting_mode, aligned, dh)
         if pdl and backward_uses_pdl(target_arch(x2.device)):
             fused, dx, dw = (dataclasses.replace(p, pdl=True) if p is not None else None
@@ -236,14 +247,17 @@ def backward_steps(entry: _Entry, sms: int, w_dtype: Optional[torch.dtype],
     """``(steps, partial_rows)``: the kernel calls of a backward, in order, and the rule of the
     rows of fp32 dW partials they write (None: no dW). Only what is needed runs: without a
     weight or without ``need_dw``, the dx kernel alone; without ``need_dx``, the dW kernel and
-    the reduction. ``fused_strips``: the fused grid, in CTAs (0: the plan's CTAs per SM times
-    ``sms``);
+    the reduction. ``fused_strips``: the fused grid, in CTAs (clusters for ``cluster``; 0: the
+    plan's CTAs per SM times ``sms``);
     ``dw_groups``: the dW kernel's row groups (0: ``backward_plan.dw_row_groups``)."""
     dw_needed = w_dtype is not None and need_dw
     dh = (DH,) if entry.dx.dh else ()  # the fused add's h gradient, after dx
-    if entry.mode == "fused" and need_dx and (dw_needed or w_dtype is None):
-        # CTAs, each of strips_per_cta strips: enough for every strip to get a row
-        grid = RowsRule(entry.fused.strips_per_cta, fused_strips or sms * entry.fused.ctas_per_sm)
+    if entry.mode in FUSED_MODES and need_dx and (dw_needed or w_dtype is None):
+        # CTAs, each of strips_per_cta strips, or clusters of cluster_n CTAs, one strip each:
+        # enough for every strip to get a row
+        plan = entry.fused
+        grid = RowsRule(plan.strips_per_cta, fused_strips
+                        or max(1, sms * plan.ctas_per_sm // plan.cluster_n))
         steps = [Step(entry.kernel("fused"), (DY, X, W, RSTD, DX) + dh
                       + (PARTIALS if dw_needed else NO_PARTIALS, COUNT, OFFSET),
                       grid, name="fused")]
