@@ -39,7 +39,8 @@ def lab_impls(op: str) -> Dict[str, Callable]:
         impls["triton.row"] = lambda x, w: rms_norm(x, w, backend="triton")
         return impls
     if op in ("bwd", "full"):
-        names = [v.name for v in VARIANTS if v.backend == "cute" and v.op == "bwd"] + ["auto"]
+        names = [v.name for v in VARIANTS
+                 if v.backend == "cute" and v.op == "bwd" and v.benchmarked] + ["auto"]
         impls = {f"cute.{mode}": pinned_backward(mode) for mode in names}
         impls["cute.auto-pdl"] = pinned_backward("auto", pdl=False)
         impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
