@@ -83,8 +83,8 @@ class RMSNormClusterBackward(RMSNormBackward):
         tiled_x = self.make_tiled_copy(tiler)
         thr_x = tiled_x.get_slice(tidx)
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, rank)))
-        pred = self.column_predicate(tXcX, 0)  # the slice's columns carry the rank's offset
+                                                 (0, 0)))
+        pred = self.column_predicate(tXcX, rank)  # this CTA's slice is its chunk `rank`
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
         tXrDy = cute.make_fragment_like(tXrX)
         tXrDx = cute.make_fragment_like(tXrX)
@@ -92,12 +92,7 @@ class RMSNormClusterBackward(RMSNormBackward):
         tWrW = None
         tXrDw = None
         if cutlass.const_expr(self.w_type is not None):
-            tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, rank)))
-            tWrW = cute.make_fragment_like(tWgW)
-            tWrW.fill(0)
-            for k in cutlass.range_constexpr(p.vecs_per_thread):
-                if tXcX[(0, k), 0, 0][1] < p.N:
-                    cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
+            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, rank)
             tXrDw = cute.make_fragment_like(tXrX, Float32)
             tXrDw.fill(0.0)
 
@@ -145,5 +140,5 @@ class RMSNormClusterBackward(RMSNormBackward):
             # this CTA's slice of the strip's partial dW row (an empty strip writes its zeros)
             tXgDwP = thr_x.partition_D(cute.local_tile(mDwP, tiler, (strip, rank)))
             for k in cutlass.range_constexpr(p.vecs_per_thread):
-                if tXcX[(0, k), 0, 0][1] < p.N:
+                if pred[k, 0, 0]:
                     cute.autovec_copy(tXrDw[(None, k), None, None], tXgDwP[(None, k), None, None])

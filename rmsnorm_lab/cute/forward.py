@@ -354,10 +354,10 @@ class RMSNormClusterForward(RMSNormForward):
                                 num_bits_per_copy=p.vec * self.x_type.width),
             self.tv_layout(), tiler)
         thr_x = tiled_x.get_slice(tidx)
-        # this CTA's slice is column tile `rank`: its coordinates carry the offset
+        # this CTA's slice of the row is its chunk `rank`
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (row, rank)))
-        pred = self.column_predicate(tXcX, 0)
+                                                 (0, 0)))
+        pred = self.column_predicate(tXcX, rank)
         tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (row, rank)))
         tXrX = cute.make_fragment_like(tXgX)
         tXrX.fill(0)
@@ -380,12 +380,7 @@ class RMSNormClusterForward(RMSNormForward):
 
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
-            tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, rank)))
-            tWrW = cute.make_fragment_like(tWgW)
-            tWrW.fill(0)
-            for k in cutlass.range_constexpr(p.vecs_per_thread):
-                if tXcX[(0, k), 0, 0][1] < p.N:
-                    cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
+            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, rank)
         tXrY = cute.make_fragment_like(tXrX)
         tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset).to(self.x_type))
         cute.copy(tiled_x, tXrY, thr_x.partition_D(cute.local_tile(mY, tiler, (row, rank))),

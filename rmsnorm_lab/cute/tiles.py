@@ -24,9 +24,10 @@ class RowTiles:
         )
 
     @cute.jit
-    def column_predicate(self, tXcX, c: cutlass.Constexpr[int], row_ok=None):
-        """One flag per column block of chunk c: does the block start before N (and, when given,
-        is the row valid)?
+    def column_predicate(self, tXcX, c, row_ok=None):
+        """One flag per column block of chunk c (``tXcX``: the coordinates of chunk 0; ``c``
+        static, or a cluster CTA's rank: its chunk of the row): does the block start before N
+        (and, when given, is the row valid)?
 
         A thread's slice of the tile has shape ((vec, vecs_per_thread), 1, 1): the column blocks
         are the second sub-mode of mode 0, not a mode of their own. One flag per copy suffices:
@@ -46,9 +47,9 @@ class RowTiles:
         return pred
 
     @cute.jit
-    def load_weight(self, mW, tiler, thr_x, tXcX, c: cutlass.Constexpr[int]):
-        """Registers holding w (its own dtype) for this thread's columns of chunk c, in x's
-        fragment layout. A wider weight (fp32 w with bf16 x) takes as many 16-byte copies per
+    def load_weight(self, mW, tiler, thr_x, tXcX, c):
+        """Registers holding w (its own dtype) for this thread's columns of chunk c (as in
+        ``column_predicate``), in x's fragment layout. A wider weight (fp32 w with bf16 x) takes as many 16-byte copies per
         column block as it needs (autovec_copy)."""
         tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
         tWrW = cute.make_fragment_like(tWgW)
