@@ -102,6 +102,11 @@ class BackwardPlan(RowTilePlan):
     #: cluster: the CTAs of a thread-block cluster that share each row of a strip (1: one CTA)
     cluster_n: int = 1
 
+    def resident_grid(self, sms: int) -> int:
+        """The fused grid that is resident all at once: CTAs (clusters, for the cluster plan)
+        of ``ctas_per_sm`` per SM on ``sms`` SMs."""
+        return max(1, sms * self.ctas_per_sm // self.cluster_n)
+
     @property
     def cta_threads(self) -> int:
         """Threads of one CTA: a strip's threads times the strips it holds."""
@@ -143,10 +148,10 @@ def strip_partition(M: int, strips: int) -> List[Tuple[int, int]]:
 def fused_strips(M: int, sms: int, plan: Optional[BackwardPlan] = None,
                  strips: Optional[int] = None) -> int:
     """CTA count (= grid size = dw_partial rows) of the fused kernel, each holding
-    ``plan.strips_per_cta`` strips: by default as many CTAs as fit on the GPU at once
-    (``plan.ctas_per_sm`` per SM; one per SM without a plan), never more than it takes to give
-    every strip a row (a strip without rows would only add zeros)."""
-    g = sms * (plan.ctas_per_sm if plan is not None else 1) if strips is None else strips
+    ``plan.strips_per_cta`` strips (clusters, for the cluster plan): by default as many as fit
+    on the GPU at once (``plan.resident_grid``; one per SM without a plan), never more than it
+    takes to give every strip a row (a strip without rows would only add zeros)."""
+    g = (plan.resident_grid(sms) if plan is not None else sms) if strips is None else strips
     if g < 1:
         raise ValueError(f"strips must be positive, got {g}")
     per_cta = plan.strips_per_cta if plan is not None else 1

@@ -253,11 +253,9 @@ def backward_steps(entry: _Entry, sms: int, w_dtype: Optional[torch.dtype],
     dw_needed = w_dtype is not None and need_dw
     dh = (DH,) if entry.dx.dh else ()  # the fused add's h gradient, after dx
     if entry.mode in FUSED_MODES and need_dx and (dw_needed or w_dtype is None):
-        # CTAs, each of strips_per_cta strips, or clusters of cluster_n CTAs, one strip each:
-        # enough for every strip to get a row
+        # backward_plan.fused_strips as a rule of M (the native node evaluates it per call)
         plan = entry.fused
-        grid = RowsRule(plan.strips_per_cta, fused_strips
-                        or max(1, sms * plan.ctas_per_sm // plan.cluster_n))
+        grid = RowsRule(plan.strips_per_cta, fused_strips or plan.resident_grid(sms))
         steps = [Step(entry.kernel("fused"), (DY, X, W, RSTD, DX) + dh
                       + (PARTIALS if dw_needed else NO_PARTIALS, COUNT, OFFSET),
                       grid, name="fused")]
