@@ -40,27 +40,22 @@ constexpr const char* kNoCompiledAutograd =
     "RMSNORM_LAB_AUTOGRAD_NODE=python (the Python node, which compiled autograd traces), or "
     "compile the forward with torch.compile, whose graphs use the lab's custom ops";
 
-// The tape node, written like torch's generated ones rather than as a torch::autograd::Function,
-// whose generic input/output bookkeeping and saved_data map are per-call work this node does not
+// The tape nodes, written like torch's generated ones rather than as a torch::autograd::Function,
+// whose generic input/output bookkeeping and saved_data map are per-call work these nodes do not
 // need (results/NOTES.md, "The native tape node").
 // `Base` is always torch::autograd::Node: a template only so that both of torch's ownership
 // models compile (std::shared_ptr<Node> up to 2.11, c10::intrusive_ptr<Node> after; record()).
+// What both share: the Launch they were recorded with, the forward's row count, the saved weight
+// and rstd, and the refusals (double backward, compiled autograd).
 template <typename Base>
-struct RMSNormNativeBackward : public Base {
-  RMSNormNativeBackward(std::shared_ptr<const Launch> launch, int64_t rows)
+struct NativeNode : public Base {
+  NativeNode(std::shared_ptr<const Launch> launch, int64_t rows)
       : launch(std::move(launch)), rows(rows) {}
 
-  std::string name() const override { return "RMSNormNativeBackward"; }
-
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+  static void refuse_double_backward() {
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "rms_norm has no double backward: its backward cannot run under "
                 "backward(create_graph=True)");
-    const bool need_dx = this->task_should_compute_output(0);
-    const bool need_dw = this->num_outputs() > 1 && this->task_should_compute_output(1);
-    if (!grads[0].defined() || !(need_dx || need_dw)) return {at::Tensor(), at::Tensor()};
-    return run_backward(*launch, rows, x.unpack(), weight.unpack(), rstd.unpack(), grads[0],
-                        need_dx, need_dw);
   }
 
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
@@ -68,14 +63,36 @@ struct RMSNormNativeBackward : public Base {
   }
 
   void release_variables() override {
-    x.reset_data();
     weight.reset_data();
     rstd.reset_data();
   }
 
   std::shared_ptr<const Launch> launch;
   int64_t rows;  // the forward's M: the saved tensors and the gradient are checked against it
-  torch::autograd::SavedVariable x, weight, rstd;
+  torch::autograd::SavedVariable weight, rstd;
+};
+
+template <typename Base>
+struct RMSNormNativeBackward : public NativeNode<Base> {
+  using NativeNode<Base>::NativeNode;
+
+  std::string name() const override { return "RMSNormNativeBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    this->refuse_double_backward();
+    const bool need_dx = this->task_should_compute_output(0);
+    const bool need_dw = this->num_outputs() > 1 && this->task_should_compute_output(1);
+    if (!grads[0].defined() || !(need_dx || need_dw)) return {at::Tensor(), at::Tensor()};
+    return run_backward(*this->launch, this->rows, x.unpack(), this->weight.unpack(),
+                        this->rstd.unpack(), grads[0], need_dx, need_dw);
+  }
+
+  void release_variables() override {
+    NativeNode<Base>::release_variables();
+    x.reset_data();
+  }
+
+  torch::autograd::SavedVariable x;
 };
 
 template <typename Ptr>
@@ -135,20 +152,17 @@ at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& weight,
 // and the same gradient, h's incoming one plus the norm's dx, made by one backward pass (the dx
 // kernels add dh); dW as for rms_norm. h, an output, is what the node saves.
 template <typename Base>
-struct RMSNormAddNativeBackward : public Base {
-  RMSNormAddNativeBackward(std::shared_ptr<const Launch> launch, int64_t rows)
-      : launch(std::move(launch)), rows(rows) {}
+struct RMSNormAddNativeBackward : public NativeNode<Base> {
+  using NativeNode<Base>::NativeNode;
 
   std::string name() const override { return "RMSNormAddNativeBackward"; }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "rms_norm has no double backward: its backward cannot run under "
-                "backward(create_graph=True)");
+    this->refuse_double_backward();
     const bool need_x = this->task_should_compute_output(0);
     const bool need_r = this->task_should_compute_output(1);
     const bool need_dw = this->num_outputs() > 2 && this->task_should_compute_output(2);
-    const at::Tensor h_ = h.unpack(this->getptr()), weight_ = weight.unpack();
+    const at::Tensor h_ = h.unpack(this->getptr()), weight_ = this->weight.unpack();
     const at::Tensor& dy = grads[0];
     at::Tensor dh = grads[1];
     at::Tensor d, dw;
@@ -157,26 +171,19 @@ struct RMSNormAddNativeBackward : public Base {
       if (need_dw) dw = at::zeros_like(weight_);
     } else if (need_x || need_r || need_dw) {
       if ((need_x || need_r) && !dh.defined()) dh = at::zeros_like(h_);  // h unused downstream
-      auto out = run_backward(*launch, rows, h_, weight_, rstd.unpack(), dy, need_x || need_r,
-                              need_dw, need_x || need_r ? dh : at::Tensor());
+      auto out = run_backward(*this->launch, this->rows, h_, weight_, this->rstd.unpack(), dy,
+                              need_x || need_r, need_dw, need_x || need_r ? dh : at::Tensor());
       d = out[0], dw = out[1];
     }
     return {need_x ? d : at::Tensor(), need_r ? d : at::Tensor(), need_dw ? dw : at::Tensor()};
   }
 
-  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {
-    TORCH_CHECK(false, kNoCompiledAutograd);
-  }
-
   void release_variables() override {
+    NativeNode<Base>::release_variables();
     h.reset_data();
-    weight.reset_data();
-    rstd.reset_data();
   }
 
-  std::shared_ptr<const Launch> launch;
-  int64_t rows;
-  torch::autograd::SavedVariable h, weight, rstd;
+  torch::autograd::SavedVariable h;
 };
 
 template <typename Base = torch::autograd::Node>
