@@ -157,9 +157,7 @@ def model_section(steps: pd.DataFrame, out: Path) -> Tuple[List[str], List[str]]
                markdown_table(ratios[MODEL_RATIOS].reset_index(), 3), ""]
         archs = sorted(ratios.index.get_level_values("arch").unique())
         fig = Figure(figsize=(6.6 * len(archs), 4.2), layout="constrained")
-        shown = ratios[MODEL_RATIOS].to_numpy(dtype=float)
-        span = (min(0.85, float(pd.Series(shown.ravel()).min()) - 0.07),  # room for labels
-                float(pd.Series(shown.ravel()).max()) + 0.12)
+        span = step_figures.shared_range(ratios, MODEL_RATIOS)
         for ax, arch in zip(fig.subplots(1, len(archs), squeeze=False).ravel(), archs):
             step_figures.plot_vs_torch(ratios, arch, MODEL_RATIOS, ax=ax, xlim=span,
                                         gpu=gpu)

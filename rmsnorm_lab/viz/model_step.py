@@ -57,6 +57,13 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
     return ax
 
 
+def shared_range(ratios: pd.DataFrame, columns: Sequence[str]) -> tuple:
+    """One x range for the panels of ``plot_vs_torch`` that are compared: every ratio of
+    ``columns``, 0.85 at least on the left (``plot_vs_torch`` adds the labels' room)."""
+    shown = ratios[list(columns)].to_numpy(dtype=float)
+    return min(0.85, float(np.nanmin(shown)) - 0.03), float(np.nanmax(shown)) + 0.12
+
+
 def _fit(values: np.ndarray) -> tuple:
     """An x range holding 1 and every finite value, with room at the right for a label."""
     v = np.append(values[np.isfinite(values)], 1.0)
