@@ -88,12 +88,13 @@ class RMSNormBackward(_Common):
         """Host side (see ``launch``)."""
         self.launch(gDy, gX, gW, gRstd, gDx, gDwP, None, grid, offset, stream)
 
-    def launch(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream):
-        """Host side. dy, x, dx arrive as (M, N):(ld, 1) with dynamic M and row strides, w as
-        (N,), rstd as (M,), the fp32 dW partials as (grid, N) (fused with a weight; otherwise an
-        unread stand-in); the kernel's layouts are rebuilt here with N static, 32-bit sizes and
-        strides (as in the forward: 64-bit index math costs registers) and the row strides'
-        divisibility by the copy width made known, so every copy is provably 16-byte aligned."""
+    def tensors(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid):
+        """The kernel's tensors ``(mDy, mX, mW, mRstd, mDx, mDwP, mDh)``. dy, x, dx (and dh)
+        arrive as (M, N):(ld, 1) with dynamic M and row strides, w as (N,), rstd as (M,), the
+        fp32 dW partials as (grid, N) (fused with a weight; otherwise an unread stand-in); the
+        layouts are rebuilt here with N static, 32-bit sizes and strides (as in the forward:
+        64-bit index math costs registers) and the row strides' divisibility by the copy width
+        made known, so every copy is provably 16-byte aligned."""
         p = self.plan
         M = Int32(gX.shape[0])
         lddy = cute.assume(Int32(gDy.stride[0]), divby=p.vec)
@@ -117,6 +118,13 @@ class RMSNormBackward(_Common):
                 # sees 16-byte aligned rows on the vector path.
                 mDwP = cute.make_tensor(gDwP.iterator,
                                         cute.make_layout((grid, p.N), stride=(p.N, 1)))
+        return mDy, mX, mW, mRstd, mDx, mDwP, mDh
+
+    def launch(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream):
+        """Host side: the kernel's tensors (``tensors``), its shared memory and launch bounds."""
+        p = self.plan
+        mDy, mX, mW, mRstd, mDx, mDwP, mDh = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, gDh,
+                                                          grid)
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = SLOTS * self.warps_per_row * 4

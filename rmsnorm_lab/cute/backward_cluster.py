@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 from cutlass.memory import SmemAllocator
 
 from .backward import RMSNormBackward
@@ -34,19 +34,8 @@ class RMSNormClusterBackward(RMSNormBackward):
     def launch(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream):
         """Host side: ``grid`` is the strips (one cluster each)."""
         p = self.plan
-        M = Int32(gX.shape[0])
-        rows = []
-        for g in (gDy, gX, gDx):
-            ld = cute.assume(Int32(g.stride[0]), divby=p.vec)
-            rows.append(cute.make_tensor(g.iterator, cute.make_layout((M, p.N), stride=(ld, 1))))
-        mDy, mX, mDx = rows
-        mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
-        mW = None
-        mDwP = None
-        if cutlass.const_expr(self.w_type is not None):
-            mW = cute.make_tensor(gW.iterator, cute.make_layout((1, p.N), stride=(0, 1)))
-            mDwP = cute.make_tensor(gDwP.iterator,
-                                    cute.make_layout((grid, p.N), stride=(p.N, 1)))
+        mDy, mX, mW, mRstd, mDx, mDwP, _ = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, None,
+                                                        grid)
         smem_bytes = 16 + (SLOTS * self.warps_per_row + 2 * p.cluster_n) * 4 + 16
         self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, None).launch(
             grid=[grid * p.cluster_n, 1, 1], block=[p.threads, 1, 1],
