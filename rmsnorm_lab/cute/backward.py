@@ -123,8 +123,7 @@ class RMSNormBackward(_Common):
     def launch(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream):
         """Host side: the kernel's tensors (``tensors``), its shared memory and launch bounds."""
         p = self.plan
-        mDy, mX, mW, mRstd, mDx, mDwP, mDh = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, gDh,
-                                                          grid)
+        mDy, mX, mW, mRstd, mDx, mDwP, mDh = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid)
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = SLOTS * self.warps_per_row * 4
