@@ -32,8 +32,7 @@ class Variant:
     #: its eligibility rule, ``module:function``, which raises NotEligible saying why a shape is
     #: refused; empty where the kernel serves every row
     plan: str = ""
-    #: measured in the sweeps (not: the fallback, a safety net, and kernels whose GPU tests
-    #: have not run yet)
+    #: measured in the sweeps (not: the fallback, a safety net)
     benchmarked: bool = True
 
     def planner(self) -> Optional[Callable]:
@@ -48,16 +47,13 @@ VARIANTS: Tuple[Variant, ...] = (
     Variant("row", "fwd", "cute", 0xFF0072B2, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("persistent", "fwd", "cute", 0xFFCC79A7, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("warp", "fwd", "cute", 0xFF009E73, "rmsnorm_lab.cute.plan:plan_forward"),
-    # the cluster variants: built and compiled, not yet run on a GPU; out of the sweeps until
-    # their GPU tests have passed (a protocol error in a cluster exchange hangs, not fails)
-    Variant("cluster", "fwd", "cute", 0xFF56B4E9, "rmsnorm_lab.cute.plan:plan_forward",
-            benchmarked=False),
+    Variant("cluster", "fwd", "cute", 0xFF56B4E9, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("fallback", "fwd", "cute", 0xFFD55E00, "rmsnorm_lab.cute.plan:plan_forward",
             benchmarked=False),
     Variant("fused", "bwd", "cute", 0xFFE69F00, "rmsnorm_lab.cute.backward_plan:plan_backward"),
     Variant("split", "bwd", "cute", 0xFFF0E442, "rmsnorm_lab.cute.backward_plan:plan_split"),
     Variant("cluster", "bwd", "cute", 0xFF000000,
-            "rmsnorm_lab.cute.backward_plan:plan_cluster_backward", benchmarked=False),
+            "rmsnorm_lab.cute.backward_plan:plan_cluster_backward"),
     Variant("dw_reduce", "reduce", "cute", 0xFF999999),
     Variant("row", "fwd", "triton", 0xFF56B4E9),
     Variant("split", "bwd", "triton", 0xFF56B4E9),

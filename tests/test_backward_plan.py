@@ -225,6 +225,7 @@ def test_cluster_backward_splits_rows_one_cta_cannot_hold():
     p = plan_cluster_backward(16384, BF16, BF16, "llama", True)
     assert (p.cluster_n, p.vecs_per_thread, p.chunks, p.kind) == (4, 2, 1, "fused")
     assert p.cols_per_tile * p.cluster_n == 16384 and p.ctas_per_sm >= 2
+    assert p.prefetch  # the next row's loads overlap the exchange
     assert plan_cluster_backward(65536, BF16, BF16, "llama", True).cluster_n == 8
     with pytest.raises(NotEligible, match="cluster of 8"):
         plan_cluster_backward(131072, BF16, BF16, "llama", True)

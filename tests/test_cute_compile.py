@@ -107,12 +107,20 @@ def test_fused_add_forward_reads_the_residual_and_stores_h(arch, variant, N, x_d
 def test_cluster_sums_meet_in_distributed_shared_memory(arch):
     """The cluster variant: its CTAs start together (a cluster barrier before any remote
     store), each sends its sum to every peer with one asynchronous remote store counted by the
-    peer's mbarrier, and waits on its own; the row is read once (no column chunks)."""
+    peer's mbarrier (two, taken in turn), and waits on its own; the row is read once (no column
+    chunks), with the next row's slice in flight: two CTAs an SM in registers, no spill."""
     plan = plan_forward("cluster", 65536, BF16, BF16, "llama", store_rstd=True, aligned=True,
                         arch=arch)
-    assert (plan.cluster_n, plan.chunks) == (4, 1)
-    ptx = compile_and_inspect(plan, arch).ptx
+    assert (plan.cluster_n, plan.chunks, plan.ctas_per_sm) == (8, 1, 2)
+    facts = compile_and_inspect(plan, arch)
+    ptx = facts.ptx
+    assert ptx.count("mbarrier.init.shared") == 2
     assert "barrier.cluster.wait" in ptx and "fence.mbarrier_init" in ptx
+    # w, then x's slice before the loop and in it
+    assert facts.global_loads_16B >= 3 * plan.vecs_per_thread and facts.local_accesses == 0
+    if facts.spill_bytes is not None:
+        assert facts.spill_bytes == 0
+        assert -(-facts.registers // 8) * 8 * plan.threads * plan.ctas_per_sm <= 65536
     assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes") == 1
     assert "mbarrier.try_wait" in ptx
     assert ptx.index("barrier.cluster.wait") < ptx.index("st.async")

@@ -190,13 +190,16 @@ def test_chained_launches_read_complete_outputs(variant, N, in_graph, capture_on
 
 
 # The cluster variant: 2, 4 and 8 CTAs per row, a single row, an odd row count, leading dims.
+# A persistent grid: 1000 rows are strips of 15 or 16 rows per cluster, each row's sums in one
+# of two slot sets taken in turn.
+@pytest.mark.parametrize("with_weight", [True, False], ids=["w", "no-w"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 32768), (3, 32768), (1000, 32768), (2, 5, 65536),
                                    (17, 131072)], ids=lambda s: "x".join(map(str, s)))
-def test_cluster_rows_and_rstd_match_reference(shape, dtype):
+def test_cluster_rows_and_rstd_match_reference(shape, dtype, with_weight):
     from rmsnorm_lab import dispatch
     N = shape[-1]
-    x, w = fresh(shape, dtype), fresh((N,), dtype)
+    x, w = fresh(shape, dtype), (fresh((N,), dtype) if with_weight else None)
     poison_allocator()
     with settings.override(forward_variant="cluster"):
         try:

@@ -90,19 +90,34 @@ class RMSNormClusterBackward(RMSNormBackward):
         r = M % n_strips
         row_start = strip * q + cutlass.min(strip, r)
         row_end = (strip + 1) * q + cutlass.min(strip + 1, r)
+
+        # Prefetch: the next row's x, dy and rstd load into a second set of registers while
+        # this row waits for its peers' sums, so the exchange's latency overlaps a row's loads.
+        tXrXn = None
+        tXrDyn = None
+        rstd_n = Float32(0.0)
+        if cutlass.const_expr(p.prefetch):
+            tXrXn = cute.make_fragment_like(tXrX)
+            tXrDyn = cute.make_fragment_like(tXrX)
+            self.load_slice(tiled_x, thr_x, mX, mDy, tiler, row_start, rank, tXcX, tXrXn,
+                            tXrDyn, row_start < row_end)
+            rstd_n = mRstd[cutlass.min(row_start, M - 1)]
         cute.arch.cluster_wait()
 
         for row in cutlass.range(row_start, row_end):
             step = row - row_start
             slot = step % 2            # the slot set and mbarrier of this row
             phase = (step // 2) % 2    # their phase: each is used every other row
-            tXrX.fill(0)
-            tXrDy.fill(0)
-            cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mX, tiler, (row, rank))), tXrX,
-                      pred=pred)
-            cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDy, tiler, (row, rank))),
-                      tXrDy, pred=pred)
-            rstd = mRstd[row]
+            rstd = rstd_n
+            if cutlass.const_expr(p.prefetch):
+                tXrX.store(tXrXn.load())
+                tXrDy.store(tXrDyn.load())
+                self.load_slice(tiled_x, thr_x, mX, mDy, tiler, row + 1, rank, tXcX, tXrXn,
+                                tXrDyn, row + 1 < row_end)
+                rstd_n = mRstd[cutlass.min(row + 1, M - 1)]
+            else:
+                self.load_slice(tiled_x, thr_x, mX, mDy, tiler, row, rank, tXcX, tXrX, tXrDy)
+                rstd = mRstd[row]
             x_hat = tXrX.load().to(Float32) * rstd
             dyf = tXrDy.load().to(Float32)
             m = self.m_of(dyf, tWrW, offset)
@@ -131,3 +146,16 @@ class RMSNormClusterBackward(RMSNormBackward):
             for k in cutlass.range_constexpr(p.vecs_per_thread):
                 if pred[k, 0, 0]:
                     cute.autovec_copy(tXrDw[(None, k), None, None], tXgDwP[(None, k), None, None])
+
+    @cute.jit
+    def load_slice(self, tiled_x, thr_x, mX, mDy, tiler, row, rank, tXcX, tXrX, tXrDy,
+                   row_ok=None):
+        """Registers <- this CTA's slice (chunk ``rank``) of x and dy in ``row``; zeros where
+        predicated off (padding columns, a row past the strip's end)."""
+        pred = self.column_predicate(tXcX, rank, row_ok)
+        tXrX.fill(0)
+        tXrDy.fill(0)
+        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mX, tiler, (row, rank))), tXrX,
+                  pred=pred)
+        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mDy, tiler, (row, rank))), tXrDy,
+                  pred=pred)

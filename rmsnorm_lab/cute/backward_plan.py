@@ -323,11 +323,17 @@ def plan_cluster_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.
     per_elem = 2 * elem + w_bytes + (4 if w_dtype is not None else 0) + FP32_LIVE
     if vecs_per_thread * vec > elems_in_registers(MAX_THREADS, per_elem):
         raise NotEligible(f"the row needs more than a cluster of {MAX_CLUSTER} CTAs' registers")
+    # The next row's x and dy in flight while this row's sums cross the cluster, where they fit.
+    with_prefetch = per_elem + 2 * elem
+    prefetch = vecs_per_thread * vec <= elems_in_registers(MAX_THREADS, with_prefetch)
     return BackwardPlan(kind="fused", x_dtype=x_dtype, w_dtype=w_dtype, N=N,
                         casting_mode=casting_mode, vec=vec, threads_per_row=MAX_THREADS,
                         rows_per_cta=1, vecs_per_thread=vecs_per_thread, chunks=1,
-                        ctas_per_sm=resident_ctas(MAX_THREADS, vecs_per_thread * vec * per_elem,
-                                                  most=MAX_FUSED_CTAS_PER_SM),
+                        prefetch=prefetch,
+                        ctas_per_sm=resident_ctas(
+                            MAX_THREADS,
+                            vecs_per_thread * vec * (with_prefetch if prefetch else per_elem),
+                            most=MAX_FUSED_CTAS_PER_SM),
                         cluster_n=cluster_n)
 
 

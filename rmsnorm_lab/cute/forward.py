@@ -297,19 +297,23 @@ def f32_bits(value: Float32, *, loc=None, ip=None) -> Int32:
 
 
 class RMSNormClusterForward(RMSNormForward):
-    """``cluster``: one row per thread-block cluster of ``plan.cluster_n`` CTAs. CTA ``rank`` of
-    the cluster holds columns ``[rank * cols_per_tile, (rank + 1) * cols_per_tile)`` of the row
-    in registers and reduces its sum of squares over its own threads; then thread j stores that
-    sum into slot ``rank`` of CTA j's shared memory (distributed shared memory, ``st.async``),
-    each store counted by CTA j's mbarrier, so every CTA waits for exactly the ``cluster_n``
-    words it is owed and adds them itself. The row is read once and written once."""
+    """``cluster``: rows too wide for one CTA's registers, each split over the ``plan.cluster_n``
+    CTAs of a thread-block cluster. The grid is persistent: cluster s walks strip s of the rows;
+    CTA ``rank`` of the cluster holds columns ``[rank * cols_per_tile, (rank + 1) *
+    cols_per_tile)`` of the row, and its slice of w for the whole strip. Per row each CTA reduces
+    its sum of squares and thread j stores it into slot ``rank`` of CTA j's shared memory
+    (distributed shared memory, ``st.async``), counted by CTA j's mbarrier, so every CTA waits
+    for exactly the ``cluster_n`` words it is owed and adds them itself. Two slot sets and two
+    mbarriers, taken in turn, as in the cluster backward (backward_cluster.py), and the next
+    row's slice loads into a second set of registers while this row's sums cross the cluster.
+    The row is read once and written once."""
 
     def __init__(self, plan: ForwardPlan):
         assert plan.variant == "cluster" and plan.cluster_n > 1 and plan.chunks == 1
         super().__init__(plan)
 
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
-        """Host side: ``grid`` is the rows (``plan.grid``); the launch is that many clusters."""
+        """Host side: ``grid`` is the strips (``plan.grid``), one cluster each."""
         p = self.plan
         M = Int32(gX.shape[0])
         mX, mY = self.rows(gX, M), self.rows(gY, M)
@@ -319,7 +323,7 @@ class RMSNormClusterForward(RMSNormForward):
         mRstd = None
         if cutlass.const_expr(p.store_rstd):
             mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
-        smem_bytes = 8 + (SLOTS * self.warps_per_row + p.cluster_n) * 4 + 16
+        smem_bytes = 16 + (SLOTS * self.warps_per_row + 2 * p.cluster_n) * 4 + 16
         self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
             grid=[grid * p.cluster_n, 1, 1], block=[p.threads, 1, 1],
             cluster=[p.cluster_n, 1, 1], smem=smem_bytes, stream=stream)
@@ -328,24 +332,28 @@ class RMSNormClusterForward(RMSNormForward):
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
+        cn = p.cluster_n
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
         rank = cute.arch.block_idx_in_cluster()
-        row = bidx // p.cluster_n
+        strip = bidx // cn
+        n_strips = gdim // cn
+        M = mX.shape[0]
         warp = tidx // 32
         lane = tidx % 32
         smem = SmemAllocator()
-        mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
+        mbar = smem.allocate_array(cutlass.Int64, num_elems=2)
         sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
                                     byte_alignment=4)
-        sPeers = smem.allocate_tensor(Float32, cute.make_layout((p.cluster_n,)),
-                                      byte_alignment=4)
-        if tidx == 0:  # expects one arrival (below) and the peers' cluster_n words
+        sSums = smem.allocate_tensor(Float32, cute.make_layout((2, cn), stride=(cn, 1)),
+                                     byte_alignment=4)
+        if tidx == 0:  # each: one local arrival and cn remote words per use
             cute.arch.mbarrier_init(mbar, 1)
+            cute.arch.mbarrier_init(mbar + 1, 1)
             cute.arch.mbarrier_init_fence()
         # A peer's shared memory (and mbarrier) may be written only once the peer runs and has
-        # initialized it: arrive now, wait just before the first remote store, so the loads
-        # below overlap the wait.
+        # initialized it: arrive now, wait just before the loop, so the first loads overlap it.
         cute.arch.cluster_arrive_relaxed()
 
         tiler = (1, p.cols_per_tile)
@@ -354,34 +362,56 @@ class RMSNormClusterForward(RMSNormForward):
                                 num_bits_per_copy=p.vec * self.x_type.width),
             self.tv_layout(), tiler)
         thr_x = tiled_x.get_slice(tidx)
-        # this CTA's slice of the row is its chunk `rank`
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
                                                  (0, 0)))
-        pred = self.column_predicate(tXcX, rank)
-        tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (row, rank)))
-        tXrX = cute.make_fragment_like(tXgX)
-        tXrX.fill(0)
-        cute.copy(tiled_x, tXgX, tXrX, pred=pred)
-
-        ss = row_sum(self.sum_of_squares(tXrX), sBuf, 0, 0, warp, lane, self.warps_per_row)
-        cute.arch.cluster_wait()
-        if tidx == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(mbar, p.cluster_n * 4)
-        if tidx < p.cluster_n:  # thread j hands this CTA's sum to CTA j, in its slot `rank`
-            cute.arch.store_async_dsmem(sPeers.iterator + rank, f32_bits(ss), mbar, tidx)
-        cute.arch.mbarrier_wait(mbar, 0)
-        total = Float32(0.0)
-        for j in cutlass.range_constexpr(p.cluster_n):
-            total = total + sPeers[j]
-        rstd = cute.math.rsqrt(total / Float32(p.N) + eps)
-        if cutlass.const_expr(p.store_rstd):
-            if rank == 0 and tidx == 0:
-                mRstd[row] = rstd
-
+        pred = self.column_predicate(tXcX, rank)  # this CTA's slice is its chunk `rank`
+        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
+        tXrXn = cute.make_fragment_like(tXrX)
+        tXrY = cute.make_fragment_like(tXrX)
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
             tWrW = self.load_weight(mW, tiler, thr_x, tXcX, rank)
-        tXrY = cute.make_fragment_like(tXrX)
-        tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset).to(self.x_type))
-        cute.copy(tiled_x, tXrY, thr_x.partition_D(cute.local_tile(mY, tiler, (row, rank))),
-                  pred=pred)
+
+        # this strip's rows, split as the fused backward splits its strips
+        q = M // n_strips
+        r = M % n_strips
+        row_start = strip * q + cutlass.min(strip, r)
+        row_end = (strip + 1) * q + cutlass.min(strip + 1, r)
+        self.load_slice(tiled_x, thr_x, mX, tiler, row_start, rank, tXcX, tXrXn,
+                        row_start < row_end)
+        cute.arch.cluster_wait()
+
+        for row in cutlass.range(row_start, row_end):
+            step = row - row_start
+            slot = step % 2            # the slot set and mbarrier of this row
+            phase = (step // 2) % 2    # their phase: each is used every other row
+            tXrX.store(tXrXn.load())
+            self.load_slice(tiled_x, thr_x, mX, tiler, row + 1, rank, tXcX, tXrXn,
+                            row + 1 < row_end)
+            ss = row_sum(self.sum_of_squares(tXrX), sBuf, slot, 0, warp, lane,
+                         self.warps_per_row)
+            if tidx == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar + slot, cn * 4)
+            if tidx < cn:  # thread j hands this CTA's sum to CTA j, in its slot `rank`
+                cute.arch.store_async_dsmem(sSums.iterator + slot * cn + rank, f32_bits(ss),
+                                            mbar + slot, tidx)
+            cute.arch.mbarrier_wait(mbar + slot, phase)
+            total = Float32(0.0)
+            for j in cutlass.range_constexpr(cn):
+                total = total + sSums[slot, j]
+            rstd = cute.math.rsqrt(total / Float32(p.N) + eps)
+            if cutlass.const_expr(p.store_rstd):
+                if rank == 0 and tidx == 0:
+                    mRstd[row] = rstd
+            tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+                       .to(self.x_type))
+            cute.copy(tiled_x, tXrY, thr_x.partition_D(cute.local_tile(mY, tiler, (row, rank))),
+                      pred=pred)
+
+    @cute.jit
+    def load_slice(self, tiled_x, thr_x, mX, tiler, row, rank, tXcX, tXrX, row_ok):
+        """Registers <- this CTA's slice (chunk ``rank``) of x in ``row``; zeros where predicated
+        off (padding columns, a row past the strip's end), which add nothing to the sum."""
+        tXrX.fill(0)
+        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mX, tiler, (row, rank))), tXrX,
+                  pred=self.column_predicate(tXcX, rank, row_ok))

@@ -71,7 +71,7 @@ class ForwardPlan(RowTilePlan):
     casting_mode: str
     store_rstd: bool
     chunks: int              # 1: the row stays in registers; >1: two passes over column chunks
-    ctas_per_sm: int = 0     # persistent grid = SMs x this (0: other variants)
+    ctas_per_sm: int = 0     # persistent grid = SMs x this CTAs (0: other variants)
     prefetch: bool = False   # persistent: load the CTA's next row while this one is reduced
     min_ctas_per_sm: int = 0  # > 0: launch bound, ptxas fits this many CTAs on an SM
     pdl: bool = False        # programmatic dependent launch (``uses_pdl``)
@@ -82,7 +82,7 @@ class ForwardPlan(RowTilePlan):
 
     @property
     def persistent(self) -> bool:
-        return self.variant == "persistent"
+        return self.variant in ("persistent", "cluster")
 
     @property
     def pipeline_chunks(self) -> bool:
@@ -94,7 +94,8 @@ class ForwardPlan(RowTilePlan):
         tiles = -(-M // self.rows_per_cta)
         if not self.persistent:
             return tiles
-        return max(1, min(tiles, sm_count * self.ctas_per_sm))
+        # cluster: the grid counts clusters, each cluster_n CTAs
+        return max(1, min(tiles, sm_count * self.ctas_per_sm // self.cluster_n))
 
 
 # Rows of exactly this many 16-byte copies (16 KB: N=8192 in bf16 or fp16) take a two-pass tile
@@ -271,13 +272,18 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
 # (8 on Hopper and Blackwell), on the architectures with thread-block clusters.
 MAX_CLUSTER = 8
 CLUSTER_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+# Copies per thread a cluster CTA aims at: with the next row's copies beside them, small enough
+# for two CTAs an SM (one CTA's phases -- loads, barrier, exchange, stores -- overlap another's).
+CLUSTER_COPIES_PER_THREAD = 4
 
 
 def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -> ForwardPlan:
-    """The ``cluster`` plan: a row too wide for one CTA's registers split over the fewest CTAs
-    of a cluster (a power of two) that hold it in one pass, each CTA a column slice; their sums
-    of squares meet in distributed shared memory. The row is read from DRAM once, where the
-    ``row`` variant's column chunks read it twice (the second time mostly from L2)."""
+    """The ``cluster`` plan: a row too wide for one CTA's registers split over a cluster's CTAs
+    (a power of two), each a column slice of CLUSTER_COPIES_PER_THREAD copies a thread where the
+    cluster size allows; their sums of squares meet in distributed shared memory. A persistent
+    grid: each cluster walks a strip of rows with the next row's slice in flight. The row is read
+    from DRAM once, where the ``row`` variant's column chunks read it twice (the second time
+    mostly from L2)."""
     if arch is not None and arch not in CLUSTER_ARCHS:
         raise NotEligible(f"thread-block clusters need Hopper or later, not {arch}")
     if common["residual"]:
@@ -286,14 +292,19 @@ def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -
     per_cta = MAX_THREADS * max(1, min(MAX_COPIES_PER_CHUNK, max_vecs_of(MAX_THREADS)))
     if n_vecs <= per_cta:
         raise NotEligible("the row fits one CTA's registers: no cluster needed")
-    cluster_n = 2
-    while cluster_n * per_cta < n_vecs:
-        cluster_n *= 2
-    if cluster_n > MAX_CLUSTER:
-        raise NotEligible(f"the row needs {cluster_n} CTAs, over a cluster's {MAX_CLUSTER}")
+    want = -(-n_vecs // (MAX_THREADS * CLUSTER_COPIES_PER_THREAD))
+    cluster_n = min(MAX_CLUSTER, max(2, _pow2_ceil(want)))
     vecs_per_thread = -(-n_vecs // (cluster_n * MAX_THREADS))
+    # per element: x and the next row's x, and w (the fp32 copies are transient)
+    vec = common["vec"]
+    elem = _ELEM_BYTES[common["x_dtype"]]
+    w_bytes = _ELEM_BYTES[common["w_dtype"]] if common["w_dtype"] is not None else 0
+    if vecs_per_thread * vec > elems_in_registers(MAX_THREADS, 2 * elem, w_bytes):
+        raise NotEligible(f"the row needs more than a cluster of {MAX_CLUSTER} CTAs' registers")
     return ForwardPlan(threads_per_row=MAX_THREADS, rows_per_cta=1,
                        vecs_per_thread=vecs_per_thread, chunks=1, cluster_n=cluster_n,
+                       ctas_per_sm=resident_ctas(MAX_THREADS,
+                                                 vecs_per_thread * vec * (2 * elem + w_bytes)),
                        **common)
 
 
