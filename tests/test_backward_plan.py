@@ -184,6 +184,17 @@ def test_auto_mode():
     assert auto_mode(4096, 4096, BF16, None, "llama", True) == "split"   # nothing to fuse
 
 
+def test_auto_mode_takes_a_cluster_where_the_fused_row_needs_three_chunks_or_more():
+    assert plan_backward("fused", 16384, BF16, BF16, "llama", True).chunks == 2
+    assert plan_backward("fused", 32768, BF16, BF16, "llama", True).chunks == 3
+    assert auto_mode(4096, 16384, BF16, BF16, "llama", True, arch="sm_90a") == "fused"
+    assert auto_mode(4096, 32768, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
+    assert auto_mode(4096, 65536, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
+    assert auto_mode(4096, 32768, BF16, BF16, "llama", True, arch="sm_80") == "fused"
+    assert auto_mode(4096, 32768, BF16, BF16, "llama", True, dh=True, arch="sm_90a") != "cluster"
+    assert auto_mode(4096, 32768, BF16, None, "llama", True, arch="sm_90a") == "split"
+
+
 def test_plans_for_n4096_bf16():
     """The plans quoted in the notes: 256 threads x 2 copies of 8 bf16 per row."""
     fused = plan_backward("fused", 4096, BF16, BF16, "llama", True)

@@ -106,6 +106,18 @@ def test_auto_falls_back_for_unaligned_or_odd_widths():
     assert auto_variant(1024, True, F32, 16384) == "row"  # 4 KB rows
 
 
+def test_auto_takes_a_cluster_where_a_row_needs_three_column_chunks_or_more():
+    from rmsnorm_lab.cute.plan import AUTO_CLUSTER_MIN_CHUNKS
+    assert plan("row", 32768).chunks < AUTO_CLUSTER_MIN_CHUNKS <= plan("row", 65536).chunks
+    for M in (1, 16384):
+        assert auto_variant(65536, True, BF16, M, BF16, "sm_90a") == "cluster"
+        assert auto_variant(65536, True, BF16, M, BF16, "sm_100a") == "cluster"
+        assert auto_variant(32768, True, BF16, M, BF16, "sm_90a") != "cluster"
+        assert auto_variant(65536, True, BF16, M, BF16, "sm_80") != "cluster"  # no clusters
+        assert auto_variant(65536, True, BF16, M, BF16, None) != "cluster"
+    assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
+
+
 def test_auto_goes_persistent_for_few_rows():
     from rmsnorm_lab.cute.plan import AUTO_PERSISTENT_MAX_ROWS as most
     for n in (1024, 4096, 8192):

@@ -42,8 +42,10 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..registry import BACKWARD_MODES
-from .plan import (COPY_BYTES, MAX_COPIES_PER_CHUNK, PDL_ARCHS, NotEligible, RowTilePlan,
-                   _ELEM_BYTES, chunked, elems_in_registers, resident_ctas, row_threads)
+from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
+                   MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
+                   _ELEM_BYTES, chunked, clusters_pay, elems_in_registers, resident_ctas,
+                   row_threads)
 
 KINDS = ("fused", "dx", "dw")
 MODES = BACKWARD_MODES + ("auto",)
@@ -299,7 +301,6 @@ def plan_cluster_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.
     the chunked fused plan reads it twice (the second time mostly from L2). The cluster takes as
     many CTAs as give each thread the copies the fused plan holds at N = 4096 (two CTAs per SM),
     at most MAX_CLUSTER."""
-    from .plan import CLUSTER_ARCHS, COPIES_PER_THREAD, MAX_CLUSTER, MAX_THREADS
     if arch is not None and arch not in CLUSTER_ARCHS:
         raise NotEligible(f"thread-block clusters need Hopper or later, not {arch}")
     if dh:
@@ -359,14 +360,22 @@ def backward_uses_pdl(arch: Optional[str]) -> bool:
 
 
 def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
-              casting_mode: str, aligned: bool, dh: bool = False) -> str:
-    """``fused`` whenever there is a weight and a fused plan exists (the row in registers, or in
-    column chunks with dW in shared memory): it reads x and dy once where split reads them twice.
-    On the H200 (bf16, results/h200/bwd.csv) fused beat split at every shape of the sweep
-    (results/NOTES.md, "Backward sweep with peers"). Without a weight there is no dW to
-    accumulate, and ``split`` is the dx kernel alone (one CTA per row)."""
+              casting_mode: str, aligned: bool, dh: bool = False,
+              arch: Optional[str] = None) -> str:
+    """``cluster`` where ``plan.clusters_pay`` (rows the fused plan takes in many column chunks,
+    or cannot take, on an architecture with clusters); else ``fused`` whenever there is a weight
+    and a fused plan exists (the row in registers, or in column chunks with dW in shared memory):
+    it reads x and dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv)
+    fused beat split at every shape of the sweep (results/NOTES.md, "Backward sweep with
+    peers"). Without a weight there is no dW to accumulate, and ``split`` is the dx kernel alone
+    (one CTA per row)."""
     if w_dtype is None:
         return "split"
+    if arch in CLUSTER_ARCHS and not dh and clusters_pay(
+            lambda: plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned).chunks,
+            lambda: plan_cluster_backward(N, x_dtype, w_dtype, casting_mode, aligned,
+                                          arch=arch)):
+        return "cluster"
     try:
         plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned, dh)
     except NotEligible:

@@ -194,8 +194,8 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         check_casting_mode(casting_mode)
-        chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned, dh) \
-            if mode == "auto" else mode
+        chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned, dh,
+                           target_arch(x2.device)) if mode == "auto" else mode
         fused = None
         if chosen == "fused":
             fused = plan_backward("fused", N, x2.dtype, w_dtype, casting_mode, aligned, dh)

@@ -277,6 +277,27 @@ CLUSTER_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
 CLUSTER_COPIES_PER_THREAD = 4
 
 
+# A row that one CTA takes in at least this many column chunks goes to a cluster under `auto`:
+# on the H200 (bf16) the cluster won at 3 and 4 chunks (backward N=32768, forward N=65536) and
+# lost at 2 (backward N=16384, forward N=32768), each chunk past the first a re-read of the row
+# from L2 against one exchange per row (results/NOTES.md, "The clusters' first run").
+AUTO_CLUSTER_MIN_CHUNKS = 3
+
+
+def clusters_pay(chunks, cluster_plan) -> bool:
+    """Whether ``auto`` takes the cluster plan: ``chunks()`` is the chunked plan's column chunks
+    (raising NotEligible where there is no chunked plan); ``cluster_plan()`` raises where the
+    row has no cluster plan."""
+    try:
+        cluster_plan()
+    except NotEligible:
+        return False
+    try:
+        return chunks() >= AUTO_CLUSTER_MIN_CHUNKS
+    except NotEligible:
+        return True
+
+
 def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -> ForwardPlan:
     """The ``cluster`` plan: a row too wide for one CTA's registers split over a cluster's CTAs
     (a power of two), each a column slice of CLUSTER_COPIES_PER_THREAD copies a thread where the
@@ -343,15 +364,21 @@ AUTO_WARP_MAX_ROW_BYTES = 2048
 AUTO_PERSISTENT_MAX_ROWS = 2048
 
 
-def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int) -> str:
+def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
+                 w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None) -> str:
     """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
-    (results/NOTES.md, "`auto` looks at M"): persistent for at most AUTO_PERSISTENT_MAX_ROWS rows,
-    else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES, else CTA-per-row. Persistent
-    trailed CTA-per-row at every larger shape of the sweep
+    (results/NOTES.md, "`auto` looks at M"): a cluster where ``clusters_pay`` (rows of many
+    column chunks, on an architecture with clusters), else persistent for at most
+    AUTO_PERSISTENT_MAX_ROWS rows, else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES,
+    else CTA-per-row. Persistent trailed CTA-per-row at every larger shape of the sweep
     (results/NOTES.md, "Persistent forward with prefetch")."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
+    if arch in CLUSTER_ARCHS and clusters_pay(
+            lambda: plan_forward("row", N, x_dtype, w_dtype, "llama", False, True).chunks,
+            lambda: plan_forward("cluster", N, x_dtype, w_dtype, "llama", False, True, arch)):
+        return "cluster"
     if M <= AUTO_PERSISTENT_MAX_ROWS:
         return "persistent"
     return "warp" if N * elem <= AUTO_WARP_MAX_ROW_BYTES else "row"
