@@ -32,7 +32,8 @@ class Variant:
     #: its eligibility rule, ``module:function``, which raises NotEligible saying why a shape is
     #: refused; empty where the kernel serves every row
     plan: str = ""
-    #: measured in the sweeps (not: the fallback, a safety net)
+    #: measured in the sweeps (not: the fallback, a safety net, and a kernel whose GPU tests
+    #: have not run yet)
     benchmarked: bool = True
 
     def planner(self) -> Optional[Callable]:
@@ -48,6 +49,9 @@ VARIANTS: Tuple[Variant, ...] = (
     Variant("persistent", "fwd", "cute", 0xFFCC79A7, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("warp", "fwd", "cute", 0xFF009E73, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("cluster", "fwd", "cute", 0xFF56B4E9, "rmsnorm_lab.cute.plan:plan_forward"),
+    # compiled and PTX-checked, not yet run on a GPU: out of the sweeps until its GPU tests pass
+    Variant("staged", "fwd", "cute", 0xFF332288, "rmsnorm_lab.cute.plan:plan_forward",
+            benchmarked=False),
     Variant("fallback", "fwd", "cute", 0xFFD55E00, "rmsnorm_lab.cute.plan:plan_forward",
             benchmarked=False),
     Variant("fused", "bwd", "cute", 0xFFE69F00, "rmsnorm_lab.cute.backward_plan:plan_backward"),
@@ -113,6 +117,7 @@ IMPLS: Tuple[Impl, ...] = (
     Impl("cute.persistent", "lab", _PURPLE, "-", "^"),
     Impl("cute.warp", "lab", _GREEN, "-", "v"),
     Impl("cute.cluster", "lab", _BLACK, "-", ">"),
+    Impl("cute.staged", "lab", _ORANGE, "-", "D"),
     Impl("cute.fused", "lab", _SKY, "-", "s"),
     Impl("cute.split", "lab", _PURPLE, "-", "^"),
     Impl("triton.row", "lab", _GREEN, "-.", "D"),

@@ -124,3 +124,27 @@ def test_cluster_sums_meet_in_distributed_shared_memory(arch):
     assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes") == 1
     assert "mbarrier.try_wait" in ptx
     assert ptx.index("barrier.cluster.wait") < ptx.index("st.async")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N,dtype,w_dtype", [(32768, BF16, BF16), (65536, BF16, None)],
+                         ids=["32768-bf16", "65536-bf16-noweight"])
+def test_staged_rows_go_to_shared_memory_by_cp_async(arch, N, dtype, w_dtype):
+    """The staged variant: every 16-byte copy of the row is one cp.async into shared memory,
+    all issued before the one wait (one commit group); x is never loaded into registers from
+    global memory (only w is), the row sum is the kernel's one barrier, and with the row out of
+    the registers a thread needs few of them."""
+    plan = plan_forward("staged", N, dtype, w_dtype, "llama", store_rstd=True, aligned=True,
+                        arch=arch)
+    assert plan.vecs_per_thread == 1 and plan.chunks * plan.threads * plan.vec == N
+    facts = compile_and_inspect(plan, arch)
+    ptx = facts.ptx
+    assert ptx.count("cp.async.cg.shared.global") == plan.chunks
+    assert ptx.count("cp.async.commit_group") == 1 and ptx.count("cp.async.wait_group") == 1
+    assert ptx.rindex("cp.async.cg.shared.global") < ptx.index("cp.async.wait_group")
+    assert facts.global_loads_16B == (plan.chunks if w_dtype is not None else 0)  # w only
+    assert facts.global_stores_16B == plan.chunks and ptx.count("bar.sync") == 1
+    assert facts.local_accesses == 0
+    if facts.spill_bytes is not None:
+        assert facts.spill_bytes == 0 and facts.registers <= 64
+

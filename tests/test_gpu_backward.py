@@ -314,6 +314,7 @@ def test_back_to_back_backwards_under_pdl(mode, capture_on_side_stream):
 def test_cluster_backward_matches_reference(dtype, shape, strips):
     """Rows split over a cluster's CTAs: plan-sized grids, strips of uneven lengths, fewer rows
     than strips, with and without a weight, every casting mode."""
+    checked = 0
     for with_weight, casting in ((True, "llama"), (True, "gemma"), (True, "none"),
                                  (False, "llama")):
         dy, x, w, rstd = inputs(shape, dtype, with_weight)
@@ -321,7 +322,10 @@ def test_cluster_backward_matches_reference(dtype, shape, strips):
         try:
             dx, dw = backward(dy, x, w, rstd, 0.5 if with_weight else 0.0, casting, "cluster",
                               sms(), strips=strips)
-        except NotEligible:
-            pytest.skip(f"cluster not eligible at {shape} {dtype}")
+        except NotEligible:  # e.g. no weight at 16384 bf16: the fused plan holds that row
+            continue
         check(dx, dw, dy, x, w, rstd, 0.5 if with_weight else 0.0, casting,
               f"cluster weight={with_weight} strips={strips}")
+        checked += 1
+    if not checked:
+        pytest.skip(f"cluster not eligible at {shape} {dtype}")

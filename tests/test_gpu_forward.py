@@ -213,3 +213,29 @@ def test_cluster_rows_and_rstd_match_reference(shape, dtype, with_weight):
     assert rel <= MAX_REL[dtype]
     torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6).view(rstd.shape), rtol=1e-4,
                                atol=0)
+
+
+# The staged variant: rows staged whole in shared memory (64 KB at 32768 bf16, 128 KB at 65536),
+# a single row, an odd row count, leading dims, every dtype, with and without a weight.
+@pytest.mark.parametrize("with_weight", [True, False], ids=["w", "no-w"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 32768), (3, 32768), (1000, 32768), (2, 5, 65536)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_staged_rows_and_rstd_match_reference(shape, dtype, with_weight):
+    from rmsnorm_lab import dispatch
+    N = shape[-1]
+    x, w = fresh(shape, dtype), (fresh((N,), dtype) if with_weight else None)
+    poison_allocator()
+    with settings.override(forward_variant="staged"):
+        try:
+            y, rstd = dispatch.forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
+        except NotEligible:
+            pytest.skip(f"staged not eligible for N={N} {dtype}")
+    torch.cuda.synchronize()
+    assert not torch.isnan(y).any() and not torch.isnan(rstd).any()
+    expect = reference.rms_norm(x, w, 1e-6, 0.0, "llama")
+    rel = ((y.double() - expect.double()).norm() / expect.double().norm()).item()
+    assert rel <= MAX_REL[dtype]
+    torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6).view(rstd.shape), rtol=1e-4,
+                               atol=0)
+

@@ -118,6 +118,29 @@ def test_auto_takes_a_cluster_where_a_row_needs_three_column_chunks_or_more():
     assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
 
 
+def test_staged_rows_are_wide_rows_a_multiple_of_a_chunk():
+    from rmsnorm_lab.cute.plan import MAX_STAGED_ROW_BYTES
+    p = plan("staged", 32768)
+    assert (p.threads, p.vecs_per_thread, p.chunks, p.vec) == (256, 1, 16, 8)
+    assert not p.persistent and p.grid(M=5, sm_count=132) == 5  # a CTA per row
+    assert plan("staged", 16384, F32).chunks == 16
+    with pytest.raises(NotEligible, match="fits one CTA"):
+        plan("staged", 4096)
+    with pytest.raises(NotEligible, match="multiple of 256"):
+        plan("staged", 32768 + 8)
+    with pytest.raises(NotEligible, match="shared memory"):
+        plan("staged", MAX_STAGED_ROW_BYTES)  # bf16: twice the bytes
+    with pytest.raises(NotEligible, match="fused add"):
+        plan_forward("staged", 32768, BF16, BF16, "llama", True, True, residual=True)
+
+
+def test_a_cluster_grid_counts_clusters_resident_together():
+    c = plan("cluster", 32768)
+    assert (c.cluster_n, c.ctas_per_sm) == (4, 2)
+    assert c.grid(M=16384, sm_count=132) == 132 * 2 // 4  # a strip of rows per cluster
+    assert c.grid(M=3, sm_count=132) == 3                 # never more clusters than rows
+
+
 def test_auto_goes_persistent_for_few_rows():
     from rmsnorm_lab.cute.plan import AUTO_PERSISTENT_MAX_ROWS as most
     for n in (1024, 4096, 8192):

@@ -230,6 +230,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
 
     if variant == "cluster":
         return _cluster_plan(n_vecs, max_vecs_of, arch, common)
+    if variant == "staged":
+        return _staged_plan(n_vecs, max_vecs_of, common)
     if variant == "warp":
         vecs_per_thread = -(-n_vecs // 32)
         # A row of fewer copies than a warp has lanes (a per-head row: 128 bf16 are 16 copies)
@@ -327,6 +329,30 @@ def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -
                        ctas_per_sm=resident_ctas(MAX_THREADS,
                                                  vecs_per_thread * vec * (2 * elem + w_bytes)),
                        **common)
+
+
+# The staged variant: a row in shared memory, at most this many bytes of it (Hopper's and
+# Blackwell's 227 KB a CTA, less the row sum's slots).
+MAX_STAGED_ROW_BYTES = 224 * 1024
+
+
+def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
+    """The ``staged`` plan: a row too wide for one CTA's registers, one CTA per row, staged
+    whole in shared memory by ``cp.async``: MAX_THREADS threads, one 16-byte copy each per
+    column chunk, as many chunks as the row has (N a multiple of a chunk's columns)."""
+    if common["residual"]:
+        raise NotEligible("the staged variant serves rms_norm alone, not the fused add")
+    per_cta = MAX_THREADS * max(1, min(MAX_COPIES_PER_CHUNK, max_vecs_of(MAX_THREADS)))
+    if n_vecs <= per_cta:
+        raise NotEligible("the row fits one CTA's registers: no staging needed")
+    if n_vecs % MAX_THREADS:
+        raise NotEligible(f"the staged variant needs N a multiple of {MAX_THREADS} copies "
+                          f"({MAX_THREADS * common['vec']} elements)")
+    if n_vecs * COPY_BYTES > MAX_STAGED_ROW_BYTES:
+        raise NotEligible(f"a row of {n_vecs * COPY_BYTES // 1024} KB is over the "
+                          f"{MAX_STAGED_ROW_BYTES // 1024} KB of shared memory a CTA can stage")
+    return ForwardPlan(threads_per_row=MAX_THREADS, rows_per_cta=1, vecs_per_thread=1,
+                       chunks=n_vecs // MAX_THREADS, **common)
 
 
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:

@@ -30,6 +30,7 @@ from ..settings import settings
 from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
 from .forward import (TORCH_TO_CUTE, RMSNormClusterForward, RMSNormForward,
                       RMSNormFusedAddForward)
+from .forward_staged import RMSNormStagedForward
 from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_variant,
                    check_int32_addressable, plan_forward)
 
@@ -75,6 +76,8 @@ def _fake_args(plan: ForwardPlan):
 def _kernel_object(plan: ForwardPlan):
     if plan.residual:
         return RMSNormFusedAddForward(plan)
+    if plan.variant == "staged":
+        return RMSNormStagedForward(plan)
     return RMSNormClusterForward(plan) if plan.cluster_n > 1 else RMSNormForward(plan)
 
 
