@@ -246,3 +246,27 @@ def test_cluster_backward_splits_rows_one_cta_cannot_hold():
         plan_cluster_backward(16385, BF16, BF16, "llama", True)
     with pytest.raises(NotEligible, match="Hopper"):
         plan_cluster_backward(16384, BF16, BF16, "llama", True, arch="sm_80")
+
+
+def test_staged_backward_keeps_rows_in_flight_in_shared_memory():
+    from rmsnorm_lab.cute.backward_plan import (MAX_STAGES, STAGED_SMEM_PER_SM,
+                                                plan_staged_backward)
+    p = plan_staged_backward(4096, BF16, BF16, "llama", True)
+    assert (p.kind, p.threads, p.vecs_per_thread, p.chunks, p.vec) == ("fused", 256, 1, 2, 8)
+    assert 2 <= p.stages <= MAX_STAGES and p.ctas_per_sm >= 2 and p.dw_smem_bytes == 0
+    for N, dtype in ((4096, BF16), (8192, BF16), (16384, BF16), (4096, F32)):
+        q = plan_staged_backward(N, dtype, dtype, "llama", True)
+        # the rings of every strip on an SM fit its shared memory
+        assert q.ctas_per_sm * q.stages * 2 * N * dtype.itemsize <= STAGED_SMEM_PER_SM
+    with pytest.raises(NotEligible, match="multiple of 2048"):
+        plan_staged_backward(1024, BF16, BF16, "llama", True)
+    with pytest.raises(NotEligible, match="shared memory"):
+        plan_staged_backward(32768, BF16, BF16, "llama", True)
+    with pytest.raises(NotEligible, match="fused add"):
+        plan_staged_backward(4096, BF16, BF16, "llama", True, dh=True)
+    with pytest.raises(NotEligible, match="16-byte"):
+        plan_staged_backward(4096, BF16, BF16, "llama", False)
+    # never what auto picks, until it is measured
+    assert all(auto_mode(4096, N, BF16, BF16, "llama", True, arch="sm_90a") != "staged"
+               for N in (2048, 4096, 8192, 16384))
+

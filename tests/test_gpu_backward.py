@@ -329,3 +329,30 @@ def test_cluster_backward_matches_reference(dtype, shape, strips):
         checked += 1
     if not checked:
         pytest.skip(f"cluster not eligible at {shape} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape,strips", [((1000, 4096), None), ((3, 4096), None),
+                                          ((257, 8192), 5), ((131, 16384), 2),
+                                          ((4099, 2048), None)],
+                         ids=["1000x4096", "3x4096", "257x8192-5strips", "131x16384-2strips",
+                              "4099x2048"])
+def test_staged_backward_matches_reference(dtype, shape, strips):
+    """Rows ringed through shared memory: plan-sized grids, strips shorter than the ring, fewer
+    rows than strips, uneven strips, with and without a weight, every casting mode."""
+    checked = 0
+    for with_weight, casting in ((True, "llama"), (True, "gemma"), (True, "none"),
+                                 (False, "llama")):
+        dy, x, w, rstd = inputs(shape, dtype, with_weight)
+        poison_allocator()
+        try:
+            dx, dw = backward(dy, x, w, rstd, 0.5 if with_weight else 0.0, casting, "staged",
+                              sms(), strips=strips)
+        except NotEligible:
+            continue
+        check(dx, dw, dy, x, w, rstd, 0.5 if with_weight else 0.0, casting,
+              f"staged weight={with_weight} strips={strips}")
+        checked += 1
+    if not checked:
+        pytest.skip(f"staged not eligible at {shape} {dtype}")
+

@@ -103,6 +103,8 @@ class BackwardPlan(RowTilePlan):
     dh: bool = False
     #: cluster: the CTAs of a thread-block cluster that share each row of a strip (1: one CTA)
     cluster_n: int = 1
+    #: staged: rows of x and dy in flight in shared memory per strip (0: other plans)
+    stages: int = 0
 
     def resident_grid(self, sms: int) -> int:
         """The fused grid that is resident all at once: CTAs (clusters, for the cluster plan)
@@ -117,7 +119,7 @@ class BackwardPlan(RowTilePlan):
     @property
     def dw_smem_bytes(self) -> int:
         """Fused with chunks: the shared-memory fp32 dW accumulator (0 when it is in registers)."""
-        if self.kind != "fused" or self.chunks == 1 or self.w_dtype is None:
+        if self.kind != "fused" or self.chunks == 1 or self.w_dtype is None or self.stages:
             return 0
         return self.chunks * self.cols_per_tile * 4
 
@@ -381,4 +383,51 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     except NotEligible:
         return "split"
     return "fused"
+
+
+# The staged backward: at most this many rows in flight per strip, in at most this much shared
+# memory an SM (Hopper's 228 KB, less a CTA's reserve and the row sums).
+MAX_STAGES = 4
+STAGED_SMEM_PER_SM = 220 * 1024
+
+
+def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
+                         casting_mode: str, aligned: bool, dh: bool = False,
+                         arch: Optional[str] = None) -> BackwardPlan:
+    """The ``staged`` plan: the fused backward with each strip's next rows of x and dy copied
+    into shared memory by ``cp.async``, ``stages`` rows at a time, so what is in flight is
+    bounded by shared memory instead of registers. MAX_THREADS threads a strip, one 16-byte copy
+    each per column chunk (N a multiple of a chunk); registers hold w and the fp32 dW
+    accumulator only (x and dy are read back from shared memory in both passes). As many strips
+    an SM as the registers allow, as many stages as their shared memory allows (at least two).
+    ``arch`` is accepted for the plans' common signature: ``cp.async`` is on every target."""
+    if dh:
+        raise NotEligible("the staged backward serves rms_norm alone, not the fused add")
+    _check(N, x_dtype, casting_mode)
+    vec = vector_width(N, x_dtype, aligned)
+    if vec == 1:
+        raise NotEligible("the staged backward needs 16-byte copies (aligned rows, N % vec == 0)")
+    n_vecs = N // vec
+    if n_vecs % MAX_THREADS:
+        raise NotEligible(f"the staged backward needs N a multiple of {MAX_THREADS * vec}")
+    elem = _ELEM_BYTES[x_dtype]
+    w_bytes = _ELEM_BYTES[w_dtype] if w_dtype is not None else 0
+    per_elem = w_bytes + (4 if w_dtype is not None else 0)  # w and the dW accumulator
+    elems = n_vecs // MAX_THREADS * vec
+    if elems > elems_in_registers(MAX_THREADS, max(per_elem, 1)):
+        raise NotEligible("w and the dW accumulator of the row do not fit a CTA's registers")
+    # + 16 registers: a chunk's x and dy in fp32 while it is worked on (ptxas at 4096 bf16: 80)
+    ctas = resident_ctas(MAX_THREADS, elems * per_elem, extra_regs=16,
+                         most=MAX_FUSED_CTAS_PER_SM)
+    stage_bytes = 2 * N * elem  # a row of x and one of dy
+    while ctas > 1 and STAGED_SMEM_PER_SM // ctas < 2 * stage_bytes:
+        ctas -= 1
+    stages = min(MAX_STAGES, STAGED_SMEM_PER_SM // ctas // stage_bytes)
+    if stages < 2:
+        raise NotEligible(f"two rows of x and dy ({2 * stage_bytes // 1024} KB) do not fit "
+                          f"{STAGED_SMEM_PER_SM // 1024} KB of shared memory")
+    return BackwardPlan(kind="fused", x_dtype=x_dtype, w_dtype=w_dtype, N=N,
+                        casting_mode=casting_mode, vec=vec, threads_per_row=MAX_THREADS,
+                        rows_per_cta=1, vecs_per_thread=1, chunks=n_vecs // MAX_THREADS,
+                        ctas_per_sm=ctas, stages=stages)
 

@@ -29,8 +29,10 @@ from ..reference import check_casting_mode
 from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDh, RMSNormBackwardDW
 from .backward_cluster import RMSNormClusterBackward
+from .backward_staged import RMSNormStagedBackward
 from .backward_plan import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
                             auto_mode, backward_uses_pdl, plan_backward, plan_cluster_backward,
+                            plan_staged_backward,
                             plan_split)
 from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
@@ -78,6 +80,8 @@ def _kernel_object(plan: BackwardPlan):
         return RMSNormBackwardDW(plan)
     if plan.cluster_n > 1:
         return RMSNormClusterBackward(plan)
+    if plan.stages > 1:
+        return RMSNormStagedBackward(plan)
     return RMSNormBackwardDh(plan) if plan.dh else RMSNormBackward(plan)
 
 
@@ -136,7 +140,7 @@ def _check_inputs(dy2, x2, weight, rstd):
 
 
 #: the backward modes whose one kernel computes dx and the strips' dW partials together
-FUSED_MODES = ("fused", "cluster")
+FUSED_MODES = ("fused", "cluster", "staged")
 
 
 class _Entry:
@@ -202,6 +206,8 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
         elif chosen == "cluster":
             fused = plan_cluster_backward(N, x2.dtype, w_dtype, casting_mode, aligned, dh,
                                           target_arch(x2.device))
+        elif chosen == "staged":
+            fused = plan_staged_backward(N, x2.dtype, w_dtype, casting_mode, aligned, dh)
         dx, dw = plan_split(N, x2.dtype, w_dtype, casting_mode, aligned, dh)
         if pdl and backward_uses_pdl(target_arch(x2.device)):
             fused, dx, dw = (dataclasses.replace(p, pdl=True) if p is not None else None
