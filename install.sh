@@ -137,7 +137,7 @@ else
   if [ -f "$BUILT" ]; then
     say "loading the native autograd node (rebuilt only when its sources or torch changed)..."
   else
-    say "building the native autograd node (C++, ~40 s, once)..."
+    say "building the native autograd node (C++, under a minute, once)..."
   fi
   t0=$SECONDS
   LOG="$VENV/native-build.log"

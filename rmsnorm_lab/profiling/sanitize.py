@@ -20,10 +20,12 @@ from .. import reference, rms_norm, settings
 from ..dispatch import backward
 from ..registry import BACKWARD_MODES, FORWARD_VARIANTS
 
-# (3, 1023) only admits the forward fallback; (3, 1024) runs every variant on the same tiny grid.
-FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192)]
+# (3, 1023) only admits the forward fallback; (3, 1024) runs every variant on the same tiny grid;
+# (5, 32768): rows too wide for one CTA's registers (cluster, staged).
+FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192), (5, 32768)]
 FWD_VARIANTS = list(FORWARD_VARIANTS)
-BWD_SHAPES = [(131, 4096), (1000, 8192), (131, 16384)]  # the last: chunked fused, dW in smem
+# (131, 16384): chunked fused with dW in shared memory, and a cluster of 4; (3, 32768): of 8
+BWD_SHAPES = [(131, 4096), (1000, 8192), (131, 16384), (3, 32768)]
 BWD_MODES = list(BACKWARD_MODES)
 
 
