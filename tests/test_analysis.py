@@ -487,6 +487,25 @@ def test_host_rows_come_from_the_newest_host_benchmark_run_not_the_sweeps():
     assert float(h.loc[h["impl"] == "torch.native", "p50"].iloc[0]) == 105.0
 
 
+def test_the_host_figures_read_the_host_benchmark_run_past_newer_sweep_rows():
+    """A sweep run after the host benchmark times the peers' host rows again (same keys,
+    newer): the figures still draw the host benchmark's run, not whatever is newest."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from rmsnorm_lab.viz import host as plots_host
+    bench, sweep = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"
+    rows = [dict(gpu="h200", timestamp=t, op=op, impl=i, path="host", M=128, N=4096,
+                 dtype="bf16", metric="host", p20=v, p50=v, p80=v, commit="c")
+            for t, op, i, v in ((bench, "fwd", "cute.auto@tvm_ffi", 7.0),
+                                (bench, "fwd", "torch.native", 10.0),
+                                (bench, "full", "cute.auto@tvm_ffi", 100.0),
+                                (bench, "full", "torch.native", 105.0),
+                                (sweep, "fwd", "torch.native", 13.0))]
+    ax = plots_host.plot_host(pd.DataFrame(rows), gpu="h200")
+    drawn = {c.get_label(): sorted(c.lines[0].get_xdata()) for c in ax.containers}
+    assert drawn["fwd"] == [7.0, 10.0] and drawn["full"] == [100.0, 105.0]
+
+
 def test_the_ceiling_comes_from_the_sweep_run_not_a_newer_tagged_run():
     from rmsnorm_lab.analysis.tables import ceiling_gbps
     sweep, tagged = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"

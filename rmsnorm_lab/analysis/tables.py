@@ -113,8 +113,8 @@ def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.DataF
     benchmark run (``host_benchmark_run``): the lab's launch paths and the peers."""
     _, gpu = one_gpu(df, gpu)
     d = df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "host")]
-    d = host_benchmark_run(d)
-    impl = d["impl"].astype(str)
+    d = latest(host_benchmark_run(d))  # one row per key: an op the host benchmark does not
+    impl = d["impl"].astype(str)         # time (bwd) has its sweeps' rows, one set per run
     d = d[impl.str.contains("@") | ~impl.str.startswith(("cute.", TEACH_PREFIX))]
     d = d.assign(impl=pd.Categorical(d["impl"], impl_order(d["impl"]), ordered=True))
     return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[["p20", "p50", "p80"]]

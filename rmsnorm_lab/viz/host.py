@@ -178,8 +178,8 @@ def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
               toggles: bool = False, ax=None):
     """Host µs per call (log scale; median, whiskers p20-p80) per launch path and per peer, one
     marker per workload; toggle rows only with ``toggles``."""
-    d, gpu = one_gpu(df, gpu)
-    h = host_rows(d, gpu, shape)
+    _, gpu = one_gpu(df, gpu)
+    h = host_rows(df, gpu, shape)  # all rows: the newest per key could be a sweep's, not the run's
     if not toggles:
         h = h[[not is_toggle(i) for i in h["impl"]]]
     impls = host_order(h["impl"])
@@ -261,14 +261,14 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
     (CUDA-graph replay, inputs from DRAM; band p20-p80; the lab's launch paths share
     ``cute.auto``'s), and a ring where a host line meets its kernel's curve. Left of a ring, a
     loop of eager calls on that path is host-bound; right of it, device-bound."""
-    d, gpu = one_gpu(df, gpu)
-    table = crossover_table(d, impls, gpu, workload)
+    _, gpu = one_gpu(df, gpu)
+    table = crossover_table(df, impls, gpu, workload)  # all rows, as plot_host
     ax = _axes(ax, (8.5, 4.5))
     kernels = list(dict.fromkeys(table["kernel"]))
     top = float(table["host µs"].max()) if len(table) else math.inf
     xs = []
     for k, kernel in enumerate(kernels):
-        dev = kernel_times(d, kernel, gpu, "full" if workload == "full" else "fwd")
+        dev = kernel_times(df, kernel, gpu, "full" if workload == "full" else "fwd")
         past = dev.index[dev["p50"] >= top]  # one measured point past the highest host line
         dev = dev.iloc[:past[0] + 1] if len(past) else dev
         colour, marker = _KERNEL_STYLE.get(kernel, (GREEN, "D"))

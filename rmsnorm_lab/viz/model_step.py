@@ -96,12 +96,21 @@ def plot_decode_timeline(kernels: Dict[str, pd.DataFrame], step: int = 1, ax=Non
         start = (length.cumsum() - length) if packed else k["start_us"] - k["start_us"].min()
         for norm, color in ((False, GREY), (True, norm_color)):
             sel = k["norm"].astype(bool) == norm
+            # an edge as wide as a hairline: a kernel narrower than a pixel still shows
             ax.broken_barh(list(zip(start[sel], length[sel])), (row - 0.35, 0.7),
-                           facecolors=color, linewidth=0)
-        # a norm kernel is far narrower than a pixel at this scale: a line marks each one
+                           facecolors=color, edgecolors=color, linewidth=0.4)
         norms = k["norm"].astype(bool)
-        ax.vlines(start[norms] + length[norms] / 2, row - 0.45, row + 0.45, colors=norm_color,
-                  linewidth=1.0)
+        if packed:  # the widths are the point here, and the norms' are a few pixels: say them
+            share = 100 * length[norms].sum() / length.sum()
+            ax.annotate(f"norms {length[norms].sum():.0f} of {length.sum():,.0f} µs "
+                        f"({share:.1f}%)", (length.sum(), row), xytext=(6, 0),
+                        textcoords="offset points", va="center", fontsize=8)
+        else:  # a norm kernel is far narrower than a pixel at this scale: a line marks each one
+            ax.vlines(start[norms] + length[norms] / 2, row - 0.45, row + 0.45,
+                      colors=norm_color, linewidth=1.0)
+    if packed:  # room right of the longest row for its note
+        ax.set_xlim(0, 1.3 * max(float((k["end_us"] - k["start_us"])[k["step"] == step].sum())
+                                 for k in kernels.values()))
     ax.set_yticks(range(len(kernels)), list(kernels))
     ax.invert_yaxis()
     ax.set_xlabel("µs of kernel time, end to end" if packed
