@@ -8,7 +8,7 @@ comparison here is between rows of one run: ``one_run`` picks them.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import pandas as pd
 
@@ -61,13 +61,14 @@ def ops_as_of(ops: pd.DataFrame, run: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_table(run: pd.DataFrame, columns: Dict[str, tuple] = COLUMNS,
-               unit: float = 1e3) -> pd.DataFrame:
-    """(arch, choice) x ``columns``, p50 in ms (``unit`` µs each); NaN where not measured."""
+               unit: float = 1e3, q: str = "p50") -> pd.DataFrame:
+    """(arch, choice) x ``columns``, the quantile ``q`` (p50: the median) in ms (``unit`` µs
+    each); NaN where not measured."""
     df = run.assign(workload=[workload(o, m) for o, m in zip(run["op"], run["M"])])
     out = {}
     for name, (wl, path, metric) in columns.items():
         sel = df[(df["workload"] == wl) & (df["path"] == path) & (df["metric"] == metric)]
-        out[name] = sel.set_index("impl")["p50"] / unit
+        out[name] = sel.set_index("impl")[q] / unit
     table = pd.DataFrame(out)
     table.index = pd.MultiIndex.from_tuples([split_impl(i) for i in table.index],
                                             names=["arch", "norm"])
@@ -81,6 +82,22 @@ def versus(table: pd.DataFrame, baseline: str = "torch") -> pd.DataFrame:
         if (arch, baseline) in rows.index:
             parts.append(rows / rows.loc[(arch, baseline)])
     return pd.concat(parts) if parts else table.iloc[0:0]
+
+
+def versus_spread(run: pd.DataFrame, columns: Dict[str, tuple] = COLUMNS,
+                  baseline: str = "torch") -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """``(lo, hi)``: the ratio of ``versus`` at its extremes, each choice's p20 over
+    ``baseline``'s p80 and its p80 over the baseline's p20: how far the two p20-p80 ranges let
+    the ratio move."""
+    p20, p80 = step_table(run, columns, q="p20"), step_table(run, columns, q="p80")
+    lo, hi = [], []
+    for arch in p20.index.get_level_values("arch").unique():
+        if (arch, baseline) in p20.index:
+            lo.append(p20.loc[[arch]] / p80.loc[(arch, baseline)])
+            hi.append(p80.loc[[arch]] / p20.loc[(arch, baseline)])
+    if not lo:
+        return p20.iloc[0:0], p80.iloc[0:0]
+    return pd.concat(lo), pd.concat(hi)
 
 
 def norm_calls(config, tokens: int) -> pd.DataFrame:

@@ -18,12 +18,14 @@ NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURP
 
 def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
                   norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"), ax=None,
-                  xlim: Optional[tuple] = None, gpu: Optional[str] = None):
+                  xlim: Optional[tuple] = None, gpu: Optional[str] = None,
+                  spread: Optional[tuple] = None):
     """Horizontal bars: each norm's time over torch's norm's in the same model, per workload
     column, centred on 1 (left of the line: faster than torch's), each bar labelled with its
     ratio; a bar too short to see gets a diamond at its tip. ``xlim``: the same range for panels
     that are compared (widened on the left by the same room for the labels in every panel);
-    ``gpu``: the GPU the steps ran on, for the title."""
+    ``gpu``: the GPU the steps ran on, for the title; ``spread``: ``(lo, hi)`` ratio frames
+    (``analysis.model_step.versus_spread``), drawn as whiskers at the bars' tips."""
     ax = _axes(ax, (7.0, 0.55 * len(columns) * 1.6 + 1.0))
     rows = ratios.loc[arch]
     norms = [n for n in norms if n in rows.index]
@@ -40,17 +42,26 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
         short = np.isfinite(vals) & (np.abs(vals - 1.0) < 0.012 * (hi - lo))
         ax.plot(vals[short], ys[short], "D", color=colour, markersize=5,
                 markeredgecolor="black", markeredgewidth=0.5)
-        for yy, v in zip(ys, vals):
+        low, high = vals, vals  # where the label goes: past the whisker, if one is drawn
+        if spread is not None and (arch, norm) in spread[0].index:
+            low = spread[0].loc[(arch, norm), list(columns)].to_numpy(dtype=float)
+            high = spread[1].loc[(arch, norm), list(columns)].to_numpy(dtype=float)
+            ok = np.isfinite(vals) & np.isfinite(low) & np.isfinite(high)
+            ax.errorbar(vals[ok], ys[ok], xerr=[(vals - low)[ok], (high - vals)[ok]],
+                        fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+            low, high = np.fmin(low, vals), np.fmax(high, vals)
+        for yy, v, a, b in zip(ys, vals, low, high):
             if np.isfinite(v):
-                ax.annotate(f"{v:.3f}", (v, yy), xytext=(5 if v >= 1 else -5, 0),
-                            textcoords="offset points", va="center", fontsize=7,
-                            ha="left" if v >= 1 else "right")
+                ax.annotate(f"{v:.3f}", (b if v >= 1 else a, yy),
+                            xytext=(5 if v >= 1 else -5, 0), textcoords="offset points",
+                            va="center", fontsize=7, ha="left" if v >= 1 else "right")
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xlim(lo, hi)
     ax.set_yticks(y, columns)
     ax.invert_yaxis()
     ax.set_xlabel("time / time with torch.nn.RMSNorm (same model, same run)\n"
-                  "bars drawn from 1; diamonds: bars too short to see")
+                  "bars drawn from 1; diamonds: bars too short to see"
+                  + ("; whiskers: p20-p80 of both" if spread is not None else ""))
     ax.set_title(f"{gpu + ': ' if gpu else ''}{arch}, each norm's step time over torch's norm's",
                  fontsize="medium")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
