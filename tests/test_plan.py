@@ -139,6 +139,11 @@ def test_a_cluster_grid_counts_clusters_resident_together():
     assert (c.cluster_n, c.ctas_per_sm) == (4, 2)
     assert c.grid(M=16384, sm_count=132) == 132 * 2 // 4  # a strip of rows per cluster
     assert c.grid(M=3, sm_count=132) == 3                 # never more clusters than rows
+    # the native node's grid rule reads the same cap (clusters, not CTAs)
+    from rmsnorm_lab.cute.backward_runner import RowsRule
+    assert c.grid_cap(132) == 66
+    assert RowsRule(c.rows_per_cta, c.grid_cap(132)).of(16384) == c.grid(16384, 132)
+    assert plan("row", 4096).grid_cap(132) == 0 and plan("persistent", 4096).grid_cap(132) > 0
 
 
 def test_auto_goes_persistent_for_few_rows():

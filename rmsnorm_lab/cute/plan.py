@@ -90,12 +90,18 @@ class ForwardPlan(RowTilePlan):
         whose second pass re-reads the h the first pass stored."""
         return pipelines(self.chunks, self.vecs_per_thread) and not self.residual
 
+    def grid_cap(self, sm_count: int) -> int:
+        """The persistent grids' size: what is resident at once, in CTAs (in clusters of
+        ``cluster_n`` CTAs for ``cluster``); 0 for the grids of one tile per CTA, which grow
+        with M. The Python launch (``grid``) and the native node's rule read it."""
+        if not self.persistent:
+            return 0
+        return max(1, sm_count * self.ctas_per_sm // self.cluster_n)
+
     def grid(self, M: int, sm_count: int) -> int:
         tiles = -(-M // self.rows_per_cta)
-        if not self.persistent:
-            return tiles
-        # cluster: the grid counts clusters, each cluster_n CTAs
-        return max(1, min(tiles, sm_count * self.ctas_per_sm // self.cluster_n))
+        cap = self.grid_cap(sm_count)
+        return max(1, min(tiles, cap)) if cap else tiles
 
 
 # Rows of exactly this many 16-byte copies (16 KB: N=8192 in bf16 or fp16) take a two-pass tile
