@@ -506,6 +506,22 @@ def test_the_host_figures_read_the_host_benchmark_run_past_newer_sweep_rows():
     assert drawn["fwd"] == [7.0, 10.0] and drawn["full"] == [100.0, 105.0]
 
 
+def test_the_fused_add_table_times_every_add_against_its_same_shape_copy():
+    from rmsnorm_lab.analysis.tables import fused_add_table
+    base = dict(gpu="h200", timestamp="2026-01-01T00:00:00+00:00", op="bwd", path="graph",
+                M=16384, N=4096, dtype="bf16", metric="time", p20=1.0, p80=1.0)
+    rows = [dict(base, impl=i, p50=v) for i, v in (("cute.auto+add", 160.0),
+                                                   ("torch.compile+add", 165.0),
+                                                   ("liger.triton+add", 245.0),
+                                                   ("copy3r1w.shape", 121.0),
+                                                   ("cute.auto", 100.0))]  # not the add's
+    t = fused_add_table(pd.DataFrame(rows), "bwd")
+    assert list(t.columns) == ["cute.auto+add", "liger.triton+add", "torch.compile+add",
+                               "copy3r1w.shape", "lab / best peer"]
+    assert t.loc[(16384, 4096), "lab / best peer"] == 160.0 / 165.0
+    assert fused_add_table(pd.DataFrame(rows), "fwd").empty
+
+
 def test_the_ceiling_comes_from_the_sweep_run_not_a_newer_tagged_run():
     from rmsnorm_lab.analysis.tables import ceiling_gbps
     sweep, tagged = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"

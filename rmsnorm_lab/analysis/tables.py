@@ -90,6 +90,33 @@ def bandwidth_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
     return pd.concat(parts, axis=1)
 
 
+#: the same-shape ceiling of the fused residual add's sweeps, by op (bench.fused_add.SAME_SHAPE)
+ADD_CEILING_OF_OP = {"fwd": "copy2r2w.shape", "bwd": "copy3r1w.shape"}
+
+
+def fused_add_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.DataFrame:
+    """The fused residual add's sweep (``bench --op fwd-add`` or ``bwd-add``): median µs per
+    shape (rows ``M``, ``N``) by CUDA-graph replay for every ``...+add`` implementation and the
+    same-shape ceiling (a copy moving the same bytes), then ``lab / best peer`` (the lab's
+    ``cute.auto+add`` over the fastest peer; below 1: the lab is faster). Empty when the results
+    hold no such sweep."""
+    d, gpu = one_gpu(df, gpu)
+    ceiling = ADD_CEILING_OF_OP[op]
+    impl = d["impl"].astype(str)
+    d = d[(d["op"] == op) & (d["path"] == "graph") & (d["metric"] == "time")
+          & (impl.str.endswith("+add") | (impl == ceiling))]
+    if d.empty:
+        return pd.DataFrame()
+    t = d.pivot_table(index=["M", "N"], columns="impl", values="p50", aggfunc="last")
+    adds = [c for c in impl_order(t.columns) if c != ceiling]
+    t = t.reindex(columns=adds + ([ceiling] if ceiling in t.columns else []))
+    peers = [c for c in adds if not c.startswith(("cute.", "triton."))]
+    if "cute.auto+add" in t.columns and peers:
+        t["lab / best peer"] = t["cute.auto+add"] / t[peers].min(axis=1)
+    t.columns.name = None
+    return t.sort_index(level=["N", "M"])
+
+
 def fwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:
     """The forward's ``bandwidth_table`` under CUDA-graph replay."""
     return bandwidth_table(df, "fwd", gpu)

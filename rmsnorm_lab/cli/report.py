@@ -180,6 +180,13 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        tables.markdown_table(host, 1, right_align=True), ""]
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
+        for op in ("fwd", "bwd"):
+            add = tables.fused_add_table(df, op, gpu)
+            if not add.empty:
+                md += [f"### fused residual add, {op}", "",
+                       f"`bench --op {op}-add`: µs per call, CUDA-graph replay, median; "
+                       f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes:", "",
+                       tables.markdown_table(add, 2, right_align=True), ""]
         progress(f"[{next(step)}/{total}] {gpu}: backward and host figures "
                  "(notebooks 02 and 03)")
         extra = _notebook_figures(df, gpu, out, root)
