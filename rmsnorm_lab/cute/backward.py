@@ -41,7 +41,7 @@ from .backward_plan import BackwardPlan
 from .forward import TORCH_TO_CUTE
 from .pdl import wait_for_previous_grid
 from .reduce import SLOTS, row_sum
-from .tiles import RowTiles
+from .tiles import RowTiles, strip_rows
 
 
 class _Common(RowTiles):
@@ -51,12 +51,6 @@ class _Common(RowTiles):
         self.plan = plan
         self.x_type = TORCH_TO_CUTE[plan.x_dtype]
         self.w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else None
-
-    def make_tiled_copy(self, tiler):
-        p = self.plan
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
-                                   num_bits_per_copy=p.vec * self.x_type.width)
-        return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
 
     @cute.jit
     def x_hat_for_dw(self, x_hat):
@@ -194,12 +188,7 @@ class RMSNormBackward(_Common):
         row_start = bidx
         row_end = bidx + 1
         if cutlass.const_expr(self.fused):
-            s = bidx * strips + strip_in_cta
-            n_strips = gdim * strips
-            q = M // n_strips
-            r = M % n_strips
-            row_start = s * q + cutlass.min(s, r)
-            row_end = (s + 1) * q + cutlass.min(s + 1, r)
+            row_start, row_end = strip_rows(M, bidx * strips + strip_in_cta, gdim * strips)
 
         # With one chunk the weight is loaded once, before the row loop: the fused kernel reuses
         # it for every row of its strip (m needs it before the reduction, so unlike the forward
@@ -366,11 +355,12 @@ class RMSNormBackward(_Common):
         return dyf * w
 
     @cute.jit
-    def load_chunk(self, tiled_x, thr_x, mX, mDy, tiler, row0, c: cutlass.Constexpr[int], tXcX,
-                   tXrX, tXrDy, row_ok=None):
-        """Registers <- column chunk c of x and dy in the tile from row ``row0``; zeros where
-        predicated off, so padding columns and rows drop out of the row sum and the dW
-        accumulator without a mask."""
+    def load_chunk(self, tiled_x, thr_x, mX, mDy, tiler, row0, c, tXcX, tXrX, tXrDy,
+                   row_ok=None):
+        """Registers <- column chunk c of x and dy in the tile from row ``row0`` (``c`` static,
+        or a cluster CTA's rank, as in ``column_predicate``); zeros where predicated off, so
+        padding columns and rows drop out of the row sum and the dW accumulator without a
+        mask."""
         pred = self.column_predicate(tXcX, c, row_ok)
         tXrX.fill(0)
         tXrDy.fill(0)

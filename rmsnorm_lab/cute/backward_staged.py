@@ -9,13 +9,13 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from .backward import RMSNormBackward
 from .backward_plan import BackwardPlan
 from .pdl import wait_for_previous_grid
 from .reduce import SLOTS, row_sum
+from .tiles import strip_rows
 
 
 class RMSNormStagedBackward(RMSNormBackward):
@@ -68,11 +68,7 @@ class RMSNormStagedBackward(RMSNormBackward):
                                     byte_alignment=4)
 
         tiler = (1, p.cols_per_tile)
-        copy_bits = p.vec * self.x_type.width
-        g2s = cute.make_tiled_copy(
-            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                                self.x_type, num_bits_per_copy=copy_bits),
-            self.tv_layout(), tiler)
+        g2s = self.make_async_copy(tiler)
         thr_g2s = g2s.get_slice(tidx)
         tiled_x = self.make_tiled_copy(tiler)
         thr_x = tiled_x.get_slice(tidx)
@@ -89,11 +85,7 @@ class RMSNormStagedBackward(RMSNormBackward):
                 tXrDw[c] = cute.make_fragment_like(tXrX, Float32)
                 tXrDw[c].fill(0.0)
 
-        # this strip's rows, as backward_plan.strip_bounds splits them
-        q = M // gdim
-        r = M % gdim
-        row_start = bidx * q + cutlass.min(bidx, r)
-        row_end = (bidx + 1) * q + cutlass.min(bidx + 1, r)
+        row_start, row_end = strip_rows(M, bidx, gdim)
 
         for k in cutlass.range_constexpr(S - 1):
             self.stage(g2s, thr_g2s, mX, mDy, sX, sDy, tiler, tXcX, row_start + k, k, row_end)

@@ -26,13 +26,12 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 import torch
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
+from . import cluster_sum
 from .pdl import wait_for_previous_grid
 from .plan import ForwardPlan
 from .reduce import SLOTS, row_sum
-from .tiles import RowTiles
+from .tiles import RowTiles, strip_rows
 
 TORCH_TO_CUTE = {
     torch.float32: cutlass.Float32,
@@ -70,6 +69,20 @@ class RMSNormForward(RowTiles):
         ld = cute.assume(Int32(g.stride[0]), divby=self.plan.vec)
         return cute.make_tensor(g.iterator, cute.make_layout((M, self.plan.N), stride=(ld, 1)))
 
+    def weight_and_rstd(self, gW, gRstd, M):
+        """``(mW, mRstd)``: the weight seen as a (rows_per_cta, N) tensor with row stride 0 (every
+        row of the tile reads the same vector, and the tiled copy partitions it like x), and
+        rstd as (M,); each None where the kernel has none."""
+        p = self.plan
+        mW = None
+        if cutlass.const_expr(self.w_type is not None):
+            mW = cute.make_tensor(gW.iterator,
+                                  cute.make_layout((p.rows_per_cta, p.N), stride=(0, 1)))
+        mRstd = None
+        if cutlass.const_expr(p.store_rstd):
+            mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
+        return mW, mRstd
+
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Builds the kernel's tensors and launches it (traced inside a ``cute.jit`` host
         function; ``gR``/``gH``: the fused add's residual and h, or None)."""
@@ -78,15 +91,7 @@ class RMSNormForward(RowTiles):
         mX, mY = self.rows(gX, M), self.rows(gY, M)
         mR = self.rows(gR, M) if gR is not None else None
         mH = self.rows(gH, M) if gH is not None else None
-        # The weight seen as a (rows_per_cta, N) tensor with row stride 0: every row of the tile
-        # reads the same vector, and the same tiled copy partitions it like x.
-        mW = None
-        if cutlass.const_expr(self.w_type is not None):
-            mW = cute.make_tensor(gW.iterator,
-                                  cute.make_layout((p.rows_per_cta, p.N), stride=(0, 1)))
-        mRstd = None
-        if cutlass.const_expr(p.store_rstd):
-            mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
+        mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = SLOTS * p.rows_per_cta * self.warps_per_row * 4
@@ -122,11 +127,7 @@ class RMSNormForward(RowTiles):
                 byte_alignment=4)
 
         tiler = (p.rows_per_cta, p.cols_per_tile)
-        tv = self.tv_layout()
-        copy_bits_x = p.vec * self.x_type.width
-        tiled_x = cute.make_tiled_copy(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
-                                num_bits_per_copy=copy_bits_x), tv, tiler)
+        tiled_x = self.make_tiled_copy(tiler)
         thr_x = tiled_x.get_slice(tidx)
 
         # Coordinates of this thread's elements in tile (0, 0); a tile at (t, c) adds
@@ -290,22 +291,13 @@ class RMSNormFusedAddForward(RMSNormForward):
         self.launch(gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream)
 
 
-@dsl_user_op
-def f32_bits(value: Float32, *, loc=None, ip=None) -> Int32:
-    """The 32 bits of an fp32 value as an Int32 (a remote store takes b32 words)."""
-    return Int32(llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
 class RMSNormClusterForward(RMSNormForward):
     """``cluster``: rows too wide for one CTA's registers, each split over the ``plan.cluster_n``
     CTAs of a thread-block cluster. The grid is persistent: cluster s walks strip s of the rows;
     CTA ``rank`` of the cluster holds columns ``[rank * cols_per_tile, (rank + 1) *
     cols_per_tile)`` of the row, and its slice of w for the whole strip. Per row each CTA reduces
-    its sum of squares and thread j stores it into slot ``rank`` of CTA j's shared memory
-    (distributed shared memory, ``st.async``), counted by CTA j's mbarrier, so every CTA waits
-    for exactly the ``cluster_n`` words it is owed and adds them itself. Two slot sets and two
-    mbarriers, taken in turn, as in the cluster backward (backward_cluster.py), and the next
-    row's slice loads into a second set of registers while this row's sums cross the cluster.
+    its sum of squares and the cluster's CTAs add theirs through distributed shared memory
+    (``cluster_sum.exchange``), while the next row's slice loads into a second set of registers.
     The row is read once and written once."""
 
     def __init__(self, plan: ForwardPlan):
@@ -317,13 +309,8 @@ class RMSNormClusterForward(RMSNormForward):
         p = self.plan
         M = Int32(gX.shape[0])
         mX, mY = self.rows(gX, M), self.rows(gY, M)
-        mW = None
-        if cutlass.const_expr(self.w_type is not None):
-            mW = cute.make_tensor(gW.iterator, cute.make_layout((1, p.N), stride=(0, 1)))
-        mRstd = None
-        if cutlass.const_expr(p.store_rstd):
-            mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
-        smem_bytes = 16 + (SLOTS * self.warps_per_row + 2 * p.cluster_n) * 4 + 16
+        mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
+        smem_bytes = SLOTS * self.warps_per_row * 4 + cluster_sum.smem_bytes(p.cluster_n)
         self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
             grid=[grid * p.cluster_n, 1, 1], block=[p.threads, 1, 1],
             cluster=[p.cluster_n, 1, 1], smem=smem_bytes, stream=stream)
@@ -343,24 +330,14 @@ class RMSNormClusterForward(RMSNormForward):
         warp = tidx // 32
         lane = tidx % 32
         smem = SmemAllocator()
-        mbar = smem.allocate_array(cutlass.Int64, num_elems=2)
+        mbar = cluster_sum.mbarriers(smem)
         sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
                                     byte_alignment=4)
-        sSums = smem.allocate_tensor(Float32, cute.make_layout((2, cn), stride=(cn, 1)),
-                                     byte_alignment=4)
-        if tidx == 0:  # each: one local arrival and cn remote words per use
-            cute.arch.mbarrier_init(mbar, 1)
-            cute.arch.mbarrier_init(mbar + 1, 1)
-            cute.arch.mbarrier_init_fence()
-        # A peer's shared memory (and mbarrier) may be written only once the peer runs and has
-        # initialized it: arrive now, wait just before the loop, so the first loads overlap it.
-        cute.arch.cluster_arrive_relaxed()
+        sSums = cluster_sum.slots(smem, cn)
+        cluster_sum.start(mbar, tidx)  # waited for just before the loop
 
         tiler = (1, p.cols_per_tile)
-        tiled_x = cute.make_tiled_copy(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
-                                num_bits_per_copy=p.vec * self.x_type.width),
-            self.tv_layout(), tiler)
+        tiled_x = self.make_tiled_copy(tiler)
         thr_x = tiled_x.get_slice(tidx)
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
                                                  (0, 0)))
@@ -372,33 +349,19 @@ class RMSNormClusterForward(RMSNormForward):
         if cutlass.const_expr(self.w_type is not None):
             tWrW = self.load_weight(mW, tiler, thr_x, tXcX, rank)
 
-        # this strip's rows, split as the fused backward splits its strips
-        q = M // n_strips
-        r = M % n_strips
-        row_start = strip * q + cutlass.min(strip, r)
-        row_end = (strip + 1) * q + cutlass.min(strip + 1, r)
+        row_start, row_end = strip_rows(M, strip, n_strips)
         self.load_slice(tiled_x, thr_x, mX, tiler, row_start, rank, tXcX, tXrXn,
                         row_start < row_end)
         cute.arch.cluster_wait()
 
         for row in cutlass.range(row_start, row_end):
             step = row - row_start
-            slot = step % 2            # the slot set and mbarrier of this row
-            phase = (step // 2) % 2    # their phase: each is used every other row
             tXrX.store(tXrXn.load())
             self.load_slice(tiled_x, thr_x, mX, tiler, row + 1, rank, tXcX, tXrXn,
                             row + 1 < row_end)
-            ss = row_sum(self.sum_of_squares(tXrX), sBuf, slot, 0, warp, lane,
+            ss = row_sum(self.sum_of_squares(tXrX), sBuf, step % SLOTS, 0, warp, lane,
                          self.warps_per_row)
-            if tidx == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar + slot, cn * 4)
-            if tidx < cn:  # thread j hands this CTA's sum to CTA j, in its slot `rank`
-                cute.arch.store_async_dsmem(sSums.iterator + slot * cn + rank, f32_bits(ss),
-                                            mbar + slot, tidx)
-            cute.arch.mbarrier_wait(mbar + slot, phase)
-            total = Float32(0.0)
-            for j in cutlass.range_constexpr(cn):
-                total = total + sSums[slot, j]
+            total = cluster_sum.exchange(ss, mbar, sSums, step, rank, tidx, cn)
             rstd = cute.math.rsqrt(total / Float32(p.N) + eps)
             if cutlass.const_expr(p.store_rstd):
                 if rank == 0 and tidx == 0:

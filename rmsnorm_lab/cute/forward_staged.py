@@ -16,7 +16,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from .forward import RMSNormForward
@@ -37,12 +36,7 @@ class RMSNormStagedForward(RMSNormForward):
         p = self.plan
         M = Int32(gX.shape[0])
         mX, mY = self.rows(gX, M), self.rows(gY, M)
-        mW = None
-        if cutlass.const_expr(self.w_type is not None):
-            mW = cute.make_tensor(gW.iterator, cute.make_layout((1, p.N), stride=(0, 1)))
-        mRstd = None
-        if cutlass.const_expr(p.store_rstd):
-            mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
+        mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
         smem_bytes = p.N * self.x_type.width // 8 + 128 + SLOTS * self.warps_per_row * 4
         self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
@@ -63,19 +57,11 @@ class RMSNormStagedForward(RMSNormForward):
                                     byte_alignment=4)
 
         tiler = (1, p.cols_per_tile)
-        copy_bits = p.vec * self.x_type.width
-        # global -> shared, asynchronous; and the plain copy the stores and reads use. Both
-        # partition a chunk by the same (thread, value) layout, so a thread's slice of sX is
-        # exactly what its own cp.async wrote.
-        g2s = cute.make_tiled_copy(
-            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                                self.x_type, num_bits_per_copy=copy_bits),
-            self.tv_layout(), tiler)
+        # global -> shared, asynchronous; and the plain copy the stores and reads use, which
+        # partitions a chunk alike: a thread's slice of sX is exactly what its cp.async wrote
+        g2s = self.make_async_copy(tiler)
         thr_g2s = g2s.get_slice(tidx)
-        tiled_x = cute.make_tiled_copy(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
-                                num_bits_per_copy=copy_bits),
-            self.tv_layout(), tiler)
+        tiled_x = self.make_tiled_copy(tiler)
         thr_x = tiled_x.get_slice(tidx)
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
                                                  (0, 0)))

@@ -4,11 +4,36 @@ rows_per_cta, vec, vecs_per_thread, cols_per_tile, N)."""
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
+
+
+def strip_rows(M, strip, n_strips):
+    """Rows ``[start, end)`` of strip ``strip`` of ``n_strips``, as ``backward_plan.strip_bounds``
+    splits them: ``s * q + min(s, r)`` with ``q, r = divmod(M, n_strips)``, which never forms
+    ``s * M`` (an Int32 overflow for large M). The persistent kernels' strips of rows."""
+    q = M // n_strips
+    r = M % n_strips
+    return strip * q + cutlass.min(strip, r), (strip + 1) * q + cutlass.min(strip + 1, r)
 
 
 class RowTiles:
-    """Mixin: ``self.plan`` describes the tile; these build its layout, predicates and the
-    weight's registers."""
+    """Mixin: ``self.plan`` describes the tile and ``self.x_type`` its elements; these build its
+    layout, copies, predicates and the weight's registers."""
+
+    def make_tiled_copy(self, tiler):
+        """The tile's copy, global memory <-> registers: ``plan.vec`` elements (16 bytes on the
+        vector path) per thread per copy, threads laid out by ``tv_layout``."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
+                                   num_bits_per_copy=self.plan.vec * self.x_type.width)
+        return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
+
+    def make_async_copy(self, tiler):
+        """The same tile, global -> shared memory by ``cp.async`` through L2 (``.cg``). It
+        partitions a tile exactly as ``make_tiled_copy`` does, so a thread that reads shared
+        memory through the latter reads the elements it copied itself."""
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                   self.x_type, num_bits_per_copy=self.plan.vec * self.x_type.width)
+        return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
 
     def tv_layout(self) -> cute.Layout:
         """(thread, value) -> position in the column-major (rows_per_cta, cols_per_tile) tile.

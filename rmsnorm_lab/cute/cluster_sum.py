@@ -1,0 +1,69 @@
+"""A row's sum across the CTAs of a thread-block cluster, row after row: each CTA sends its part
+to every peer by one ``st.async`` into the peer's shared memory, counted by the peer's mbarrier,
+so every CTA waits for exactly the ``cluster_n`` words it is owed and adds them itself. Two slot
+sets and two mbarriers, taken in turn: a peer writes a set again only two rows later, after
+this CTA's next send, which its threads make only once every one of them has read the set (the
+CTA's own row sum, with its barrier, lies between). Used by the cluster forward (forward.py) and
+the cluster backward (backward_cluster.py)."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def smem_bytes(cluster_n: int) -> int:
+    """Shared memory of ``mbarriers`` and ``slots``, with alignment room."""
+    return 16 + 2 * cluster_n * 4 + 16
+
+
+def mbarriers(smem):
+    """The two mbarriers (first in the kernel's shared memory: 8-byte aligned)."""
+    return smem.allocate_array(cutlass.Int64, num_elems=2)
+
+
+def slots(smem, cluster_n: int) -> cute.Tensor:
+    """The two sets of ``cluster_n`` fp32 slots the peers write."""
+    return smem.allocate_tensor(Float32, cute.make_layout((2, cluster_n), stride=(cluster_n, 1)),
+                                byte_alignment=4)
+
+
+@cute.jit
+def start(mbar, tidx):
+    """Before the first exchange: the mbarriers initialized (each: one local arrival and the
+    peers' words per use), then this CTA's arrival at the cluster barrier. A peer's shared memory
+    may be written only once the peer runs and has initialized it: the kernel waits
+    (``cute.arch.cluster_wait``) just before its first exchange, so the loads between overlap."""
+    if tidx == 0:
+        cute.arch.mbarrier_init(mbar, 1)
+        cute.arch.mbarrier_init(mbar + 1, 1)
+        cute.arch.mbarrier_init_fence()
+    cute.arch.cluster_arrive_relaxed()
+
+
+@cute.jit
+def exchange(part: Float32, mbar, sSums: cute.Tensor, step, rank, tidx,
+             cluster_n: cutlass.Constexpr[int]) -> Float32:
+    """The cluster's total of ``part`` (this CTA's share of the row's sum, the same in all its
+    threads) for the ``step``-th row of the strip: thread j sends it to CTA j, in slot ``rank``."""
+    slot = step % 2            # the slot set and mbarrier of this row
+    phase = (step // 2) % 2    # their phase: each is used every other row
+    if tidx == 0:
+        cute.arch.mbarrier_arrive_and_expect_tx(mbar + slot, cluster_n * 4)
+    if tidx < cluster_n:
+        cute.arch.store_async_dsmem(sSums.iterator + slot * cluster_n + rank, f32_bits(part),
+                                    mbar + slot, tidx)
+    cute.arch.mbarrier_wait(mbar + slot, phase)
+    total = Float32(0.0)
+    for j in cutlass.range_constexpr(cluster_n):
+        total = total + sSums[slot, j]
+    return total
+
+
+@dsl_user_op
+def f32_bits(value: Float32, *, loc=None, ip=None) -> Int32:
+    """The 32 bits of an fp32 value as an Int32 (a remote store takes b32 words)."""
+    return Int32(llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
