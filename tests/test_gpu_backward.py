@@ -307,52 +307,35 @@ def test_back_to_back_backwards_under_pdl(mode, capture_on_side_stream):
         check(dx, dw, outs[k][0], x, w, rstd, 0.0, "llama", f"{mode} step {k + 1}")
 
 
+# cluster: rows split over a cluster's CTAs; staged: rows ringed through shared memory. Plan-sized
+# grids, strips of uneven lengths, strips shorter than the ring, fewer rows than strips, with and
+# without a weight, every casting mode.
+WIDE_CASES = {
+    "cluster": [((1000, 16384), None), ((3, 32768), None), ((257, 16384), 5), ((131, 65536), 2)],
+    "staged": [((1000, 4096), None), ((3, 4096), None), ((257, 8192), 5), ((131, 16384), 2),
+               ((4099, 2048), None)],
+}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("shape,strips", [((1000, 16384), None), ((3, 32768), None),
-                                          ((257, 16384), 5), ((131, 65536), 2)],
-                         ids=["1000x16384", "3x32768", "257x16384-5strips", "131x65536-2strips"])
-def test_cluster_backward_matches_reference(dtype, shape, strips):
-    """Rows split over a cluster's CTAs: plan-sized grids, strips of uneven lengths, fewer rows
-    than strips, with and without a weight, every casting mode."""
+@pytest.mark.parametrize(
+    "mode,shape,strips", [(m, shape, strips) for m, cases in WIDE_CASES.items()
+                          for shape, strips in cases],
+    ids=[f"{m}-{'x'.join(map(str, shape))}" + (f"-{strips}strips" if strips else "")
+         for m, cases in WIDE_CASES.items() for shape, strips in cases])
+def test_wide_backwards_match_reference(mode, dtype, shape, strips):
     checked = 0
     for with_weight, casting in ((True, "llama"), (True, "gemma"), (True, "none"),
                                  (False, "llama")):
         dy, x, w, rstd = inputs(shape, dtype, with_weight)
         poison_allocator()
         try:
-            dx, dw = backward(dy, x, w, rstd, 0.5 if with_weight else 0.0, casting, "cluster",
+            dx, dw = backward(dy, x, w, rstd, 0.5 if with_weight else 0.0, casting, mode,
                               sms(), strips=strips)
         except NotEligible:  # e.g. no weight at 16384 bf16: the fused plan holds that row
             continue
         check(dx, dw, dy, x, w, rstd, 0.5 if with_weight else 0.0, casting,
-              f"cluster weight={with_weight} strips={strips}")
+              f"{mode} weight={with_weight} strips={strips}")
         checked += 1
     if not checked:
-        pytest.skip(f"cluster not eligible at {shape} {dtype}")
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("shape,strips", [((1000, 4096), None), ((3, 4096), None),
-                                          ((257, 8192), 5), ((131, 16384), 2),
-                                          ((4099, 2048), None)],
-                         ids=["1000x4096", "3x4096", "257x8192-5strips", "131x16384-2strips",
-                              "4099x2048"])
-def test_staged_backward_matches_reference(dtype, shape, strips):
-    """Rows ringed through shared memory: plan-sized grids, strips shorter than the ring, fewer
-    rows than strips, uneven strips, with and without a weight, every casting mode."""
-    checked = 0
-    for with_weight, casting in ((True, "llama"), (True, "gemma"), (True, "none"),
-                                 (False, "llama")):
-        dy, x, w, rstd = inputs(shape, dtype, with_weight)
-        poison_allocator()
-        try:
-            dx, dw = backward(dy, x, w, rstd, 0.5 if with_weight else 0.0, casting, "staged",
-                              sms(), strips=strips)
-        except NotEligible:
-            continue
-        check(dx, dw, dy, x, w, rstd, 0.5 if with_weight else 0.0, casting,
-              f"staged weight={with_weight} strips={strips}")
-        checked += 1
-    if not checked:
-        pytest.skip(f"staged not eligible at {shape} {dtype}")
-
+        pytest.skip(f"{mode} not eligible at {shape} {dtype}")

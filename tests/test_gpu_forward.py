@@ -189,23 +189,25 @@ def test_chained_launches_read_complete_outputs(variant, N, in_graph, capture_on
         assert rel <= MAX_REL[torch.bfloat16], f"step {k + 1}: rel err {rel:.3g}"
 
 
-# The cluster variant: 2, 4 and 8 CTAs per row, a single row, an odd row count, leading dims.
-# A persistent grid: 1000 rows are strips of 15 or 16 rows per cluster, each row's sums in one
-# of two slot sets taken in turn.
+# Rows too wide for one CTA's registers. cluster: 2, 4 and 8 CTAs per row on a persistent grid
+# (1000 rows are strips of 15 or 16 rows per cluster, each row's sums in one of two slot sets
+# taken in turn); staged: the row whole in shared memory (64 KB at 32768 bf16, 128 KB at 65536).
+# A single row, an odd row count, leading dims, every dtype, with and without a weight.
 @pytest.mark.parametrize("with_weight", [True, False], ids=["w", "no-w"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 32768), (3, 32768), (1000, 32768), (2, 5, 65536),
                                    (17, 131072)], ids=lambda s: "x".join(map(str, s)))
-def test_cluster_rows_and_rstd_match_reference(shape, dtype, with_weight):
+@pytest.mark.parametrize("variant", ["cluster", "staged"])
+def test_wide_rows_and_rstd_match_reference(variant, shape, dtype, with_weight):
     from rmsnorm_lab import dispatch
     N = shape[-1]
     x, w = fresh(shape, dtype), (fresh((N,), dtype) if with_weight else None)
     poison_allocator()
-    with settings.override(forward_variant="cluster"):
+    with settings.override(forward_variant=variant):
         try:
             y, rstd = dispatch.forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
         except NotEligible:
-            pytest.skip(f"cluster not eligible for N={N} {dtype}")
+            pytest.skip(f"{variant} not eligible for N={N} {dtype}")
     torch.cuda.synchronize()
     assert not torch.isnan(y).any() and not torch.isnan(rstd).any()
     expect = reference.rms_norm(x, w, 1e-6, 0.0, "llama")
@@ -213,29 +215,3 @@ def test_cluster_rows_and_rstd_match_reference(shape, dtype, with_weight):
     assert rel <= MAX_REL[dtype]
     torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6).view(rstd.shape), rtol=1e-4,
                                atol=0)
-
-
-# The staged variant: rows staged whole in shared memory (64 KB at 32768 bf16, 128 KB at 65536),
-# a single row, an odd row count, leading dims, every dtype, with and without a weight.
-@pytest.mark.parametrize("with_weight", [True, False], ids=["w", "no-w"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 32768), (3, 32768), (1000, 32768), (2, 5, 65536)],
-                         ids=lambda s: "x".join(map(str, s)))
-def test_staged_rows_and_rstd_match_reference(shape, dtype, with_weight):
-    from rmsnorm_lab import dispatch
-    N = shape[-1]
-    x, w = fresh(shape, dtype), (fresh((N,), dtype) if with_weight else None)
-    poison_allocator()
-    with settings.override(forward_variant="staged"):
-        try:
-            y, rstd = dispatch.forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
-        except NotEligible:
-            pytest.skip(f"staged not eligible for N={N} {dtype}")
-    torch.cuda.synchronize()
-    assert not torch.isnan(y).any() and not torch.isnan(rstd).any()
-    expect = reference.rms_norm(x, w, 1e-6, 0.0, "llama")
-    rel = ((y.double() - expect.double()).norm() / expect.double().norm()).item()
-    assert rel <= MAX_REL[dtype]
-    torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6).view(rstd.shape), rtol=1e-4,
-                               atol=0)
-
