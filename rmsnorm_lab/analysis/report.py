@@ -158,8 +158,7 @@ def model_section(steps: pd.DataFrame, out: Path) -> Tuple[List[str], List[str]]
         archs = sorted(ratios.index.get_level_values("arch").unique())
         fig = Figure(figsize=(6.6 * len(archs), 4.2), layout="constrained")
         span = step_figures.shared_range(ratios, MODEL_RATIOS)
-        spread = (model_step.versus_spread(run) if {"p20", "p80"} <= set(run.columns)
-                  else None)
+        spread = model_step.versus_spread(run)
         for ax, arch in zip(fig.subplots(1, len(archs), squeeze=False).ravel(), archs):
             step_figures.plot_vs_torch(ratios, arch, MODEL_RATIOS, ax=ax, xlim=span,
                                         gpu=gpu, spread=spread)
