@@ -257,7 +257,8 @@ def test_ncu_teach_writes_every_kernel_it_profiled_the_librarys_last_included(tm
     monkeypatch.setattr(ncu_teach, "ncu_binary", lambda: "ncu")
     monkeypatch.setattr(ncu_teach, "profile", lambda ncu, kernel, M, N, log: [
         {"metric": "gpu__time_duration.sum", "unit": "ns", "value": 1000.0}])
-    monkeypatch.setattr(ncu_teach, "sass_record", lambda module, kernel, N, arch: kernel)
+    monkeypatch.setattr(ncu_teach, "sass_record", lambda module, kernel, N, arch:
+                        f"== teach.{kernel} ({arch}, N={N}) ==\nLDG.E.128\n")
     monkeypatch.setattr(ncu_teach, "load_kernels", lambda path: None)
     monkeypatch.setattr("rmsnorm_lab.results.provenance.collect", lambda: {
         "gpu": "testgpu", "commit": "abc", "timestamp": "t"})
@@ -265,3 +266,11 @@ def test_ncu_teach_writes_every_kernel_it_profiled_the_librarys_last_included(tm
     assert ncu_teach.main(["--out", str(tmp_path), "--kernels", "fused,cute.auto"]) == 0
     written = pd.read_csv(tmp_path / "testgpu" / "ncu" / "ncu-teach.csv")
     assert sorted(written["kernel"]) == ["cute.auto", "teach.fused"]
+    # a run of other kernels keeps these records; one of the same kernel replaces its own
+    for kernels in ("cluster_row", "fused"):
+        assert ncu_teach.main(["--out", str(tmp_path), "--kernels", kernels]) == 0
+    written = pd.read_csv(tmp_path / "testgpu" / "ncu" / "ncu-teach.csv")
+    assert sorted(written["kernel"]) == ["cute.auto", "teach.cluster_row", "teach.fused"]
+    sass = (tmp_path / "testgpu" / "ncu" / "sass-teach.txt").read_text()
+    assert sass.count("== teach.fused ") == 1 and sass.count("== teach.cluster_row ") == 1
+    assert "\n\n\n" not in sass

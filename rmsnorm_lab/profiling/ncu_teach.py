@@ -24,6 +24,9 @@ the notebooks, and this script runs exactly what a reader runs), allocates one i
   that move global or local memory (``LDG``/``STG``/``LDL``/``STL``), from the cubin the same
   compilation produced (``cuobjdump``).
 
+``<out>`` is the repository's ``profiles/`` (a profiler's record, beside the results, not in
+them). A run of a few kernels (``--kernels``) replaces their records and keeps the others'.
+
 A metric this ncu does not know makes ncu refuse the whole run; the script then retries with the
 metrics the lab has used on the H200 before, then with the sections alone, and says so. A kernel
 that fails is reported and the others are still profiled; exit status 1 if any failed.
@@ -37,6 +40,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -252,6 +256,20 @@ def sass_record(module, kernel: str, N: int, arch: str) -> str:
     return head + "\n" + c.excerpt(("LDG", "STG", "LDL", "STL"), limit=12) + "\n"
 
 
+def kept_records(out_dir: Path, replaced: set) -> tuple:
+    """``(rows, sass)`` of an earlier record in ``out_dir`` for every kernel but ``replaced``
+    (``impl_name``s): a run of a few kernels replaces their records and keeps the others'."""
+    rows, sass = [], []
+    csv_path, sass_path = out_dir / "ncu-teach.csv", out_dir / "sass-teach.txt"
+    if csv_path.exists():
+        with open(csv_path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["kernel"] not in replaced]
+    if sass_path.exists():  # blocks of "== <kernel> (<arch>, N=<N>) ==" and their lines
+        blocks = re.split(r"^(?=== )", sass_path.read_text(), flags=re.M)[1:]
+        sass = [b.rstrip("\n") + "\n" for b in blocks if b.split()[1] not in replaced]
+    return rows, sass
+
+
 def write_outputs(out_dir: Path, rows: List[Dict[str, object]], sass: List[str], arch: str,
                   prov: dict) -> None:
     """``ncu-teach.csv`` and ``sass-teach.txt`` from what has been profiled so far."""
@@ -264,15 +282,16 @@ def write_outputs(out_dir: Path, rows: List[Dict[str, object]], sass: List[str],
             w.writerows(rows)
     if sass:
         head = (f"# SASS excerpts of the teaching kernels ({arch}, cuobjdump "
-                f"{lesson.tool_version('cuobjdump')}); gpu {prov['gpu']}, commit "
-                f"{prov['commit']}, {prov['timestamp']}\n")
+                f"{lesson.tool_version('cuobjdump')}); newest run: gpu {prov['gpu']}, commit "
+                f"{prov['commit']}, {prov['timestamp']} (each kernel's rows in ncu-teach.csv "
+                "name their own)\n")
         (out_dir / "sass-teach.txt").write_text(head + "\n".join(sass))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "results"), help="results root (default: "
-                    "the repository's results/)")
+    ap.add_argument("--out", default=str(REPO / "profiles"), help="profiles root (default: "
+                    "the repository's profiles/)")
     ap.add_argument("--M", type=int, default=SHAPE[0])
     ap.add_argument("--N", type=int, default=SHAPE[1])
     ap.add_argument("--kernels", help="comma-separated subset of: " + ", ".join(
@@ -307,7 +326,8 @@ def main(argv=None) -> int:
     out_dir = recorded.record_dir(Path(args.out), prov["gpu"])
     out_dir.mkdir(parents=True, exist_ok=True)
     arch = lesson.target_arch()
-    rows, failed, sass = [], [], []
+    rows, sass = kept_records(out_dir, {impl_name(k) for k in kernels})
+    failed = []
     modules = {}
     log_path = Path(tempfile.gettempdir()) / "ncu-teach.log"
     print(f"ncu_teach: {len(kernels)} kernels at {args.M}x{args.N} bf16 on {prov['gpu']} "

@@ -1,6 +1,6 @@
 """The lessons' recorded measurements: the teaching kernels' times (``results/<gpu>/teach-<op>.csv``),
-their Nsight Compute metrics (``ncu-teach.csv``) and SASS excerpts (``sass-teach.txt``), read
-where no GPU can measure them."""
+their Nsight Compute metrics (``profiles/<gpu>/ncu/ncu-teach.csv``) and SASS excerpts
+(``sass-teach.txt`` beside it), read where no GPU can measure them."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from .. import results as results_io
 
 #: where results are read and written: the repository's results/
 RESULTS_ROOT: Path = results_io.results_dir()
+#: where profiler records live, beside results/ and not in it (their columns are the profiler's,
+#: not the results schema's): the repository's profiles/
+PROFILES_ROOT: Path = RESULTS_ROOT.parent / "profiles"
 #: the GPU whose recorded results a lesson reads when it cannot measure
 RECORDED_GPU = "h200"
 
@@ -61,17 +64,16 @@ def teach_table(df: pd.DataFrame, op: str) -> pd.DataFrame:
 
 
 def record_dir(root: Path, gpu: str) -> Path:
-    """Where a GPU's Nsight Compute record lives: beside its results, in a folder of its own
-    (its columns are not the results schema's)."""
+    """Where a GPU's Nsight Compute record lives under a profiles root: a folder of its own."""
     return Path(root) / gpu / "ncu"
 
 
 def ncu_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
-    return record_dir(Path(root or RESULTS_ROOT), gpu or RECORDED_GPU) / "ncu-teach.csv"
+    return record_dir(Path(root or PROFILES_ROOT), gpu or RECORDED_GPU) / "ncu-teach.csv"
 
 
 def sass_path(gpu: Optional[str] = None, root: Optional[Path] = None) -> Path:
-    return record_dir(Path(root or RESULTS_ROOT), gpu or RECORDED_GPU) / "sass-teach.txt"
+    return record_dir(Path(root or PROFILES_ROOT), gpu or RECORDED_GPU) / "sass-teach.txt"
 
 
 #: what the lessons show of an Nsight Compute record: label -> (metric names, first found wins)
@@ -95,7 +97,7 @@ NCU_VIEW = {
 
 
 def load_ncu(gpu: Optional[str] = None, root: Optional[Path] = None) -> Optional[pd.DataFrame]:
-    """``results/<gpu>/ncu/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a GPU)
+    """``profiles/<gpu>/ncu/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a GPU)
     or None."""
     path = ncu_path(gpu, root)
     if not path.exists():
@@ -188,7 +190,7 @@ def ncu_sentence(row: pd.Series, shape: str) -> str:
 
 def recorded_sass(kernel: str, gpu: Optional[str] = None, root: Optional[Path] = None
                   ) -> Optional[str]:
-    """The excerpt of ``kernel`` from ``results/<gpu>/ncu/sass-teach.txt``, or None."""
+    """The excerpt of ``kernel`` from ``profiles/<gpu>/ncu/sass-teach.txt``, or None."""
     path = sass_path(gpu, root)
     if not path.exists():
         return None
