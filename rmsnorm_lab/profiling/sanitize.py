@@ -63,7 +63,11 @@ def backward_cases() -> int:
         dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd)
         for mode in BWD_MODES:
             with settings.override(backward=mode):
-                dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "cute")
+                try:
+                    dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "cute")
+                except ValueError as e:  # not eligible for this shape
+                    print(f"bwd {mode:>10} {M}x{N}: skipped ({e})")
+                    continue
             torch.cuda.synchronize()
             ok = _close(dx, dx_ref) and _close(dw, dw_ref)
             failures += not ok
