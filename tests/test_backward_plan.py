@@ -187,7 +187,7 @@ def test_auto_mode():
 def test_auto_mode_takes_a_cluster_where_the_fused_row_needs_three_chunks_or_more():
     assert plan_backward("fused", 16384, BF16, BF16, "llama", True).chunks == 2
     assert plan_backward("fused", 32768, BF16, BF16, "llama", True).chunks == 3
-    assert auto_mode(4096, 16384, BF16, BF16, "llama", True, arch="sm_90a") == "fused"
+    assert auto_mode(4096, 16384, BF16, BF16, "llama", True, arch="sm_90a") != "cluster"
     assert auto_mode(4096, 32768, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
     assert auto_mode(4096, 65536, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
     assert auto_mode(4096, 32768, BF16, BF16, "llama", True, arch="sm_80") == "fused"
@@ -266,7 +266,18 @@ def test_staged_backward_keeps_rows_in_flight_in_shared_memory():
         plan_staged_backward(4096, BF16, BF16, "llama", True, dh=True)
     with pytest.raises(NotEligible, match="16-byte"):
         plan_staged_backward(4096, BF16, BF16, "llama", False)
-    # never what auto picks, until it is measured
-    assert all(auto_mode(4096, N, BF16, BF16, "llama", True, arch="sm_90a") != "staged"
-               for N in (2048, 4096, 8192, 16384))
+
+
+def test_auto_mode_stages_rows_the_fused_plan_takes_in_two_chunks():
+    """Staged where the fused plan needs column chunks and two rows fit shared memory; fused where
+    the row fits registers (staging measured slower there); cluster from three chunks."""
+    def auto(N, dtype=BF16, **kw):
+        return auto_mode(4096, N, dtype, dtype, "llama", True, arch="sm_90a", **kw)
+    assert [auto(N) for N in (2048, 4096, 8192)] == ["fused"] * 3
+    assert plan_backward("fused", 12288, F32, F32, "llama", True).chunks == 2
+    assert auto(16384) == auto(24576) == auto(12288, F32) == "staged"
+    assert auto(16384, F32) == "fused"        # two rows of x and dy exceed shared memory
+    assert auto(32768) == "cluster"
+    assert auto(16384, dh=True) == "split"    # the fused add: no staged (nor chunked) backward
+    assert auto_mode(4096, 16384, BF16, None, "llama", True, arch="sm_90a") == "split"
 

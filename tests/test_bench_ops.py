@@ -180,12 +180,13 @@ def test_liger_backward_peers_do_not_overwrite_dy(monkeypatch, module, factory):
 def test_lab_impl_names():
     for op in ("bwd", "full"):
         assert list(lab.lab_impls(op)) == ["cute.fused", "cute.split", "cute.cluster",
-                                           "cute.auto", "cute.auto-pdl", "triton.split"]
+                                           "cute.staged", "cute.auto", "cute.auto-pdl",
+                                           "triton.split"]
         impls, problem = runner.lab_implementations(op)
         assert problem is None and set(impls) == set(lab.lab_impls(op))
     assert list(lab.lab_impls("fwd")) == ["cute.row", "cute.persistent", "cute.warp",
-                                          "cute.cluster", "cute.auto", "cute.auto-pdl",
-                                          "triton.row"]
+                                          "cute.cluster", "cute.staged", "cute.auto",
+                                          "cute.auto-pdl", "triton.row"]
     with pytest.raises(ValueError, match="sideways"):
         lab.lab_impls("sideways")
 

@@ -365,12 +365,15 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
               casting_mode: str, aligned: bool, dh: bool = False,
               arch: Optional[str] = None) -> str:
     """``cluster`` where ``plan.clusters_pay`` (rows the fused plan takes in many column chunks,
-    or cannot take, on an architecture with clusters); else ``fused`` whenever there is a weight
-    and a fused plan exists (the row in registers, or in column chunks with dW in shared memory):
-    it reads x and dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv)
-    fused beat split at every shape of the sweep (results/NOTES.md, "Backward sweep with
-    peers"). Without a weight there is no dW to accumulate, and ``split`` is the dx kernel alone
-    (one CTA per row)."""
+    or cannot take, on an architecture with clusters); ``staged`` where the fused plan takes the
+    row in column chunks and two rows of x and dy fit shared memory (the row then comes from DRAM
+    once, where the chunks read it a second time, mostly from L2: 418 against 481 µs at
+    16384×16384 bf16 on the H200); else ``fused`` whenever there is a weight and a fused plan
+    exists (the row in registers, or in column chunks with dW in shared memory): it reads x and
+    dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv) fused beat
+    split at every shape of the sweep (results/NOTES.md, "Backward sweep with peers"). Without a
+    weight there is no dW to accumulate, and ``split`` is the dx kernel alone (one CTA per
+    row)."""
     if w_dtype is None:
         return "split"
     if arch in CLUSTER_ARCHS and not dh and clusters_pay(
@@ -379,9 +382,15 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
                                           arch=arch)):
         return "cluster"
     try:
-        plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned, dh)
+        fused = plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned, dh)
     except NotEligible:
         return "split"
+    if fused.chunks > 1 and not dh:
+        try:
+            plan_staged_backward(N, x_dtype, w_dtype, casting_mode, aligned)
+            return "staged"
+        except NotEligible:
+            pass
     return "fused"
 
 

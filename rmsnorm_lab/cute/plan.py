@@ -91,12 +91,17 @@ class ForwardPlan(RowTilePlan):
         return pipelines(self.chunks, self.vecs_per_thread) and not self.residual
 
     def grid_cap(self, sm_count: int) -> int:
-        """The persistent grids' size: what is resident at once, in CTAs (in clusters of
-        ``cluster_n`` CTAs for ``cluster``); 0 for the grids of one tile per CTA, which grow
-        with M. The Python launch (``grid``) and the native node's rule read it."""
+        """The persistent grids' size, in CTAs (in clusters for ``cluster``); 0 for the grids of
+        one tile per CTA, which grow with M. The Python launch (``grid``) and the native node's
+        rule read it. ``persistent``: what is resident at once. ``cluster``: as many clusters as
+        the SMs hold CTAs, ``cluster_n`` times what would be resident if every SM were filled.
+        A cluster is placed inside one GPC, and GPCs whose SM counts are not multiples of the
+        cluster leave some of those clusters for a second wave, which doubles the strips' time;
+        shorter strips in several waves keep that tail short (4096×65536 bf16 on the H200:
+        284 µs, against 365 with one nominal wave)."""
         if not self.persistent:
             return 0
-        return max(1, sm_count * self.ctas_per_sm // self.cluster_n)
+        return max(1, sm_count * self.ctas_per_sm)
 
     def grid(self, M: int, sm_count: int) -> int:
         tiles = -(-M // self.rows_per_cta)
