@@ -137,12 +137,12 @@ def test_staged_rows_are_wide_rows_a_multiple_of_a_chunk():
 def test_a_cluster_grid_holds_as_many_clusters_as_the_sms_hold_ctas():
     c = plan("cluster", 32768)
     assert (c.cluster_n, c.ctas_per_sm) == (4, 2)
-    # cluster_n nominal waves of clusters, each walking a strip of rows
-    assert c.grid(M=16384, sm_count=132) == 132 * 2
+    # CLUSTER_GRID_WAVES nominal waves of clusters, each walking a strip of rows
+    assert c.grid(M=16384, sm_count=132) == 8 * (132 * 2 // 4)
     assert c.grid(M=3, sm_count=132) == 3                 # never more clusters than rows
     # the native node's grid rule reads the same cap
     from rmsnorm_lab.cute.backward_runner import RowsRule
-    assert c.grid_cap(132) == 264
+    assert c.grid_cap(132) == 528
     assert RowsRule(c.rows_per_cta, c.grid_cap(132)).of(16384) == c.grid(16384, 132)
     p = plan("persistent", 4096)
     assert plan("row", 4096).grid_cap(132) == 0 and p.grid_cap(132) == 132 * p.ctas_per_sm

@@ -44,7 +44,7 @@ import torch
 from ..registry import BACKWARD_MODES
 from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
                    MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
-                   _ELEM_BYTES, chunked, clusters_pay, elems_in_registers, resident_ctas,
+                   _ELEM_BYTES, chunked, cluster_grid, clusters_pay, elems_in_registers, resident_ctas,
                    row_threads)
 
 KINDS = ("fused", "dx", "dw")
@@ -107,9 +107,11 @@ class BackwardPlan(RowTilePlan):
     stages: int = 0
 
     def resident_grid(self, sms: int) -> int:
-        """The fused grid that is resident all at once: CTAs (clusters, for the cluster plan)
-        of ``ctas_per_sm`` per SM on ``sms`` SMs."""
-        return max(1, sms * self.ctas_per_sm // self.cluster_n)
+        """The fused grid: CTAs of ``ctas_per_sm`` per SM on ``sms`` SMs, resident all at once;
+        for the cluster plan, clusters in several nominal waves (``plan.cluster_grid``)."""
+        if self.cluster_n > 1:
+            return cluster_grid(sms, self.ctas_per_sm, self.cluster_n)
+        return max(1, sms * self.ctas_per_sm)
 
     @property
     def cta_threads(self) -> int:

@@ -91,16 +91,13 @@ class ForwardPlan(RowTilePlan):
         return pipelines(self.chunks, self.vecs_per_thread) and not self.residual
 
     def grid_cap(self, sm_count: int) -> int:
-        """The persistent grids' size, in CTAs (in clusters for ``cluster``); 0 for the grids of
-        one tile per CTA, which grow with M. The Python launch (``grid``) and the native node's
-        rule read it. ``persistent``: what is resident at once. ``cluster``: as many clusters as
-        the SMs hold CTAs, ``cluster_n`` times what would be resident if every SM were filled.
-        A cluster is placed inside one GPC, and GPCs whose SM counts are not multiples of the
-        cluster leave some of those clusters for a second wave, which doubles the strips' time;
-        shorter strips in several waves keep that tail short (4096×65536 bf16 on the H200:
-        284 µs, against 365 with one nominal wave)."""
+        """The persistent grids' size: what is resident at once, in CTAs (``cluster``: clusters,
+        ``cluster_grid``); 0 for the grids of one tile per CTA, which grow with M. The Python
+        launch (``grid``) and the native node's rule read it."""
         if not self.persistent:
             return 0
+        if self.cluster_n > 1:
+            return cluster_grid(sm_count, self.ctas_per_sm, self.cluster_n)
         return max(1, sm_count * self.ctas_per_sm)
 
     def grid(self, M: int, sm_count: int) -> int:
@@ -288,6 +285,18 @@ CLUSTER_ARCHS = ("sm_90a", "sm_100a", "sm_103a")
 # Copies per thread a cluster CTA aims at: with the next row's copies beside them, small enough
 # for two CTAs an SM (one CTA's phases -- loads, barrier, exchange, stores -- overlap another's).
 CLUSTER_COPIES_PER_THREAD = 4
+# The cluster kernels' persistent grids hold this many times the clusters that would be resident
+# if every SM were filled. A cluster is placed inside one GPC, and GPCs whose SM counts are not
+# multiples of the cluster leave some of the nominally resident clusters for a second wave, which
+# doubles the time of their strips; several waves of shorter strips keep that tail short. On the
+# H200 (bf16) 8 waves against 1: forward 4096×65536 282 against 373 µs, backward 16384×32768 860
+# against 1102 (results/NOTES.md, "The cluster grids").
+CLUSTER_GRID_WAVES = 8
+
+
+def cluster_grid(sm_count: int, ctas_per_sm: int, cluster_n: int) -> int:
+    """Clusters of a cluster kernel's persistent grid (CLUSTER_GRID_WAVES nominal waves)."""
+    return CLUSTER_GRID_WAVES * max(1, sm_count * ctas_per_sm // cluster_n)
 
 
 # A row that one CTA takes in at least this many column chunks goes to a cluster under `auto`:
