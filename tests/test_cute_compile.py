@@ -127,24 +127,26 @@ def test_cluster_sums_meet_in_distributed_shared_memory(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("N,dtype,w_dtype", [(32768, BF16, BF16), (65536, BF16, None)],
-                         ids=["32768-bf16", "65536-bf16-noweight"])
+@pytest.mark.parametrize("N,dtype,w_dtype", [(32768, BF16, BF16), (49152, BF16, None)],
+                         ids=["32768-bf16", "49152-bf16-noweight"])
 def test_staged_rows_go_to_shared_memory_by_cp_async(arch, N, dtype, w_dtype):
-    """The staged variant: every 16-byte copy of the row is one cp.async into shared memory,
-    all issued before the one wait (one commit group); x is never loaded into registers from
-    global memory (only w is), the row sum is the kernel's one barrier, and with the row out of
-    the registers a thread needs few of them."""
+    """The staged variant: every 16-byte copy of x is a cp.async into the ring, one commit
+    group a row (the prologue's stages - 1 rows, then one a row in the loop) and one wait in the
+    loop; x is never loaded into registers from global memory (only w is, once), the row sum is
+    the kernel's one barrier, and ptxas keeps w within the registers the plan's CTAs per SM
+    leave."""
     plan = plan_forward("staged", N, dtype, w_dtype, "llama", store_rstd=True, aligned=True,
                         arch=arch)
     assert plan.vecs_per_thread == 1 and plan.chunks * plan.threads * plan.vec == N
     facts = compile_and_inspect(plan, arch)
     ptx = facts.ptx
-    assert ptx.count("cp.async.cg.shared.global") == plan.chunks
-    assert ptx.count("cp.async.commit_group") == 1 and ptx.count("cp.async.wait_group") == 1
-    assert ptx.rindex("cp.async.cg.shared.global") < ptx.index("cp.async.wait_group")
+    assert ptx.count("cp.async.cg.shared.global") == plan.chunks * plan.stages
+    assert ptx.count("cp.async.commit_group") == plan.stages
+    assert ptx.count("cp.async.wait_group") == 1
     assert facts.global_loads_16B == (plan.chunks if w_dtype is not None else 0)  # w only
     assert facts.global_stores_16B == plan.chunks and ptx.count("bar.sync") == 1
     assert facts.local_accesses == 0
     if facts.spill_bytes is not None:
-        assert facts.spill_bytes == 0 and facts.registers <= 64
+        assert facts.spill_bytes == 0
+        assert facts.registers <= 65536 // (plan.threads * plan.ctas_per_sm)
 

@@ -118,18 +118,24 @@ def test_auto_takes_a_cluster_where_a_row_needs_three_column_chunks_or_more():
     assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
 
 
-def test_staged_rows_are_wide_rows_a_multiple_of_a_chunk():
-    from rmsnorm_lab.cute.plan import MAX_STAGED_ROW_BYTES
+def test_staged_rows_are_wide_rows_ringed_through_shared_memory():
+    from rmsnorm_lab.cute.plan import STAGED_SMEM_PER_SM
     p = plan("staged", 32768)
     assert (p.threads, p.vecs_per_thread, p.chunks, p.vec) == (256, 1, 16, 8)
-    assert not p.persistent and p.grid(M=5, sm_count=132) == 5  # a CTA per row
-    assert plan("staged", 16384, F32).chunks == 16
+    assert (p.ctas_per_sm, p.stages) == (1, 3)
+    assert p.persistent and p.grid(M=5, sm_count=132) == 5         # never more CTAs than rows
+    assert p.grid(M=16384, sm_count=132) == 132 * p.ctas_per_sm    # one resident wave
+    for N, dtype in ((24576, BF16), (32768, BF16), (49152, BF16), (16384, F32)):
+        q = plan("staged", N, dtype)
+        # every CTA's ring fits the SM's shared memory, two rows at least
+        assert q.stages >= 2 and q.ctas_per_sm * q.stages * N * dtype.itemsize \
+            <= STAGED_SMEM_PER_SM
     with pytest.raises(NotEligible, match="fits one CTA"):
         plan("staged", 4096)
     with pytest.raises(NotEligible, match="multiple of 256"):
         plan("staged", 32768 + 8)
     with pytest.raises(NotEligible, match="shared memory"):
-        plan("staged", MAX_STAGED_ROW_BYTES)  # bf16: twice the bytes
+        plan("staged", 65536)  # two 128 KB rows
     with pytest.raises(NotEligible, match="fused add"):
         plan_forward("staged", 32768, BF16, BF16, "llama", True, True, residual=True)
 

@@ -43,9 +43,9 @@ import torch
 
 from ..registry import BACKWARD_MODES
 from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
-                   MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
-                   _ELEM_BYTES, chunked, cluster_grid, clusters_pay, elems_in_registers, resident_ctas,
-                   row_threads)
+                   MAX_COPIES_PER_CHUNK, MAX_STAGES, MAX_THREADS, PDL_ARCHS,
+                   STAGED_SMEM_PER_SM, NotEligible, RowTilePlan, _ELEM_BYTES, chunked,
+                   cluster_grid, clusters_pay, elems_in_registers, resident_ctas, row_threads)
 
 KINDS = ("fused", "dx", "dw")
 MODES = BACKWARD_MODES + ("auto",)
@@ -396,10 +396,6 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     return "fused"
 
 
-# The staged backward: at most this many rows in flight per strip, in at most this much shared
-# memory an SM (Hopper's 228 KB, less a CTA's reserve and the row sums).
-MAX_STAGES = 4
-STAGED_SMEM_PER_SM = 220 * 1024
 
 
 def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],

@@ -1,14 +1,16 @@
-"""CuTe DSL RMSNorm forward for rows too wide for one CTA's registers, staged in shared memory.
+"""CuTe DSL RMSNorm forward for rows too wide for one CTA's registers, ringed through shared memory.
 
-``staged``: one CTA per row. Every thread issues its share of the row's 16-byte copies as
-``cp.async`` into shared memory (``cp.async.cg``: through L2, past L1) in one go, then waits for
-its own copies only: each thread reads back exactly the elements it copied, so no CTA barrier
-stands between the loads and the arithmetic. What is in flight is bounded by shared memory
+``staged``: a persistent grid whose CTAs walk strips of rows. Each CTA keeps a ring of
+``plan.stages`` rows in shared memory, filled by ``cp.async`` (``.cg``: through L2, past L1)
+``stages - 1`` rows ahead of the row it works on, so what is in flight is bounded by shared memory
 (228 KB an SM on Hopper) rather than by registers, which is what limits the register-resident
 variants on wide rows (results/NOTES.md, "The clusters' first run"). The row is read from DRAM
-once; the second pass (normalize and store) reads it from shared memory.
+once; both passes (the sum of squares, then normalize and store) read it from shared memory, and
+w sits in registers for the whole strip. The backward's ``staged`` mode (backward_staged.py) rings
+its rows the same way.
 
-Naming follows forward.py: ``sX`` the row in shared memory, ``tXsX`` this thread's slice of it.
+Naming follows forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice of one
+of its rows.
 """
 
 from __future__ import annotations
@@ -21,37 +23,50 @@ from cutlass.memory import SmemAllocator
 from .forward import RMSNormForward
 from .plan import ForwardPlan
 from .reduce import SLOTS, row_sum
+from .tiles import strip_rows
 
 
 class RMSNormStagedForward(RMSNormForward):
-    """The ``staged`` plan: ``plan.chunks`` column chunks of one copy per thread each, all
-    staged at once."""
+    """The ``staged`` plan. Row i of a CTA's strip lives in stage ``i % stages`` of the ring.
+    Each thread issues its own 16-byte copies of a row (every column chunk) as one ``cp.async``
+    group and waits only for its own group of the row it works on: a thread reads back exactly
+    the elements it copied (the copy and the reads partition a chunk by the same layout), so the
+    ring needs no barrier, and a stage is refilled only after the same thread has read it. The
+    row sum's barrier is the kernel's only one."""
 
     def __init__(self, plan: ForwardPlan):
-        assert plan.variant == "staged" and plan.vecs_per_thread == 1 and not plan.residual
+        assert plan.variant == "staged" and plan.stages > 1 and plan.vecs_per_thread == 1
+        assert not plan.residual
         super().__init__(plan)
 
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
-        """Host side: one CTA per row, the row's bytes of shared memory each."""
+        """Host side: ``grid`` strips of one CTA; the ring of stages in shared memory."""
         p = self.plan
         M = Int32(gX.shape[0])
         mX, mY = self.rows(gX, M), self.rows(gY, M)
         mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
-        smem_bytes = p.N * self.x_type.width // 8 + 128 + SLOTS * self.warps_per_row * 4
+        ring = p.stages * p.N * self.x_type.width // 8
+        smem_bytes = ring + 128 + SLOTS * self.warps_per_row * 4
+        # the launch bound holds ptxas to the registers of the plan's CTAs per SM; the carveout
+        # gives the SM's memory to shared memory, which the rings need
         self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream)
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
+            min_blocks_per_mp=p.ctas_per_sm, preferred_smem_carveout=100)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
+        S = p.stages
         tidx, _, _ = cute.arch.thread_idx()
-        row, _, _ = cute.arch.block_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        M = mX.shape[0]
         warp = tidx // 32
         lane = tidx % 32
 
         smem = SmemAllocator()
-        sX = smem.allocate_tensor(self.x_type, cute.make_layout((1, p.N), stride=(p.N, 1)),
+        sX = smem.allocate_tensor(self.x_type, cute.make_layout((S, p.N), stride=(p.N, 1)),
                                   byte_alignment=128)
         sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
                                     byte_alignment=4)
@@ -66,33 +81,54 @@ class RMSNormStagedForward(RMSNormForward):
         tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
                                                  (0, 0)))
 
-        # Every chunk's copy in flight at once (the plan makes N a multiple of a chunk).
-        for c in cutlass.range_constexpr(p.chunks):
+        # w of every chunk, in registers for the whole strip
+        tWrW = [None] * p.chunks
+        if cutlass.const_expr(self.w_type is not None):
+            for c in cutlass.range_constexpr(p.chunks):
+                tWrW[c] = self.load_weight(mW, tiler, thr_x, tXcX, c)
+
+        row_start, row_end = strip_rows(M, bidx, gdim)
+        for k in cutlass.range_constexpr(S - 1):
+            self.stage(g2s, thr_g2s, mX, sX, tiler, tXcX, row_start + k, k, row_end)
+
+        for row in cutlass.range(row_start, row_end):
+            i = row - row_start
+            self.stage(g2s, thr_g2s, mX, sX, tiler, tXcX, row + S - 1, (i + S - 1) % S, row_end)
+            cute.arch.cp_async_wait_group(S - 1)  # this thread's copies of `row` have landed
+            st = i % S
+
+            ss = Float32(0.0)
+            for c in cutlass.range_constexpr(p.chunks):
+                ss = ss + self.sum_of_squares(self.read_stage(thr_x, sX, tiler, st, c))
+            ss = row_sum(ss, sBuf, i % SLOTS, 0, warp, lane, self.warps_per_row)
+            rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
+            if cutlass.const_expr(p.store_rstd):
+                if tidx == 0:
+                    mRstd[row] = rstd
+
+            for c in cutlass.range_constexpr(p.chunks):
+                tXrX = self.read_stage(thr_x, sX, tiler, st, c)
+                tXrY = cute.make_fragment_like(tXrX)
+                tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW[c], offset)
+                           .to(self.x_type))
+                cute.copy(tiled_x, tXrY,
+                          thr_x.partition_D(cute.local_tile(mY, tiler, (row, c))))
+
+    @cute.jit
+    def stage(self, g2s, thr_g2s, mX, sX, tiler, tXcX, row, st, row_end):
+        """One cp.async group: this thread's copies of ``row`` into stage ``st`` (none past the
+        strip's end: the group is then empty, and the count of groups the waits rely on stays one
+        per row)."""
+        for c in cutlass.range_constexpr(self.plan.chunks):
             cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(mX, tiler, (row, c))),
-                      thr_g2s.partition_D(cute.local_tile(sX, tiler, (0, c))))
+                      thr_g2s.partition_D(cute.local_tile(sX, tiler, (st, c))),
+                      pred=self.column_predicate(tXcX, c, row < row_end))
         cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)  # this thread's copies have landed
 
-        ss = Float32(0.0)
-        for c in cutlass.range_constexpr(p.chunks):
-            tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (0, c)))
-            tXrX = cute.make_fragment_like(tXsX)
-            cute.autovec_copy(tXsX, tXrX)
-            ss = ss + self.sum_of_squares(tXrX)
-        ss = row_sum(ss, sBuf, 0, 0, warp, lane, self.warps_per_row)
-        rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
-        if cutlass.const_expr(p.store_rstd):
-            if tidx == 0:
-                mRstd[row] = rstd
-
-        for c in cutlass.range_constexpr(p.chunks):
-            tWrW = None
-            if cutlass.const_expr(self.w_type is not None):
-                tWrW = self.load_weight(mW, tiler, thr_x, tXcX, c)
-            tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (0, c)))
-            tXrX = cute.make_fragment_like(tXsX)
-            cute.autovec_copy(tXsX, tXrX)
-            tXrY = cute.make_fragment_like(tXrX)
-            tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-                       .to(self.x_type))
-            cute.copy(tiled_x, tXrY, thr_x.partition_D(cute.local_tile(mY, tiler, (row, c))))
+    @cute.jit
+    def read_stage(self, thr_x, sX, tiler, st, c: cutlass.Constexpr[int]):
+        """This thread's elements of column chunk c in stage ``st``, in registers."""
+        tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (st, c)))
+        tXrX = cute.make_fragment_like(tXsX)
+        cute.autovec_copy(tXsX, tXrX)
+        return tXrX

@@ -79,10 +79,12 @@ class ForwardPlan(RowTilePlan):
     residual: bool = False
     #: cluster: the CTAs of a thread-block cluster that share one row (1: other variants)
     cluster_n: int = 1
+    #: staged: rows of the CTA's strip in flight in shared memory (0: other variants)
+    stages: int = 0
 
     @property
     def persistent(self) -> bool:
-        return self.variant in ("persistent", "cluster")
+        return self.variant in ("persistent", "cluster", "staged")
 
     @property
     def pipeline_chunks(self) -> bool:
@@ -351,15 +353,20 @@ def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -
                        **common)
 
 
-# The staged variant: a row in shared memory, at most this many bytes of it (Hopper's and
-# Blackwell's 227 KB a CTA, less the row sum's slots).
-MAX_STAGED_ROW_BYTES = 224 * 1024
+# The staged plans (this forward, and the backward's): at most this many rows in flight per CTA,
+# in at most this much shared memory an SM (Hopper's 228 KB, less a CTA's reserve and the row
+# sums).
+MAX_STAGES = 4
+STAGED_SMEM_PER_SM = 220 * 1024
 
 
 def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
-    """The ``staged`` plan: a row too wide for one CTA's registers, one CTA per row, staged
-    whole in shared memory by ``cp.async``: MAX_THREADS threads, one 16-byte copy each per
-    column chunk, as many chunks as the row has (N a multiple of a chunk's columns)."""
+    """The ``staged`` plan: a row too wide for one CTA's registers goes through a ring of
+    ``stages`` rows in shared memory, filled by ``cp.async`` ``stages - 1`` rows ahead, while a
+    persistent grid's CTAs walk strips of rows. MAX_THREADS threads, one 16-byte copy each per
+    column chunk (N a multiple of a chunk's columns); registers hold w for the whole strip. As
+    many CTAs an SM as their registers allow and two rows each fit shared memory, as many stages
+    as that leaves room for."""
     if common["residual"]:
         raise NotEligible("the staged variant serves rms_norm alone, not the fused add")
     per_cta = MAX_THREADS * max(1, min(MAX_COPIES_PER_CHUNK, max_vecs_of(MAX_THREADS)))
@@ -368,11 +375,23 @@ def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
     if n_vecs % MAX_THREADS:
         raise NotEligible(f"the staged variant needs N a multiple of {MAX_THREADS} copies "
                           f"({MAX_THREADS * common['vec']} elements)")
-    if n_vecs * COPY_BYTES > MAX_STAGED_ROW_BYTES:
-        raise NotEligible(f"a row of {n_vecs * COPY_BYTES // 1024} KB is over the "
-                          f"{MAX_STAGED_ROW_BYTES // 1024} KB of shared memory a CTA can stage")
+    elems = n_vecs // MAX_THREADS * common["vec"]  # per thread
+    w_bytes = _ELEM_BYTES[common["w_dtype"]] if common["w_dtype"] is not None else 0
+    if elems * w_bytes > elems_in_registers(MAX_THREADS, 1):
+        raise NotEligible("w of the row does not fit a CTA's registers")
+    row_bytes = n_vecs * COPY_BYTES
+    # w, and the thread's x of the row: ptxas hoists the shared-memory reads of the unrolled
+    # chunks (at 24576 bf16 it spilled when held to two CTAs an SM); + 16 for the fp32 math
+    ctas = resident_ctas(MAX_THREADS, elems * (w_bytes + _ELEM_BYTES[common["x_dtype"]]),
+                         extra_regs=16)
+    while ctas > 1 and STAGED_SMEM_PER_SM // ctas < 2 * row_bytes:
+        ctas -= 1
+    stages = min(MAX_STAGES, STAGED_SMEM_PER_SM // ctas // row_bytes)
+    if stages < 2:
+        raise NotEligible(f"two rows ({2 * row_bytes // 1024} KB) do not fit "
+                          f"{STAGED_SMEM_PER_SM // 1024} KB of shared memory")
     return ForwardPlan(threads_per_row=MAX_THREADS, rows_per_cta=1, vecs_per_thread=1,
-                       chunks=n_vecs // MAX_THREADS, **common)
+                       chunks=n_vecs // MAX_THREADS, ctas_per_sm=ctas, stages=stages, **common)
 
 
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:
