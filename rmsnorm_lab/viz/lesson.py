@@ -75,6 +75,27 @@ def say(markdown: str) -> None:
         print(text)
 
 
+def show_code(obj, start: Optional[str] = None, end: Optional[str] = None) -> None:
+    """Show the code a step runs, as it is in the package: a Python function's source, or, for a
+    file path, its lines from the first holding ``start`` up to (not including) the next holding
+    ``end`` (C++ sources shown as such)."""
+    import inspect as pyinspect
+    if isinstance(obj, (str, Path)):
+        path = Path(obj)
+        lines = path.read_text().splitlines()
+        first = next(i for i, line in enumerate(lines) if start in line) if start else 0
+        last = next((i for i in range(first + 1, len(lines)) if end in lines[i]), len(lines)) \
+            if end else len(lines)
+        code, language = "\n".join(lines[first:last]).rstrip(), \
+            "cpp" if path.suffix in (".cpp", ".h") else "python"
+        package = Path(__file__).resolve().parents[1]
+        where = f"{package.name}/{path.resolve().relative_to(package).as_posix()}"
+    else:
+        code, language = pyinspect.getsource(obj).rstrip(), "python"
+        where = f"{obj.__module__}.{obj.__qualname__}"
+    say(f"`{where}`:\n\n```{language}\n{code}\n```")
+
+
 def pyplot():
     """matplotlib's pyplot, or None (with a note) where matplotlib is not installed."""
     try:
