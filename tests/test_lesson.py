@@ -274,3 +274,20 @@ def test_ncu_teach_writes_every_kernel_it_profiled_the_librarys_last_included(tm
     sass = (tmp_path / "testgpu" / "ncu" / "sass-teach.txt").read_text()
     assert sass.count("== teach.fused ") == 1 and sass.count("== teach.cluster_row ") == 1
     assert "\n\n\n" not in sass
+
+
+def test_show_code_shows_a_function_or_a_slice_of_a_source_file(capsys):
+    from pathlib import Path
+
+    import rmsnorm_lab
+    from rmsnorm_lab.cute import runner
+    lesson.show_code(runner._marshal)
+    out = capsys.readouterr().out
+    assert out.startswith("`rmsnorm_lab.cute.runner._marshal`:") and "from_dlpack(" in out
+    assert "```python" in out and out.rstrip().endswith("```")
+    node = Path(rmsnorm_lab.__file__).parent / "native" / "native_node.cpp"
+    lesson.show_code(node, start="at::Tensor apply(", end="// ----")
+    out = capsys.readouterr().out
+    assert out.startswith("`rmsnorm_lab/native/native_node.cpp`:") and "```cpp" in out
+    body = out.split("```cpp\n")[1]
+    assert body.startswith("at::Tensor apply(") and "// ----" not in body
