@@ -369,7 +369,7 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     """``cluster`` where ``plan.clusters_pay`` (rows the fused plan takes in many column chunks,
     or cannot take, on an architecture with clusters); ``staged`` where the fused plan takes the
     row in column chunks and two rows of x and dy fit shared memory (the row then comes from DRAM
-    once, where the chunks read it a second time, mostly from L2: 418 against 481 µs at
+    once, where the chunks read it a second time, mostly from L2: 413 against 478 µs at
     16384×16384 bf16 on the H200); else ``fused`` whenever there is a weight and a fused plan
     exists (the row in registers, or in column chunks with dW in shared memory): it reads x and
     dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv) fused beat
@@ -394,8 +394,6 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
         except NotEligible:
             pass
     return "fused"
-
-
 
 
 def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],

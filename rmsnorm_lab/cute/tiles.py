@@ -74,8 +74,8 @@ class RowTiles:
     @cute.jit
     def load_weight(self, mW, tiler, thr_x, tXcX, c):
         """Registers holding w (its own dtype) for this thread's columns of chunk c (as in
-        ``column_predicate``), in x's fragment layout. A wider weight (fp32 w with bf16 x) takes as many 16-byte copies per
-        column block as it needs (autovec_copy)."""
+        ``column_predicate``), in x's fragment layout. A wider weight (fp32 w with bf16 x) takes
+        as many 16-byte copies per column block as it needs (autovec_copy)."""
         tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
         tWrW = cute.make_fragment_like(tWgW)
         tWrW.fill(0)
