@@ -197,19 +197,21 @@ def test_cluster_backward_exchanges_each_rows_sum_through_distributed_shared_mem
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("N,x_dtype,w_dtype", [(4096, BF16, BF16), (16384, BF16, BF16),
-                                               (4096, BF16, None)],
-                         ids=["4096-bf16", "16384-bf16", "4096-bf16-noweight"])
-def test_staged_backward_rings_rows_through_shared_memory(arch, N, x_dtype, w_dtype):
-    """Each row of x and dy arrives by cp.async (one commit group a row, stages - 1 of them
-    before the loop), one wait per row, the row sum's barrier the only one; x and dy are never
-    loaded into registers from global memory (only w is), no local memory, and the registers of
-    the plan's strips per SM."""
+@pytest.mark.parametrize("N,x_dtype,w_dtype,dh", [(4096, BF16, BF16, False),
+                                                  (16384, BF16, BF16, False),
+                                                  (4096, BF16, None, False),
+                                                  (4096, BF16, BF16, True)],
+                         ids=["4096-bf16", "16384-bf16", "4096-bf16-noweight", "4096-bf16-add"])
+def test_staged_backward_rings_rows_through_shared_memory(arch, N, x_dtype, w_dtype, dh):
+    """Each row of x and dy (and the fused add's dh) arrives by cp.async (one commit group a row,
+    stages - 1 of them before the loop), one wait per row, the row sum's barrier the only one;
+    x, dy and dh are never loaded into registers from global memory (only w is), no local
+    memory, and the registers of the plan's strips per SM."""
     from rmsnorm_lab.cute.backward_plan import plan_staged_backward
-    plan = plan_staged_backward(N, x_dtype, w_dtype, "llama", True)
+    plan = plan_staged_backward(N, x_dtype, w_dtype, "llama", True, dh=dh)
     facts = compile_and_inspect(plan, arch)
     ptx = facts.ptx
-    copies = 2 * plan.chunks  # x and dy, a 16-byte copy per chunk
+    copies = (3 if dh else 2) * plan.chunks  # x, dy (and dh), a 16-byte copy per chunk
     assert ptx.count("cp.async.cg.shared.global") == copies * plan.stages
     assert ptx.count("cp.async.commit_group") == plan.stages
     assert ptx.count("cp.async.wait_group") == 1 and ptx.count("bar.sync") == 1

@@ -61,6 +61,16 @@ def test_both_cute_backwards_with_and_without_weight(backward, with_weight):
     check("cute", (257, 4096), torch.bfloat16, "llama", with_weight, backward)
 
 
+# staged: the backward's rows of h, dy and dh ringed through shared memory (N a multiple of 256
+# copies; a strip shorter than the ring; rows left over by the strips)
+@pytest.mark.parametrize("shape", [(257, 4096), (3, 2048), (1000, 8192)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_the_staged_backward(shape, dtype, with_weight):
+    check("cute", shape, dtype, "llama", with_weight, "staged")
+
+
 @pytest.mark.parametrize("backend", ["cute", "triton"])
 def test_in_a_cuda_graph_and_under_compile(backend, capture_on_side_stream):
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)

@@ -399,15 +399,14 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
 def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
                          casting_mode: str, aligned: bool, dh: bool = False,
                          arch: Optional[str] = None) -> BackwardPlan:
-    """The ``staged`` plan: the fused backward with each strip's next rows of x and dy copied
-    into shared memory by ``cp.async``, ``stages`` rows at a time, so what is in flight is
-    bounded by shared memory instead of registers. MAX_THREADS threads a strip, one 16-byte copy
-    each per column chunk (N a multiple of a chunk); registers hold w and the fp32 dW
-    accumulator only (x and dy are read back from shared memory in both passes). As many strips
-    an SM as the registers allow, as many stages as their shared memory allows (at least two).
-    ``arch`` is accepted for the plans' common signature: ``cp.async`` is on every target."""
-    if dh:
-        raise NotEligible("the staged backward serves rms_norm alone, not the fused add")
+    """The ``staged`` plan: the fused backward with each strip's next rows of x and dy (and the
+    fused add's dh) copied into shared memory by ``cp.async``, ``stages`` rows at a time, so what
+    is in flight is bounded by shared memory instead of registers. MAX_THREADS threads a strip,
+    one 16-byte copy each per column chunk (N a multiple of a chunk); registers hold w and the
+    fp32 dW accumulator only (x and dy are read back from shared memory in both passes, dh in
+    the second). As many strips an SM as the registers allow, as many stages as their shared
+    memory allows (at least two). ``arch`` is accepted for the plans' common signature:
+    ``cp.async`` is on every target."""
     _check(N, x_dtype, casting_mode)
     vec = vector_width(N, x_dtype, aligned)
     if vec == 1:
@@ -421,18 +420,20 @@ def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.d
     elems = n_vecs // MAX_THREADS * vec
     if elems > elems_in_registers(MAX_THREADS, max(per_elem, 1)):
         raise NotEligible("w and the dW accumulator of the row do not fit a CTA's registers")
-    # + 16 registers: a chunk's x and dy in fp32 while it is worked on (ptxas at 4096 bf16: 80)
-    ctas = resident_ctas(MAX_THREADS, elems * per_elem, extra_regs=16,
+    # + 16 registers: a chunk's x and dy in fp32 while it is worked on (ptxas at 4096 bf16: 80),
+    # + 8 more for dh's (held to 80 at 4096, ptxas spilled)
+    ctas = resident_ctas(MAX_THREADS, elems * per_elem, extra_regs=24 if dh else 16,
                          most=MAX_FUSED_CTAS_PER_SM)
-    stage_bytes = 2 * N * elem  # a row of x and one of dy
+    rows = 3 if dh else 2
+    stage_bytes = rows * N * elem  # a row of x, one of dy (and one of dh)
     while ctas > 1 and STAGED_SMEM_PER_SM // ctas < 2 * stage_bytes:
         ctas -= 1
     stages = min(MAX_STAGES, STAGED_SMEM_PER_SM // ctas // stage_bytes)
     if stages < 2:
-        raise NotEligible(f"two rows of x and dy ({2 * stage_bytes // 1024} KB) do not fit "
-                          f"{STAGED_SMEM_PER_SM // 1024} KB of shared memory")
+        raise NotEligible(f"two stages of {rows} rows ({2 * stage_bytes // 1024} KB) do not "
+                          f"fit {STAGED_SMEM_PER_SM // 1024} KB of shared memory")
     return BackwardPlan(kind="fused", x_dtype=x_dtype, w_dtype=w_dtype, N=N,
                         casting_mode=casting_mode, vec=vec, threads_per_row=MAX_THREADS,
                         rows_per_cta=1, vecs_per_thread=1, chunks=n_vecs // MAX_THREADS,
-                        ctas_per_sm=ctas, stages=stages)
+                        ctas_per_sm=ctas, stages=stages, dh=dh)
 

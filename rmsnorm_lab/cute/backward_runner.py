@@ -29,7 +29,7 @@ from ..reference import check_casting_mode
 from ..settings import settings
 from .backward import RMSNormBackward, RMSNormBackwardDh, RMSNormBackwardDW
 from .backward_cluster import RMSNormClusterBackward
-from .backward_staged import RMSNormStagedBackward
+from .backward_staged import RMSNormStagedBackward, RMSNormStagedBackwardDh
 from .backward_plan import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
                             auto_mode, backward_uses_pdl, plan_backward, plan_cluster_backward,
                             plan_staged_backward,
@@ -81,7 +81,7 @@ def _kernel_object(plan: BackwardPlan):
     if plan.cluster_n > 1:
         return RMSNormClusterBackward(plan)
     if plan.stages > 1:
-        return RMSNormStagedBackward(plan)
+        return RMSNormStagedBackwardDh(plan) if plan.dh else RMSNormStagedBackward(plan)
     return RMSNormBackwardDh(plan) if plan.dh else RMSNormBackward(plan)
 
 

@@ -1,8 +1,8 @@
 """CuTe DSL RMSNorm fused backward with rows staged in shared memory: each strip keeps its next
-rows of x and dy in flight by ``cp.async`` (``plan.stages`` rows), where the fused kernel
-(backward.py) keeps one next row in registers. The math, the strips and the dW partial rows are
-the fused kernel's; the naming too (``sX`` x's rows in shared memory, ``tXsX`` this thread's slice
-of one of them)."""
+rows of x and dy (and the fused add's dh) in flight by ``cp.async`` (``plan.stages`` rows), where
+the fused kernel (backward.py) keeps one next row in registers, or none for the fused add. The
+math, the strips and the dW partial rows are the fused kernel's; the naming too (``sX`` x's rows
+in shared memory, ``tXsX`` this thread's slice of one of them)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 from cutlass.memory import SmemAllocator
 
-from .backward import RMSNormBackward
+from .backward import RMSNormBackward, RMSNormBackwardDh
 from .backward_plan import BackwardPlan
 from .pdl import wait_for_previous_grid
 from .reduce import SLOTS, row_sum
@@ -26,23 +26,24 @@ class RMSNormStagedBackward(RMSNormBackward):
     (the copy and the reads partition a chunk by the same layout), so the ring needs no barrier,
     and a stage is refilled only after the same thread has read it. Per row the two passes read x
     and dy from shared memory (the first for ``sum(m * x_hat)``, the second for dx and the dW
-    accumulation); registers hold w and the fp32 dW accumulator for the whole strip."""
+    accumulation; the fused add's dh joins dx there); registers hold w and the fp32 dW
+    accumulator for the whole strip."""
 
     def __init__(self, plan: BackwardPlan):
         assert plan.kind == "fused" and plan.stages > 1 and plan.vecs_per_thread == 1
-        assert not plan.dh and plan.cluster_n == 1 and plan.strips_per_cta == 1
+        assert plan.cluster_n == 1 and plan.strips_per_cta == 1
         super().__init__(plan)
 
     def launch(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream):
-        """Host side: ``grid`` strips of one CTA; the ring of stages in shared memory."""
+        """Host side: ``grid`` strips of one CTA; the rings of stages in shared memory."""
         p = self.plan
-        mDy, mX, mW, mRstd, mDx, mDwP, _ = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, None,
-                                                        grid)
+        mDy, mX, mW, mRstd, mDx, mDwP, mDh = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, gDh,
+                                                          grid)
         ring = p.stages * p.N * self.x_type.width // 8
-        smem_bytes = 2 * (ring + 128) + SLOTS * self.warps_per_row * 4
+        smem_bytes = (3 if p.dh else 2) * (ring + 128) + SLOTS * self.warps_per_row * 4
         # the launch bound holds ptxas to the registers of the plan's strips per SM; the
         # carveout gives the SM's memory to shared memory, which the rings need
-        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, None).launch(
+        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
             min_blocks_per_mp=p.ctas_per_sm, preferred_smem_carveout=100, use_pdl=p.pdl)
 
@@ -64,6 +65,9 @@ class RMSNormStagedBackward(RMSNormBackward):
         ring = cute.make_layout((S, p.N), stride=(p.N, 1))
         sX = smem.allocate_tensor(self.x_type, ring, byte_alignment=128)
         sDy = smem.allocate_tensor(self.x_type, ring, byte_alignment=128)
+        sDh = None
+        if cutlass.const_expr(p.dh):
+            sDh = smem.allocate_tensor(self.x_type, ring, byte_alignment=128)
         sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
                                     byte_alignment=4)
 
@@ -88,12 +92,13 @@ class RMSNormStagedBackward(RMSNormBackward):
         row_start, row_end = strip_rows(M, bidx, gdim)
 
         for k in cutlass.range_constexpr(S - 1):
-            self.stage(g2s, thr_g2s, mX, mDy, sX, sDy, tiler, tXcX, row_start + k, k, row_end)
+            self.stage(g2s, thr_g2s, (mX, mDy, mDh), (sX, sDy, sDh), tiler, tXcX,
+                       row_start + k, k, row_end)
         rstd_n = mRstd[cutlass.min(row_start, M - 1)]
 
         for row in cutlass.range(row_start, row_end):
             i = row - row_start
-            self.stage(g2s, thr_g2s, mX, mDy, sX, sDy, tiler, tXcX, row + S - 1,
+            self.stage(g2s, thr_g2s, (mX, mDy, mDh), (sX, sDy, sDh), tiler, tXcX, row + S - 1,
                        (i + S - 1) % S, row_end)
             rstd = rstd_n
             rstd_n = mRstd[cutlass.min(row + 1, M - 1)]
@@ -113,8 +118,14 @@ class RMSNormStagedBackward(RMSNormBackward):
                 xf, dyf = self.read_stage(thr_x, sX, sDy, tiler, st, c)
                 x_hat = xf * rstd
                 m = self.m_of(dyf, tWrW[c], offset)
+                dx = rstd * (m - x_hat * mean_mx)
+                if cutlass.const_expr(p.dh):  # the fused add: h's own gradient joins dx
+                    tXsDh = thr_x.partition_S(cute.local_tile(sDh, tiler, (st, c)))
+                    tXrDh = cute.make_fragment_like(tXsDh)
+                    cute.autovec_copy(tXsDh, tXrDh)
+                    dx = dx + tXrDh.load().to(Float32)
                 tXrDx = cute.make_fragment_like(tXrX)
-                tXrDx.store((rstd * (m - x_hat * mean_mx)).to(self.x_type))
+                tXrDx.store(dx.to(self.x_type))
                 cute.copy(tiled_x, tXrDx,
                           thr_x.partition_D(cute.local_tile(mDx, tiler, (row, c))))
                 if cutlass.const_expr(self.w_type is not None):
@@ -127,16 +138,16 @@ class RMSNormStagedBackward(RMSNormBackward):
                                   thr_x.partition_D(cute.local_tile(mDwP, tiler, (bidx, c))))
 
     @cute.jit
-    def stage(self, g2s, thr_g2s, mX, mDy, sX, sDy, tiler, tXcX, row, st, row_end):
-        """One cp.async group: this thread's copies of x and dy in ``row`` into stage ``st``
-        (none past the strip's end: the group is then empty, and the count of groups the waits
-        rely on stays one per row)."""
+    def stage(self, g2s, thr_g2s, rows, rings, tiler, tXcX, row, st, row_end):
+        """One cp.async group: this thread's copies of ``row`` of each of ``rows`` (x, dy, and dh
+        or None) into stage ``st`` of its ring (none past the strip's end: the group is then
+        empty, and the count of groups the waits rely on stays one per row)."""
         for c in cutlass.range_constexpr(self.plan.chunks):
             pred = self.column_predicate(tXcX, c, row < row_end)
-            cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(mX, tiler, (row, c))),
-                      thr_g2s.partition_D(cute.local_tile(sX, tiler, (st, c))), pred=pred)
-            cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(mDy, tiler, (row, c))),
-                      thr_g2s.partition_D(cute.local_tile(sDy, tiler, (st, c))), pred=pred)
+            for m, s in zip(rows, rings):
+                if cutlass.const_expr(m is not None):
+                    cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(m, tiler, (row, c))),
+                              thr_g2s.partition_D(cute.local_tile(s, tiler, (st, c))), pred=pred)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -149,3 +160,13 @@ class RMSNormStagedBackward(RMSNormBackward):
         cute.autovec_copy(tXsX, tXrX)
         cute.autovec_copy(tXsDy, tXrDy)
         return tXrX.load().to(Float32), tXrDy.load().to(Float32)
+
+
+class RMSNormStagedBackwardDh(RMSNormStagedBackward):
+    """The staged plan of the fused residual add (``plan.dh``): dh, a third ring, joins dx."""
+
+    def __init__(self, plan: BackwardPlan):
+        assert plan.dh
+        super().__init__(plan)
+
+    __call__ = RMSNormBackwardDh.__call__

@@ -27,6 +27,8 @@ FWD_VARIANTS = list(FORWARD_VARIANTS)
 # (131, 16384): chunked fused with dW in shared memory, and a cluster of 4; (3, 32768): of 8
 BWD_SHAPES = [(131, 4096), (1000, 8192), (131, 16384), (3, 32768)]
 BWD_MODES = list(BACKWARD_MODES)
+# the fused add's backward: fused and staged at one shape, split where the row is too wide
+ADD_SHAPES = [(131, 4096), (5, 16384)]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -54,24 +56,29 @@ def forward_cases() -> int:
 
 
 def backward_cases() -> int:
+    """Every backward mode at BWD_SHAPES, and the fused add's backward (dh joins dx) at
+    ADD_SHAPES."""
     failures = 0
-    for M, N in BWD_SHAPES:
+    cases = [(M, N, False) for M, N in BWD_SHAPES] + [(M, N, True) for M, N in ADD_SHAPES]
+    for M, N, add in cases:
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        dh = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if add else None
         rstd = reference.rstd_of(x, 1e-6)
-        dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd)
+        dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd, dh=dh)
+        name = "bwd+add" if add else "bwd"
         for mode in BWD_MODES:
             with settings.override(backward=mode):
                 try:
-                    dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "cute")
+                    dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "cute", dh=dh)
                 except ValueError as e:  # not eligible for this shape
-                    print(f"bwd {mode:>10} {M}x{N}: skipped ({e})")
+                    print(f"{name} {mode:>10} {M}x{N}: skipped ({e})")
                     continue
             torch.cuda.synchronize()
             ok = _close(dx, dx_ref) and _close(dw, dw_ref)
             failures += not ok
-            print(f"bwd {mode:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+            print(f"{name} {mode:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
     return failures
 
 
