@@ -187,6 +187,10 @@ def test_lab_impl_names():
     assert list(lab.lab_impls("fwd")) == ["cute.row", "cute.persistent", "cute.warp",
                                           "cute.cluster", "cute.auto", "cute.auto-pdl",
                                           "triton.row"]
+    assert list(lab.lab_impls("fwd-add")) == ["cute.auto+add", "triton.row+add"]
+    assert list(lab.lab_impls("bwd-add")) == ["cute.auto+add", "triton.row+add", "cute.fused+add",
+                                              "cute.split+add", "cute.cluster+add",
+                                              "cute.staged+add"]
     with pytest.raises(ValueError, match="sideways"):
         lab.lab_impls("sideways")
 

@@ -21,7 +21,9 @@ def lab_impls(op: str) -> Dict[str, Callable]:
     ``cute.auto-pdl`` (auto with ``settings.pdl`` off, to show what programmatic dependent launch
     buys in the same run) and ``triton.row``. ``bwd`` and ``full``: the differentiable
     ``rms_norm`` (the benchmark takes the gradient) with each backward pinned (``cute.fused``,
-    ``cute.split``, ``cute.auto``), ``cute.auto-pdl`` and ``triton.split``."""
+    ``cute.split``, ``cute.auto``), ``cute.auto-pdl`` and ``triton.split``. ``fwd-add`` and
+    ``bwd-add``: ``fn(x, r, w) -> (y, h)``, ``cute.auto+add`` and ``triton.row+add``, and for
+    ``bwd-add`` each benchmarked backward mode pinned (``cute.fused+add``...)."""
     if op == "fwd":
         def cute_variant(variant: str, **toggles) -> Callable:
             if variant == settings.forward_variant and not toggles:  # as a user calls it
@@ -46,9 +48,13 @@ def lab_impls(op: str) -> Dict[str, Callable]:
         impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
         return impls
     if op in ("fwd-add", "bwd-add"):  # the fused residual add: fn(x, r, w) -> (y, h)
-        return {f"{impl}+add": (lambda backend: lambda x, r, w: rms_norm(
-                    x, w, residual=r, backend=backend))(backend)
-                for impl, backend in (("cute.auto", "cute"), ("triton.row", "triton"))}
+        impls = {f"{impl}+add": (lambda backend: lambda x, r, w: rms_norm(
+                     x, w, residual=r, backend=backend))(backend)
+                 for impl, backend in (("cute.auto", "cute"), ("triton.row", "triton"))}
+        if op == "bwd-add":  # each backward mode beside auto's choice
+            impls.update({f"cute.{v.name}+add": pinned_add_backward(v.name) for v in VARIANTS
+                          if v.backend == "cute" and v.op == "bwd" and v.benchmarked})
+        return impls
     raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full, fwd-add, "
                      "bwd-add")
 
@@ -82,4 +88,18 @@ def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:
         validate(x, w, "llama", backend)  # what rms_norm checks before taping
         with settings.override(**toggles):  # the forward under the same toggles
             return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
+    return run
+
+
+def pinned_add_backward(mode: str) -> Callable:
+    """``fn(x, r, w) -> (y, h)``: the fused add whose backward runs with ``settings.backward ==
+    mode``. The native node fixes its backward at the forward, so the forward runs under the
+    override; without the native node the pin would not hold, and the call says so (the
+    benchmark then skips it, as a shape a mode cannot take)."""
+    def run(x, r, w):
+        if not (dispatch.routed_to_native("cute") and dispatch.native_node() is not None):
+            raise ValueError(f"cute.{mode}+add is pinned on the native autograd node, which "
+                             "is not built here")
+        with settings.override(backward=mode):
+            return rms_norm(x, w, residual=r, backend="cute")
     return run
