@@ -166,7 +166,8 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
                         N: int = model.REF_N, cal: Optional[pd.DataFrame] = None, ax=None):
     """How close to its datasheet bandwidth each GPU's kernel gets as M grows: achieved GB/s as a
     % of the datasheet figure, modelled (dashed, hollow) for every GPU, measured (solid, filled)
-    where the lab ran, reported device times (stars) converted with the same byte count."""
+    where the lab ran, reported device times (stars, labelled with the implementation they
+    report, which need not be ``impl``) converted with the same byte count."""
     cal = model.calibrate(df) if cal is None else cal
     ax = _axes(ax, (8.5, 4.6))
     Ms = np.array(model.MODEL_M, dtype=float)
@@ -186,18 +187,19 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
                      & reported["path"].isin(["graph", "device"]) & (reported["N"] == N)
                      & reported["M"].notna()]
         seen = set()
-        for x in r.itertuples():
+        for x in r.itertuples():  # whatever implementation a source reported: named in the label
             gbps = model.bytes_moved(op, int(x.M), N) / x.value / 1e3
+            key = (x.gpu, x.impl)
             ax.plot([int(x.M)], [100 * gbps / spec(x.gpu).bandwidth_gbps], color=_color(x.gpu),
-                    label=None if x.gpu in seen else f"{x.gpu} ({REPORTED} device times)",
+                    label=None if key in seen else f"{x.gpu} ({REPORTED}: {x.impl})",
                     markeredgecolor=BLACK, markeredgewidth=0.5, **STYLE[REPORTED])
-            seen.add(x.gpu)
+            seen.add(key)
     _log2_x(ax, Ms)
     ax.set_ylim(0, 100)
     ax.set_xlabel(f"M (rows), N={N} bf16")
     ax.set_ylabel("% of the datasheet bandwidth")
-    ax.set_title(f"{impl} {op}: share of each GPU's datasheet bandwidth reached, against M",
-                 fontsize="medium")
+    ax.set_title(f"{op}: share of each GPU's datasheet bandwidth reached, against M "
+                 f"(lines: {impl})", fontsize="medium")
     ax.grid(True, alpha=0.3)
     _legend_right(ax)
     return ax
