@@ -2,8 +2,8 @@
 # Sets up the lab in a virtual environment and builds its native part. Run it again at any time:
 # it reuses what is there. README.md, "Setup", says what it downloads and how long it takes.
 #
-# (Its own variables are RMSNORM_*, not RMSNORM_LAB_*: the lab refuses RMSNORM_LAB_* names it does
-# not know.)
+# (Its own variables are RMSNORM_*, not RMSNORM_LAB_*: the lab warns about RMSNORM_LAB_* names it
+# does not know, and ignores them.)
 #
 #   1. The virtual environment: $RMSNORM_VENV (default .venv beside this file), reused when
 #      present, else created with $PYTHON (default python3; 3.11 or newer).

@@ -211,6 +211,26 @@ def test_the_pr_finding_is_computed_not_asserted(df, rep, cal):
         / (b200["device triton_us"] + triton_shows))
 
 
+def test_the_verdicts_carry_the_check_on_the_calibration_gpu(df, rep, cal):
+    """On the H200 the same model is held against the eager ratio measured there: the report
+    says how far off it is, next to the verdicts (computed, as notebook 04 does)."""
+    from rmsnorm_lab.analysis.report import calibration_caveat
+    pr = model.pr_comparison(df, rep, cal=cal)
+    check = model.calibration_check(pr)
+    h200 = pr[(pr["pair"] == "liger.cutedsl / liger.triton") & (pr["gpu"] == "h200")
+              & pr["measured eager ratio"].notna()]
+    assert list(check["M"]) == list(h200["M"]) and len(check) > 0
+    assert list(check["off by"]) == pytest.approx(
+        list(h200["call ratio (modelled)"] / h200["measured eager ratio"]))
+    text = calibration_caveat(check)
+    off = check["off by"]
+    factor = max(off.max(), 1 / off.min())
+    assert text.startswith("On the H200 itself") and f"off by up to {factor:.1f}×" in text
+    for r in check.itertuples():
+        assert f"{r[2]:.2f} at {r.M} rows" in text and f"{r[3]:.2f}" in text
+    assert calibration_caveat(check.iloc[:0]) == ""
+
+
 def test_host_costs_are_the_newest_run_with_the_spread_of_every_run():
     def row(impl, p50, t, M=128, op="fwd", path="host"):
         return {"gpu": "h200", "path": path, "metric": "host", "op": op, "impl": impl, "M": M,

@@ -88,10 +88,15 @@ def test_report_renders_markdown_and_figures(tmp_path):
     assert "| M | N | cute.row | triton.row | torch.native |" in md
     assert "| 16384 | 4096 | 1168 | 1268 | 1368 |" in md  # GB/s, rounded
     assert "| 16384 | 4096 | 29.2 | 31.7 | 34.2 |" in md  # % of copy (4000 GB/s)
-    # host µs: the peers; the sweep's own host rows of the lab's kernels are left out (the host
-    # benchmark's launch paths stand for the lab)
-    assert "| torch.native | 128 | 4096 | 14.0 | 15.0 | 16.0 |" in md
+    # host µs without a host benchmark run: the sweep's own rows, each with its run's commit;
+    # of the lab's only its default (cute.auto, absent here), not the pinned variants
+    assert "| torch.native | 128 | 4096 | 14.0 | 15.0 | 16.0 | synthet |" in md
     assert "| cute.row | 128 | 4096 |" not in md
+    assert "fwd, host µs per call, from the sweeps' own host rows" in md
+    # each % of copy row against its own run's copy, the run named
+    assert "% of copy (each row against the copy measured in its own run: synthet 4000 GB/s)" in md
+    # the results folder is named as given when outside the repository
+    assert f"results read from `{res}`" in md
     # the headline table is printed too
     assert "testgpu fwd (GB/s, graph, median)" in p.stdout and "1268" in p.stdout
 
@@ -160,6 +165,18 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     assert f"wrote {len(pngs) + 1} files to {out}" in p.stdout  # not old-notes.txt
     assert "old-notes.txt" not in p.stdout
     assert "report: [1/" in p.stderr and "Traceback" not in p.stderr
+    # inside the repository the results folder is named relative to it: report.md travels
+    assert "results read from `results`" in md and str(REPO) not in md
+    # the backward's host table (no host benchmark run times it) keeps the lab's default rows
+    bwd_host = md.split("bwd, host µs per call")[1].split("![")[0]
+    assert "| cute.auto | 128 | 4096 |" in bwd_host and "| cute.auto+add | 128 | 4096 |" in bwd_host
+    assert "| cute.fused | 128 | 4096 |" not in bwd_host
+    # the host benchmark's tables say how it times and why the sweeps' host rows differ
+    fwd_host = md.split("fwd, host µs per call")[1].split("|")[0]
+    assert "interleaved rounds" in fwd_host and "settings.override" in fwd_host
+    # the cross-GPU verdicts come with the check on the calibration GPU itself
+    caveat = "On the H200 itself the model's call ratio for the same pair is"
+    assert caveat in md and "  caveat: on the H200 itself" in p.stdout
 
 
 # --- what the command line says when it is given something it cannot use --------------------

@@ -469,13 +469,3 @@ def test_eager_vs_graph_panels_share_one_scale(synthetic_df):
                                             ax=Figure().subplots()).get_ylim()
             for impl in ("cute.row", "torch.native")}
     assert lims["cute.row"] == lims["torch.native"]
-
-
-def test_share_y_gives_panels_the_union_of_their_ranges():
-    from matplotlib.figure import Figure
-
-    a, b = Figure().subplots(1, 2)
-    a.set_ylim(30, 100)
-    b.set_ylim(80, 101)
-    plots.share_y([a, b])
-    assert a.get_ylim() == b.get_ylim() == (30, 101)

@@ -68,3 +68,65 @@ def test_the_ceiling_comes_from_the_sweep_run_not_a_newer_tagged_run():
              dict(base, timestamp=tagged, impl="cute.auto", M=65536, p50=4100.0),
              dict(base, timestamp=tagged, impl="copy", M=131072, p50=4300.0)]
     assert ceiling_gbps(pd.DataFrame(rows), "fwd") == 4290.0
+
+
+def test_the_backward_host_table_keeps_the_labs_default_rows():
+    """The host benchmark times no backward: the backward's host table is the sweeps' own
+    rows, and there the lab is its default (``cute.auto``, the fused add's ``cute.auto+add``),
+    not dropped with its pinned variants. The forward keeps the host benchmark's run."""
+    from rmsnorm_lab.analysis.tables import host_benchmark_covers, host_table
+    bench, sweep, add = ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00",
+                         "2026-01-03T00:00:00+00:00")
+    rows = [dict(gpu="h200", timestamp=t, op=op, impl=i, path="host", M=128, N=4096,
+                 dtype="bf16", metric="host", p20=v, p50=v, p80=v, commit=c)
+            for t, c, op, i, v in (
+                (bench, "b", "fwd", "cute.auto@tvm_ffi", 7.0),
+                (bench, "b", "fwd", "torch.native", 10.0),
+                (sweep, "s", "fwd", "cute.auto", 23.0),
+                (sweep, "s", "bwd", "cute.auto", 113.0),
+                (sweep, "s", "bwd", "cute.fused", 94.0),
+                (sweep, "s", "bwd", "cute.auto-pdl", 123.0),
+                (sweep, "s", "bwd", "torch.native", 120.0),
+                (add, "a", "bwd", "cute.auto+add", 166.0),
+                (add, "a", "bwd", "cute.fused+add", 150.0),
+                (add, "a", "bwd", "torch.native+add", 132.0),
+                (add, "a", "bwd", "teach.fused", 1.0))]
+    df = pd.DataFrame(rows)
+    assert host_benchmark_covers(df, "fwd") and not host_benchmark_covers(df, "bwd")
+    bwd = host_table(df, "bwd", with_commit=True)
+    assert list(bwd.index.get_level_values("impl")) == [
+        "cute.auto", "torch.native", "cute.auto+add", "torch.native+add"]
+    assert bwd.loc[("cute.auto", 128, 4096), "p50"] == 113.0
+    assert bwd.loc[("cute.auto+add", 128, 4096), "commit"] == "a"
+    fwd = host_table(df, "fwd")
+    assert list(fwd.index.get_level_values("impl")) == ["torch.native", "cute.auto@tvm_ffi"]
+    assert list(fwd.columns) == ["p20", "p50", "p80"]
+
+
+def test_percent_of_copy_holds_each_row_against_its_own_runs_copy():
+    """The sweep and a tagged run of other shapes each measured their copy: each cell is divided
+    by its own run's; a run that measured none (stopped before its ceilings) falls back to the
+    sweep's, and ``ceiling_per_run`` says so."""
+    from rmsnorm_lab.analysis.tables import bandwidth_table, ceiling_per_run
+    sweep, wide, cut = ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00",
+                        "2026-01-03T00:00:00+00:00")
+    base = dict(gpu="h200", op="fwd", path="graph", dtype="bf16", metric="bandwidth",
+                p20=1.0, p80=1.0)
+    rows = [dict(base, timestamp=sweep, commit="s", impl="cute.auto", M=m, N=4096, p50=4000.0)
+            for m in (1024, 2048, 4096)]
+    rows += [dict(base, timestamp=sweep, commit="s", impl="copy", M=131072, N=4096, p50=4290.0),
+             dict(base, timestamp=wide, commit="w", impl="cute.auto", M=4096, N=32768,
+                  p50=4200.0),
+             dict(base, timestamp=wide, commit="w", impl="copy", M=131072, N=4096, p50=4200.0),
+             dict(base, timestamp=cut, commit="c", impl="cute.auto", M=4096, N=65536,
+                  p50=3900.0)]
+    df = pd.DataFrame(rows)
+    pct = bandwidth_table(df, "fwd")["% of copy"]["cute.auto"]
+    assert pct[(2048, 4096)] == 100 * 4000.0 / 4290.0
+    assert pct[(4096, 32768)] == 100.0  # its own run's copy, not the sweep's
+    assert pct[(4096, 65536)] == 100 * 3900.0 / 4290.0
+    runs = ceiling_per_run(df, "fwd")
+    assert list(runs["commit"]) == ["s", "w", "c"] and list(runs["cells"]) == [3, 1, 1]
+    assert list(runs["GB/s"]) == [4290.0, 4200.0, 4290.0]
+    assert list(runs["own"]) == [True, True, False]
+    assert ceiling_per_run(df.assign(op="full"), "full").empty

@@ -433,6 +433,18 @@ def finding(pr: pd.DataFrame, M: int = 8192) -> Dict[str, str]:
     return out
 
 
+def calibration_check(pr: pd.DataFrame) -> pd.DataFrame:
+    """The check under ``finding``'s verdicts: ``pr_comparison``'s rows of the PR's pair on the
+    calibration GPU where its eager ratio was measured, the model's call ratio over that
+    measured one (``off by``). Far from 1, the host costs put into the model do not reproduce
+    that GPU's own eager calls, and the other GPUs' verdicts hold only under those costs."""
+    pair = f"{PAIRS[0][0]} / {PAIRS[0][1]}"
+    r = pr[(pr["pair"] == pair) & (pr["gpu"] == CALIBRATION_GPU)
+           & pr["measured eager ratio"].notna()]
+    r = r[["M", "call ratio (modelled)", "measured eager ratio"]].reset_index(drop=True)
+    return r.assign(**{"off by": r["call ratio (modelled)"] / r["measured eager ratio"]})
+
+
 def reported_vs_modelled(reported: pd.DataFrame, cal: pd.DataFrame) -> pd.DataFrame:
     """Each reported device time (graph or device path, known M and N) next to the model's
     device time for the same implementation, op, shape and GPU."""

@@ -31,6 +31,24 @@ def pr_era_host(reported: pd.DataFrame) -> float:
     return float(r["value"].iloc[0]) if len(r) else math.nan
 
 
+def calibration_caveat(check: pd.DataFrame) -> str:
+    """Two sentences from ``model.calibration_check``: how far the model's call ratio is from the
+    eager ratio measured on the calibration GPU itself, the GPU whose host costs every verdict
+    puts in (empty when nothing was measured there)."""
+    if check.empty:
+        return ""
+    off = check["off by"]
+    factor = float(max(off.max(), 1 / off.min()))  # either way from 1
+    rows = " and ".join(f"{r['call ratio (modelled)']:.2f} at {int(r['M'])} rows"
+                        for _, r in check.iterrows())
+    measured = " and ".join(f"{v:.2f}" for v in check["measured eager ratio"])
+    gpu = model.CALIBRATION_GPU.upper()
+    return (f"On the {gpu} itself the model's call ratio for the same pair is {rows}, where "
+            f"`do_bench` measured {measured}: off by up to {factor:.1f}×. The "
+            f"verdicts are statements about the model with the host costs measured on the "
+            f"{gpu}'s host, not measurements of those GPUs.")
+
+
 def _save(fig, path: Path) -> str:
     fig.savefig(path, dpi=110)
     return path.name
@@ -87,6 +105,9 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
                "computed by the model at M=8192, N=4096, with the host costs measured on the "
                "H200's host:", ""]
         md += [f"- {k}: {v}" for k, v in verdict.items()]
+        caveat = calibration_caveat(model.calibration_check(pr))
+        if caveat:
+            md += ["", caveat]
         if pr_era is not None:
             v2 = model.finding(pr_era)
             md += ["", f"With Liger's CuTe host cost of {era:.0f} µs reported before TVM-FFI "
@@ -99,7 +120,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
         md += ["Crossover M (device time reaches host time; below it a call is host-bound), "
                "N=4096 bf16 forward:", "", markdown_table(cross, 0), ""]
         headline += ["across GPUs (modelled, N=4096 fwd): " + verdict["overall"],
-                     *(f"  {k}: {v}" for k, v in verdict.items() if k != "overall"), ""]
+                     *(f"  {k}: {v}" for k, v in verdict.items() if k != "overall"),
+                     *([f"  caveat: {caveat[0].lower()}{caveat[1:]}"] if caveat else []), ""]
     rvm = model.reported_vs_modelled(reported, cal)
     if not rvm.empty:
         md += ["Reported device times vs the model:", "",

@@ -71,22 +71,70 @@ def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Option
     return float(d.loc[newest, "p50"])
 
 
+def _bandwidth_rows(df: pd.DataFrame, op: str, gpu: Optional[str], path: str
+                    ) -> Tuple[pd.DataFrame, str]:
+    """The newest GB/s row of each implementation and shape of ``op`` on ``path``, the lab's
+    sweeps' series only (no ceilings, no fused add, no host benchmark, no teaching kernel)."""
+    d, gpu = one_gpu(df, gpu)
+    return library_rows(d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
+                          & ~d["impl"].isin(CEILINGS)]), gpu
+
+
+def _ceiling_per_run(df: pd.DataFrame, rows: pd.DataFrame, op: str, gpu: str) -> pd.DataFrame:
+    """One row per run (``timestamp``) that measured some of ``rows``: its ``commit``, how
+    many of ``rows`` it measured (``cells``), and the ceiling they are held against
+    (``GB/s``): the one measured in that run (``own`` true), else, for a run that measured none
+    (one stopped before its ceilings), ``ceiling_gbps``'s."""
+    name = CEILING_OF_OP.get(op)
+    d = df[(df["gpu"] == gpu) & (df["op"] == op) & (df["impl"] == name)
+           & (df["metric"] == "bandwidth") & (df["path"] == "graph")]
+    own = d.groupby("timestamp")["p50"].last()
+    commits = rows["commit"] if "commit" in rows.columns else pd.Series("", index=rows.index)
+    runs = rows.assign(commit=commits).groupby("timestamp").agg(
+        commit=("commit", "first"), cells=("p50", "size"))
+    runs["GB/s"] = runs.index.map(own).astype(float)
+    runs["own"] = runs["GB/s"].notna()
+    if not runs["own"].all():
+        fallback = ceiling_gbps(df, op, gpu)
+        runs["GB/s"] = runs["GB/s"].fillna(fallback if fallback is not None else float("nan"))
+    return runs
+
+
+def ceiling_per_run(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
+                    path: str = "graph") -> pd.DataFrame:
+    """The ceilings ``bandwidth_table``'s percentages divide by: per run (``timestamp``) whose
+    rows the table shows, its ``commit``, the number of cells (``cells``), the ceiling's
+    ``GB/s`` and whether that run measured it (``own``). Empty for an op without a ceiling."""
+    rows, gpu = _bandwidth_rows(df, op, gpu, path)
+    if op not in CEILING_OF_OP or rows.empty:
+        return pd.DataFrame(columns=["commit", "cells", "GB/s", "own"])
+    return _ceiling_per_run(df, rows, op, gpu)
+
+
 def bandwidth_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
                     path: str = "graph") -> pd.DataFrame:
     """Median GB/s per shape (rows ``M``, ``N``) and implementation (columns under ``"GB/s"``),
-    and the same as a percentage of the op's measured ceiling (columns under ``"% of copy"`` for
-    the forward, ``"% of copy2r1w"`` for the backward; absent when none was measured)."""
-    d, gpu = one_gpu(df, gpu)
-    d = library_rows(d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
-                   & ~d["impl"].isin(CEILINGS)])
-    gbps = d.pivot_table(index=["M", "N"], columns="impl", values="p50", aggfunc="last")
-    gbps = gbps.reindex(columns=impl_order(gbps.columns))
-    gbps = gbps.sort_index(level=["N", "M"])
-    gbps.columns.name = None
+    and the same as a percentage of the op's ceiling (columns under ``"% of copy"`` for the
+    forward, ``"% of copy2r1w"`` for the backward; absent when none was measured). Each cell is
+    held against the ceiling measured in the run that measured the cell (a sweep and a tagged
+    run of other shapes each have their own), or ``ceiling_gbps`` for a run that measured none
+    (``ceiling_per_run`` lists them)."""
+    d, gpu = _bandwidth_rows(df, op, gpu, path)
+
+    def pivot(values: pd.Series) -> pd.DataFrame:
+        t = d.assign(v=values).pivot_table(index=["M", "N"], columns="impl", values="v",
+                                           aggfunc="last")
+        t = t.reindex(columns=impl_order(t.columns)).sort_index(level=["N", "M"])
+        t.columns.name = None
+        return t
+
+    gbps = pivot(d["p50"])
     parts = {"GB/s": gbps}
-    ceiling = ceiling_gbps(df, op, gpu)
-    if ceiling is not None:
-        parts[f"% of {CEILING_OF_OP[op]}"] = 100 * gbps / ceiling
+    if op in CEILING_OF_OP and not d.empty:
+        ceiling = d["timestamp"].map(_ceiling_per_run(df, d, op, gpu)["GB/s"])
+        if ceiling.notna().any():
+            parts[f"% of {CEILING_OF_OP[op]}"] = pivot(100 * d["p50"] / ceiling).reindex(
+                index=gbps.index, columns=gbps.columns)
     return pd.concat(parts, axis=1)
 
 
@@ -135,16 +183,36 @@ def host_benchmark_run(d: pd.DataFrame) -> pd.DataFrame:
     return d[d["timestamp"] == newest]
 
 
-def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.DataFrame:
-    """Host µs per call (p20, p50, p80) per implementation and shape, from the newest host
-    benchmark run (``host_benchmark_run``): the lab's launch paths and the peers."""
+#: the lab as a user calls it (the default variant and backward; the fused add): what the host
+#: table shows of the lab for an op the host benchmark does not time
+LAB_DEFAULT_HOST = ("cute.auto", "cute.auto+add")
+
+
+def host_benchmark_covers(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> bool:
+    """Has the host benchmark (``bench --op host``) timed ``op`` on ``gpu``? It times the
+    forward and forward + backward (``full``), not the backward alone."""
     _, gpu = one_gpu(df, gpu)
     d = df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "host")]
+    return bool(d["impl"].astype(str).str.contains("@", regex=False).any())
+
+
+def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
+               with_commit: bool = False) -> pd.DataFrame:
+    """Host µs per call (p20, p50, p80) per implementation and shape. Where the host benchmark
+    timed ``op`` (``host_benchmark_covers``): its newest run (``host_benchmark_run``), the lab's
+    launch paths and the peers. Elsewhere (``bwd``): the sweeps' own host rows, the newest of
+    each implementation, the lab's by its default (``LAB_DEFAULT_HOST``), its pinned variants
+    and backward modes left out. ``with_commit``: each row's run's commit beside it."""
+    _, gpu = one_gpu(df, gpu)
+    d = df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "host")]
+    covered = host_benchmark_covers(df, op, gpu)
     d = latest(host_benchmark_run(d))  # one row per key: an op the host benchmark does not
     impl = d["impl"].astype(str)         # time (bwd) has its sweeps' rows, one set per run
-    d = d[impl.str.contains("@") | ~impl.str.startswith(("cute.", TEACH_PREFIX))]
+    lab = impl.str.contains("@") if covered else impl.isin(LAB_DEFAULT_HOST)
+    d = d[lab | ~impl.str.startswith(("cute.", TEACH_PREFIX))]
     d = d.assign(impl=pd.Categorical(d["impl"], impl_order(d["impl"]), ordered=True))
-    return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[["p20", "p50", "p80"]]
+    columns = ["p20", "p50", "p80"] + (["commit"] if with_commit else [])
+    return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[columns]
 
 
 def bwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:

@@ -21,6 +21,16 @@ from .bench import run_bench
 from .common import EXIT_FAILED, EXIT_USAGE, error, existing_dir, reason, writable_dir
 
 
+def shown_path(path: Path) -> str:
+    """``path`` as report.md names it: relative to the repository when inside it (report.md is
+    shared, and an absolute path names one machine's clone), else as given."""
+    repo = results_io.results_dir().parent
+    try:
+        return str(Path(path).resolve().relative_to(repo))
+    except ValueError:
+        return str(path)
+
+
 def _provenance(df: pd.DataFrame) -> str:
     d = results_io.latest(df)
     lines = []
@@ -29,6 +39,56 @@ def _provenance(df: pd.DataFrame) -> str:
     times = sorted(d["timestamp"].unique())
     lines.append(f"- measured: {times[0]}" + (f" to {times[-1]}" if len(times) > 1 else ""))
     return "\n".join(lines)
+
+
+def ceiling_note(df: pd.DataFrame, op: str, gpu: str) -> str:
+    """What a "% of copy" table divides by: each row by the ceiling measured in its own run,
+    the runs listed by commit (a run that measured none: the sweep's, said so)."""
+    runs = tables.ceiling_per_run(df, op, gpu)
+    if runs.empty:
+        return ""
+    each = ", ".join(f"{str(commit)[:7]} {gbps:.0f} GB/s"
+                     + ("" if own else " (measured in another run: the sweep's)")
+                     for commit, gbps, own in zip(runs["commit"], runs["GB/s"], runs["own"]))
+    return f" (each row against the {tables.CEILING_OF_OP[op]} measured in its own run: {each})"
+
+
+def host_method(op: str) -> str:
+    """How the host benchmark times (``bench.host``) and why the sweeps' host rows of ``op``
+    differ, said next to its table."""
+    return ("every implementation timed on one host in interleaved rounds (one sample of each "
+            "per round, so the host's drift falls on all alike), the lab's settings entered "
+            "once outside the timed loop (Python's garbage collector is off inside each "
+            "sample here and in the sweeps). "
+            f"The host rows of the sweep files (`{op}.csv` and the other `{op}-*.csv`) are not "
+            "shown and do not compare with these: there each implementation is timed in a "
+            "block of its own after the sweep's device timings, not interleaved, and a lab row "
+            "that pins a kernel variant or backward mode runs inside `settings.override`, whose "
+            "entry and exit re-run the settings' listeners in every timed call; those rows can "
+            "put the lab behind torch")
+
+
+def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
+    """The op's host table with the method that produced it: the host benchmark's newest run
+    where it timed the op, else the sweeps' own host rows (each row's run named)."""
+    covered = tables.host_benchmark_covers(df, op, gpu)
+    host = tables.host_table(df, op, gpu, with_commit=True)
+    if host.empty:
+        return []
+    host["commit"] = host["commit"].astype(str).str[:7]
+    if covered:
+        caption = (f"{op}, host µs per call, from the host benchmark (`bench --op host`, its "
+                   f"newest run, commit {', '.join(sorted(host['commit'].unique()))}): "
+                   f"{host_method(op)}:")
+        host = host.drop(columns="commit")
+    else:
+        caption = (f"{op}, host µs per call, from the sweeps' own host rows (the host benchmark "
+                   f"does not time `{op}`; the newest row of each implementation, its run's "
+                   "commit beside it; the lab's row is its default, `cute.auto`): each "
+                   "implementation timed in a block of its own after its sweep's device "
+                   "timings, not interleaved with the others, so rows of different runs and "
+                   "hosts compare loosely:")
+    return [caption, "", tables.markdown_table(host, 1, right_align=True), ""]
 
 
 def _save(fig, path: Path) -> str:
@@ -130,7 +190,7 @@ def _explainer_figures(out: Path) -> List[str]:
     flows, sizes = flow_plot.backward_flows(16384, 4096, 132)
     fig = Figure(figsize=(15, 4.8), layout="constrained")
     for ax, (mode, steps) in zip(fig.subplots(1, 2), flows.items()):
-        flow_plot.draw_flow(ax, f"{mode}: 16384×4096 bf16", steps, sizes)
+        flow_plot.draw_flow(ax, f"{mode}: 16384×4096 bf16", steps, sizes, kernels="library")
     names.append(_save(fig, out / "backward-data-flow-16384x4096-bf16.png"))
     return names
 
@@ -144,10 +204,9 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     """Render figures into ``out`` and write ``out/report.md``; returns the headline text.
     ``progress`` is told what is being rendered, one line per group of figures."""
     md = ["# rmsnorm-lab report", "",
-          f"Measured by this lab's benchmark; results read from `{root}` (figures quoted from "
-          "elsewhere, in `results/reported/`, appear only in the last section, labelled "
-          "reported). `graph` is device "
-          "time by CUDA-graph replay with L2-cold inputs; `eager` is `triton.testing.do_bench` "
+          f"Measured by this lab's benchmark; results read from `{shown_path(root)}` (figures "
+          "quoted from elsewhere, in `results/reported/`, appear only in the last section, "
+          "labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; `eager` is `triton.testing.do_bench` "
           "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
           "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
@@ -169,15 +228,13 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
             table = tables.bandwidth_table(df, op, gpu)
             for part in table.columns.get_level_values(0).unique():
                 unit = "GB/s" if part == "GB/s" else part
-                md += [f"{op}, CUDA-graph replay, median, {unit}:", "",
+                note = "" if part == "GB/s" else ceiling_note(df, op, gpu)
+                md += [f"{op}, CUDA-graph replay, median, {unit}{note}:", "",
                        tables.markdown_table(table[part], 0 if part == "GB/s" else 1,
                                             right_align=True), ""]
                 headline += [f"{gpu} {op} ({unit}, graph, median)",
                              table[part].to_string(float_format=lambda v: f"{v:.0f}"), ""]
-            host = tables.host_table(df, op, gpu)
-            if not host.empty:
-                md += [f"{op}, host µs per call:", "",
-                       tables.markdown_table(host, 1, right_align=True), ""]
+            md += host_section(df, op, gpu)
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
         for op in ("fwd", "bwd"):
@@ -257,7 +314,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         if df.empty:
             report_md.write_text(
                 "# rmsnorm-lab report\n\nThere are no results: no `<gpu>/*.csv` files in "
-                f"`{root}`. Record some on a GPU with `python -m rmsnorm_lab bench --op fwd`.\n")
+                f"`{shown_path(root)}`. Record some on a GPU with "
+                "`python -m rmsnorm_lab bench --op fwd`.\n")
             print(f"no results in {root}; wrote {report_md} saying so")
             return status
         gpus = sorted(df["gpu"].unique())

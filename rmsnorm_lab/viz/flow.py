@@ -46,11 +46,14 @@ def _mb(b: int) -> str:
 
 
 def draw_flow(ax, title: str, steps: List[Step], sizes: Dict[str, int],
-              slots: Optional[int] = None) -> int:
+              slots: Optional[int] = None, kernels: str = "library") -> int:
     """Boxes for the kernels, tensors read on the left and written on the right (the
     activation-sized ones highlighted: they are what the time is made of), an arrow from each
     tensor to its kernel; returns the total DRAM bytes of the flow. ``slots``: the number of
-    kernels the axes have room for (give two panels the same, and they share a scale)."""
+    kernels the axes have room for (give two panels the same, and they share a scale).
+    ``kernels`` names whose kernels the flow is (``"library"``: the library's plans,
+    ``backward_flows``' default; ``"teaching"``: notebook 02's), in the title: their partial
+    rows differ, and so do the totals."""
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     big = max(sizes.values())
@@ -87,5 +90,6 @@ def draw_flow(ax, title: str, steps: List[Step], sizes: Dict[str, int],
                     ends = ((6.15, y0), (6.9, yy))
                 ax.add_patch(FancyArrowPatch(*ends, arrowstyle="-|>", mutation_scale=9,
                                              color="#555555", lw=0.8))
-    ax.set_title(f"{title}: {_mb(total)} of DRAM traffic", fontsize="large", loc="left")
+    ax.set_title(f"{title}, {kernels} kernels: {_mb(total)} of DRAM traffic", fontsize="large",
+                 loc="left")
     return total

@@ -186,14 +186,15 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
         r = reported[(reported["op"] == op) & (reported["metric"] == "time")
                      & reported["path"].isin(["graph", "device"]) & (reported["N"] == N)
                      & reported["M"].notna()]
-        seen = set()
-        for x in r.itertuples():  # whatever implementation a source reported: named in the label
-            gbps = model.bytes_moved(op, int(x.M), N) / x.value / 1e3
-            key = (x.gpu, x.impl)
-            ax.plot([int(x.M)], [100 * gbps / spec(x.gpu).bandwidth_gbps], color=_color(x.gpu),
-                    label=None if key in seen else f"{x.gpu} ({REPORTED}: {x.impl})",
+        for i, x in enumerate(r.itertuples()):
+            # a source reports its own kernels: each star is named beside it, one legend entry
+            pct = 100 * model.bytes_moved(op, int(x.M), N) / x.value / 1e3 \
+                / spec(x.gpu).bandwidth_gbps
+            ax.plot([int(x.M)], [pct], color=_color(x.gpu),
+                    label=None if i else f"{REPORTED} device times (colour: GPU; beside: kernel)",
                     markeredgecolor=BLACK, markeredgewidth=0.5, **STYLE[REPORTED])
-            seen.add(key)
+            ax.annotate(x.impl, (int(x.M), pct), xytext=(5, -3), textcoords="offset points",
+                        fontsize=7, color="#444444")
     _log2_x(ax, Ms)
     ax.set_ylim(0, 100)
     ax.set_xlabel(f"M (rows), N={N} bf16")
@@ -292,13 +293,15 @@ def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = CROSSOVER_IMPLS, op:
 
 
 def _unmeasured_span(ax, Ms, first: float) -> None:
-    """Grey out the sizes left of the first measured M, so the empty stretch reads as not
-    measured rather than as missing data."""
+    """Grey out the sizes left of the first M with a kernel time on inputs read from DRAM (the
+    curves' data), so the empty stretch reads as not measured that way rather than as missing
+    data."""
     if first <= Ms[0]:
         return
     edge = first / math.sqrt(2)  # halfway (in log) to the size below it
     ax.axvspan(Ms[0] / 1.3, edge, color=GREY, alpha=0.15, linewidth=0)
-    ax.text(math.sqrt(Ms[0] / 1.3 * edge), 0.03, f"not measured\nbelow M={first:,.0f}",
+    ax.text(math.sqrt(Ms[0] / 1.3 * edge), 0.03,
+            f"no kernel time\nfrom DRAM\nbelow M={first:,.0f}",
             transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7,
             color="#444444")
 

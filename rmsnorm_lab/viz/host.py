@@ -428,5 +428,5 @@ def impl_label(name: str) -> str:
 
 
 # the timelines live in their own module; imported last (it takes this module's helpers)
-from .timeline import (KERNEL_NAMES, RANGE_COLORS, plot_timeline,  # noqa: E402,F401
+from .timeline import (KERNEL_NAMES, plot_timeline,  # noqa: E402,F401
                        plot_timelines, short_kernel_name, trace_gpu)

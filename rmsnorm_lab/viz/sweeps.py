@@ -177,7 +177,8 @@ def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax, impls):
         highs.append(s["p80"].max())
     ceiling = ceiling_gbps(df, op, gpu) if path == "graph" else None
     if ceiling is not None:
-        ax.axhline(ceiling, color=BLACK, linestyle="--", linewidth=1,
+        # dotted, as the lessons' copy line: torch.compile's series is black and dashed
+        ax.axhline(ceiling, color=BLACK, linestyle=":", linewidth=1.2,
                    label=f"{CEILING_OF_OP[op]} (measured)")
         highs.append(ceiling)
     if lows:
@@ -380,7 +381,8 @@ def plot_fixed_cost(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
     ax.axhline(0, color=BLACK, linewidth=1)
     ax.set_xlim(0, top * 1.05 if top else None)
     ax.set_xlabel(f"MB moved per call (N = {N}; one point per M measured)")
-    ax.set_ylabel(f"median µs above {CEILING_OF_OP[op]} of the same bytes")
+    ax.set_ylabel(f"median µs beyond the bytes at {ceiling:.0f} GB/s\n({CEILING_OF_OP[op]}, "
+                  "1 GiB)")
     ax.set_title(f"{gpu}: {op} ({path}): time beyond the {ceiling:.0f} GB/s ceiling; "
                  "lines: the fit", fontsize="medium")
     ax.grid(True, alpha=0.3)
@@ -419,13 +421,6 @@ def plot_probe(probe: pd.DataFrame, captions: dict, M: int, N: int, ax=None,
     ax.set_title(title or f"{M}×{N}", fontsize="medium")
     ax.grid(True, axis="x", alpha=0.3)
     return ax
-
-
-def share_y(axes) -> None:
-    """Give ``axes`` one y range, the union of theirs, so that panels of one quantity compare."""
-    lows, highs = zip(*(a.get_ylim() for a in axes))
-    for a in axes:
-        a.set_ylim(min(lows), max(highs))
 
 
 def plot_percent_of_copy(table: pd.DataFrame, impls: Sequence[str], style, ax=None,

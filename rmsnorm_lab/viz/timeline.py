@@ -37,10 +37,11 @@ def _legend_right(ax, handles) -> None:
 KERNEL_NAMES = (("RMSNormFusedAddForward", "forward + add"), ("RMSNormForward", "forward"),
                 ("DwReduce", "dW reduce"), ("RMSNormBackward", "backward"),
                 ("Dx", "dx"), ("Dw", "dW partials"))
-_KERNEL_COLORS = (BLUE, ORANGE, GREEN, PURPLE, SKY, BLACK)
-#: NVTX ranges by stage (launch calls are vermillion, kernels take _KERNEL_COLORS)
-RANGE_COLORS = {"iter": "#CCCCCC", "replay": "#CCCCCC", "warmup": "#CCCCCC", "launch": SKY,
-                "reduce": PURPLE, "marshal": ORANGE, "compile": GREEN}
+_KERNEL_COLORS = (BLUE, ORANGE, GREEN, PURPLE, SKY, VERMILLION)  # not black: the launches
+#: NVTX ranges, one colour whatever the stage (each row's label names its range), so the colours
+#: left to tell apart are the kernels' (_KERNEL_COLORS) and the CUDA calls' (launches black)
+RANGE_COLOR = "#FFFFFF"
+LAUNCH_COLOR = BLACK
 
 
 def short_kernel_name(name: str) -> str:
@@ -84,8 +85,7 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
     rows: List[Tuple[str, pd.DataFrame, object]] = []
     if nv is not None:
         for name in sorted(nv["range"].unique(), key=stage_order):
-            rows.append((name, nv[nv["range"] == name],
-                         RANGE_COLORS.get(name.split(" ", 1)[0], GREY)))
+            rows.append((name, nv[nv["range"] == name], RANGE_COLOR))
     if api_df is not None or (api and trace.api is not None):
         # kept when empty: a span without launch calls is what a graph replay looks like
         rows.append(("CUDA API (host)", api_df if api_df is not None else trace.api.iloc[:0],
@@ -108,7 +108,7 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
                     colors_of[s] = _KERNEL_COLORS[len(colors_of) % len(_KERNEL_COLORS)]
                 colors.append(colors_of[s])
         elif label.startswith("CUDA API"):
-            colors = [VERMILLION if x else OTHER_API for x in f.get("launch", [True] * len(f))]
+            colors = [LAUNCH_COLOR if x else OTHER_API for x in f.get("launch", [True] * len(f))]
         else:
             colors = [color] * len(f)
         ax.broken_barh(list(zip(starts, widths)), (y - height / 2, height),
@@ -131,18 +131,16 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
     ax.set_xlim((lo - t0) / 1e3, (hi - t0) / 1e3)
     ax.set_xlabel("µs from the start of the first iteration shown")
     ax.grid(True, axis="x", alpha=0.3)
-    seen = {} if drawn is None else drawn
-    for label, _, color in rows:  # the NVTX ranges: every colour drawn is in the legend
-        if color is not None:
-            stage = label.split(" ", 1)[0]
-            seen.setdefault(f"NVTX range: {stage}{' …' if ' ' in label else ''}", color)
+    seen = {} if drawn is None else drawn  # every colour drawn is in the legend
+    if nv is not None and not nv.empty:
+        seen.setdefault("NVTX range (its row names it)", RANGE_COLOR)
     if gpu_df is not None:
         for n in sorted({short_kernel_name(n) for n in gpu_df["name"]}):
             seen[f"kernel: {n}"] = colors_of[n]
     if api_df is not None:
         launch = api_df.get("launch", pd.Series(True, index=api_df.index)).astype(bool)
         if launch.any():
-            seen["CUDA API: a kernel launch"] = VERMILLION
+            seen["CUDA API: a kernel launch"] = LAUNCH_COLOR
         if (~launch).any():
             seen["CUDA API: another call (graph launch, sync...)"] = OTHER_API
     if legend:
