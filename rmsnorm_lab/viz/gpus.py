@@ -186,15 +186,18 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
         r = reported[(reported["op"] == op) & (reported["metric"] == "time")
                      & reported["path"].isin(["graph", "device"]) & (reported["N"] == N)
                      & reported["M"].notna()]
-        for i, x in enumerate(r.itertuples()):
-            # a source reports its own kernels: each star is named beside it, one legend entry
+        at_m: dict = {}
+        for i, x in enumerate(r.sort_values("value").itertuples()):
+            # a source reports its own kernels: each star is named beside it (names at one M
+            # stacked), one legend entry
             pct = 100 * model.bytes_moved(op, int(x.M), N) / x.value / 1e3 \
                 / spec(x.gpu).bandwidth_gbps
             ax.plot([int(x.M)], [pct], color=_color(x.gpu),
                     label=None if i else f"{REPORTED} device times (colour: GPU; beside: kernel)",
                     markeredgecolor=BLACK, markeredgewidth=0.5, **STYLE[REPORTED])
-            ax.annotate(x.impl, (int(x.M), pct), xytext=(5, -3), textcoords="offset points",
-                        fontsize=7, color="#444444")
+            k = at_m[int(x.M)] = at_m.get(int(x.M), -1) + 1
+            ax.annotate(f"{x.impl} ({x.gpu})", (int(x.M), pct), xytext=(8, -4 - 9 * k),
+                        textcoords="offset points", fontsize=7, color="#444444")
     _log2_x(ax, Ms)
     ax.set_ylim(0, 100)
     ax.set_xlabel(f"M (rows), N={N} bf16")
