@@ -124,5 +124,5 @@ def test_many_column_blocks_are_drawn_in_part_and_the_rest_named_in_a_band():
 def test_a_zoom_inside_one_warp_says_so():
     fig, ax = plt.subplots()
     draw_row_layout(plan("row", 4096), ax=ax, lanes=8)
-    assert "all lanes shown are warp 0" in ax.get_title()
+    assert "all threads shown are in warp 0" in ax.get_title()
     plt.close(fig)

@@ -208,10 +208,10 @@ def _axis_labels(ax, plan, lay, entries) -> None:
     ax.set_yticks(yt[::step], labels[::step], fontsize=8)
     xt = list(range(L)) if L <= 16 else sorted(set(range(0, L, 32)) | {L - 1})
     ax.set_xticks(xt, [str(t) for t in xt], fontsize=8)
-    ax.set_xlabel("lane within the row = thread c" + (f" (the first {L} of {T})" if L < T else ""))
+    ax.set_xlabel("thread c of the row's threads" + (f" (the first {L} of {T})" if L < T else ""))
     warps = sorted(set((lay.thread[lay.active] // 32).tolist()))
-    zoom = f"; the first {L} lanes" if L < T else ""
-    colour = (f"colour: warp (all lanes shown are warp {warps[0]})" if len(warps) == 1
+    zoom = f"; the first {L} threads" if L < T else ""
+    colour = (f"colour: warp (all threads shown are in warp {warps[0]})" if len(warps) == 1
               else "colour: warp")
     chunked = (f", column chunk {chunk_of(plan, lay) + 1} of {plan.chunks}"
                if plan.chunks > 1 else "")
