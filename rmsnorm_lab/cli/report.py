@@ -14,7 +14,7 @@ import torch
 
 from .. import results as results_io
 from ..bench.runner import OPS
-from ..registry import impl_order
+from ..registry import impl, impl_order
 from ..analysis import tables
 from ..viz import sweeps
 from .bench import run_bench
@@ -121,11 +121,18 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
         rows = -(-len(impls) // cols)
         fig = Figure(figsize=(4.5 * cols, 3.4 * rows), layout="constrained")
         axes = fig.subplots(rows, cols, squeeze=False).ravel()
-        for ax, impl in zip(axes, impls):
-            sweeps.plot_eager_vs_graph(df, op, impl, N=4096, gpu=gpu, ax=ax)
-            ax.set_title(impl, fontsize="medium")
+        for ax, name in zip(axes, impls):
+            sweeps.plot_eager_vs_graph(df, op, name, N=4096, gpu=gpu, ax=ax)
+            ax.set_title(impl(name).style["label"], fontsize="medium")  # the registry's words
         for ax in axes[len(impls):]:
             ax.set_visible(False)
+        # one legend for the grid: every panel draws the same two series
+        handles, labels = axes[0].get_legend_handles_labels()
+        for ax in axes[:len(impls)]:
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
+        fig.legend(handles, labels, loc="outside lower center", ncol=len(labels),
+                   fontsize="small", frameon=False)
         fig.suptitle(f"{gpu}: {op}, µs per call, eager vs CUDA-graph replay (N=4096)")
         names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
     return names
