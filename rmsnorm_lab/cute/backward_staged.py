@@ -72,12 +72,7 @@ class RMSNormStagedBackward(RMSNormBackward):
                                     byte_alignment=4)
 
         tiler = (1, p.cols_per_tile)
-        g2s = self.make_async_copy(tiler)
-        thr_g2s = g2s.get_slice(tidx)
-        tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
-        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, 0)))
+        g2s, thr_g2s, tiled_x, thr_x, tXcX = self.ring_copies(tiler, tidx, mX)
 
         # w and the dW accumulator of every chunk, in registers for the whole strip
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
@@ -107,7 +102,8 @@ class RMSNormStagedBackward(RMSNormBackward):
 
             mx = Float32(0.0)  # pass 1: sum(m * x_hat) over the row
             for c in cutlass.range_constexpr(p.chunks):
-                xf, dyf = self.read_stage(thr_x, sX, sDy, tiler, st, c)
+                xf = self.read_stage(thr_x, sX, tiler, st, c).load().to(Float32)
+                dyf = self.read_stage(thr_x, sDy, tiler, st, c).load().to(Float32)
                 m = self.m_of(dyf, tWrW[c], offset)
                 mx = mx + (m * (xf * rstd)).reduce(cute.ReductionOp.ADD, Float32(0.0),
                                                    reduction_profile=0)
@@ -115,15 +111,13 @@ class RMSNormStagedBackward(RMSNormBackward):
                 / Float32(p.N)
 
             for c in cutlass.range_constexpr(p.chunks):  # pass 2: dx, and dW
-                xf, dyf = self.read_stage(thr_x, sX, sDy, tiler, st, c)
+                xf = self.read_stage(thr_x, sX, tiler, st, c).load().to(Float32)
+                dyf = self.read_stage(thr_x, sDy, tiler, st, c).load().to(Float32)
                 x_hat = xf * rstd
                 m = self.m_of(dyf, tWrW[c], offset)
                 dx = rstd * (m - x_hat * mean_mx)
                 if cutlass.const_expr(p.dh):  # the fused add: h's own gradient joins dx
-                    tXsDh = thr_x.partition_S(cute.local_tile(sDh, tiler, (st, c)))
-                    tXrDh = cute.make_fragment_like(tXsDh)
-                    cute.autovec_copy(tXsDh, tXrDh)
-                    dx = dx + tXrDh.load().to(Float32)
+                    dx = dx + self.read_stage(thr_x, sDh, tiler, st, c).load().to(Float32)
                 tXrDx = cute.make_fragment_like(tXrX)
                 tXrDx.store(dx.to(self.x_type))
                 cute.copy(tiled_x, tXrDx,
@@ -136,30 +130,6 @@ class RMSNormStagedBackward(RMSNormBackward):
             for c in cutlass.range_constexpr(p.chunks):
                 cute.autovec_copy(tXrDw[c],
                                   thr_x.partition_D(cute.local_tile(mDwP, tiler, (bidx, c))))
-
-    @cute.jit
-    def stage(self, g2s, thr_g2s, rows, rings, tiler, tXcX, row, st, row_end):
-        """One cp.async group: this thread's copies of ``row`` of each of ``rows`` (x, dy, and dh
-        or None) into stage ``st`` of its ring (none past the strip's end: the group is then
-        empty, and the count of groups the waits rely on stays one per row)."""
-        for c in cutlass.range_constexpr(self.plan.chunks):
-            pred = self.column_predicate(tXcX, c, row < row_end)
-            for m, s in zip(rows, rings):
-                if cutlass.const_expr(m is not None):
-                    cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(m, tiler, (row, c))),
-                              thr_g2s.partition_D(cute.local_tile(s, tiler, (st, c))), pred=pred)
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def read_stage(self, thr_x, sX, sDy, tiler, st, c: cutlass.Constexpr[int]):
-        """This thread's x and dy of column chunk c in stage ``st``, in fp32."""
-        tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (st, c)))
-        tXsDy = thr_x.partition_S(cute.local_tile(sDy, tiler, (st, c)))
-        tXrX = cute.make_fragment_like(tXsX)
-        tXrDy = cute.make_fragment_like(tXsDy)
-        cute.autovec_copy(tXsX, tXrX)
-        cute.autovec_copy(tXsDy, tXrDy)
-        return tXrX.load().to(Float32), tXrDy.load().to(Float32)
 
 
 class RMSNormStagedBackwardDh(RMSNormStagedBackward):

@@ -83,15 +83,20 @@ class RMSNormForward(RowTiles):
             mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
         return mW, mRstd
 
+    def tensors(self, gX, gW, gY, gRstd):
+        """``(M, mX, mW, mY, mRstd)``: the row count and the kernel's tensors (``rows``,
+        ``weight_and_rstd``), what every forward's launch builds first."""
+        M = Int32(gX.shape[0])
+        mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
+        return M, self.rows(gX, M), mW, self.rows(gY, M), mRstd
+
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Builds the kernel's tensors and launches it (traced inside a ``cute.jit`` host
         function; ``gR``/``gH``: the fused add's residual and h, or None)."""
         p = self.plan
-        M = Int32(gX.shape[0])
-        mX, mY = self.rows(gX, M), self.rows(gY, M)
+        M, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
         mR = self.rows(gR, M) if gR is not None else None
         mH = self.rows(gH, M) if gH is not None else None
-        mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = SLOTS * p.rows_per_cta * self.warps_per_row * 4
@@ -307,9 +312,7 @@ class RMSNormClusterForward(RMSNormForward):
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Host side: ``grid`` is the strips (``plan.grid``), one cluster each."""
         p = self.plan
-        M = Int32(gX.shape[0])
-        mX, mY = self.rows(gX, M), self.rows(gY, M)
-        mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
+        _, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
         smem_bytes = SLOTS * self.warps_per_row * 4 + cluster_sum.smem_bytes(p.cluster_n)
         self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
             grid=[grid * p.cluster_n, 1, 1], block=[p.threads, 1, 1],

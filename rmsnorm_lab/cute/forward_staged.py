@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 from cutlass.memory import SmemAllocator
 
 from .forward import RMSNormForward
@@ -42,9 +42,7 @@ class RMSNormStagedForward(RMSNormForward):
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Host side: ``grid`` strips of one CTA; the ring of stages in shared memory."""
         p = self.plan
-        M = Int32(gX.shape[0])
-        mX, mY = self.rows(gX, M), self.rows(gY, M)
-        mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
+        _, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
         ring = p.stages * p.N * self.x_type.width // 8
         smem_bytes = ring + 128 + SLOTS * self.warps_per_row * 4
         # the launch bound holds ptxas to the registers of the plan's CTAs per SM; the carveout
@@ -72,14 +70,7 @@ class RMSNormStagedForward(RMSNormForward):
                                     byte_alignment=4)
 
         tiler = (1, p.cols_per_tile)
-        # global -> shared, asynchronous; and the plain copy the stores and reads use, which
-        # partitions a chunk alike: a thread's slice of sX is exactly what its cp.async wrote
-        g2s = self.make_async_copy(tiler)
-        thr_g2s = g2s.get_slice(tidx)
-        tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
-        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, 0)))
+        g2s, thr_g2s, tiled_x, thr_x, tXcX = self.ring_copies(tiler, tidx, mX)
 
         # w of every chunk, in registers for the whole strip
         tWrW = [None] * p.chunks
@@ -89,11 +80,12 @@ class RMSNormStagedForward(RMSNormForward):
 
         row_start, row_end = strip_rows(M, bidx, gdim)
         for k in cutlass.range_constexpr(S - 1):
-            self.stage(g2s, thr_g2s, mX, sX, tiler, tXcX, row_start + k, k, row_end)
+            self.stage(g2s, thr_g2s, (mX,), (sX,), tiler, tXcX, row_start + k, k, row_end)
 
         for row in cutlass.range(row_start, row_end):
             i = row - row_start
-            self.stage(g2s, thr_g2s, mX, sX, tiler, tXcX, row + S - 1, (i + S - 1) % S, row_end)
+            self.stage(g2s, thr_g2s, (mX,), (sX,), tiler, tXcX, row + S - 1, (i + S - 1) % S,
+                       row_end)
             cute.arch.cp_async_wait_group(S - 1)  # this thread's copies of `row` have landed
             st = i % S
 
@@ -113,22 +105,3 @@ class RMSNormStagedForward(RMSNormForward):
                            .to(self.x_type))
                 cute.copy(tiled_x, tXrY,
                           thr_x.partition_D(cute.local_tile(mY, tiler, (row, c))))
-
-    @cute.jit
-    def stage(self, g2s, thr_g2s, mX, sX, tiler, tXcX, row, st, row_end):
-        """One cp.async group: this thread's copies of ``row`` into stage ``st`` (none past the
-        strip's end: the group is then empty, and the count of groups the waits rely on stays one
-        per row)."""
-        for c in cutlass.range_constexpr(self.plan.chunks):
-            cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(mX, tiler, (row, c))),
-                      thr_g2s.partition_D(cute.local_tile(sX, tiler, (st, c))),
-                      pred=self.column_predicate(tXcX, c, row < row_end))
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def read_stage(self, thr_x, sX, tiler, st, c: cutlass.Constexpr[int]):
-        """This thread's elements of column chunk c in stage ``st``, in registers."""
-        tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (st, c)))
-        tXrX = cute.make_fragment_like(tXsX)
-        cute.autovec_copy(tXsX, tXrX)
-        return tXrX

@@ -83,3 +83,39 @@ class RowTiles:
             if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
                 cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
         return tWrW
+
+    # -- the staged kernels' ring of rows in shared memory (forward_staged, backward_staged) --
+
+    def ring_copies(self, tiler, tidx, mX):
+        """``(g2s, thr_g2s, tiled_x, thr_x, tXcX)``: the global -> shared ``cp.async`` copy of a
+        tile and the plain copy between memory and registers, with thread ``tidx``'s slices of
+        both, and that thread's coordinates in chunk 0 of ``mX``. The two partition a chunk
+        alike, so a thread reads back from shared memory exactly what its own cp.async wrote:
+        the ring needs no barrier."""
+        g2s = self.make_async_copy(tiler)
+        tiled_x = self.make_tiled_copy(tiler)
+        thr_x = tiled_x.get_slice(tidx)
+        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
+                                                 (0, 0)))
+        return g2s, g2s.get_slice(tidx), tiled_x, thr_x, tXcX
+
+    @cute.jit
+    def stage(self, g2s, thr_g2s, rows, rings, tiler, tXcX, row, st, row_end):
+        """One cp.async group: this thread's copies of ``row`` of each of ``rows`` (None: not
+        staged) into stage ``st`` of its ring in ``rings`` (none past the strip's end: the group
+        is then empty, and the count of groups the waits rely on stays one per row)."""
+        for c in cutlass.range_constexpr(self.plan.chunks):
+            pred = self.column_predicate(tXcX, c, row < row_end)
+            for m, s in zip(rows, rings):
+                if cutlass.const_expr(m is not None):
+                    cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(m, tiler, (row, c))),
+                              thr_g2s.partition_D(cute.local_tile(s, tiler, (st, c))), pred=pred)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def read_stage(self, thr_x, ring, tiler, st, c: cutlass.Constexpr[int]):
+        """This thread's elements of column chunk c in stage ``st`` of ``ring``, in registers."""
+        tXsX = thr_x.partition_S(cute.local_tile(ring, tiler, (st, c)))
+        tXrX = cute.make_fragment_like(tXsX)
+        cute.autovec_copy(tXsX, tXrX)
+        return tXrX
