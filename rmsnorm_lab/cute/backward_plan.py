@@ -43,9 +43,11 @@ import torch
 
 from ..registry import BACKWARD_MODES
 from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
-                   MAX_COPIES_PER_CHUNK, MAX_STAGES, MAX_THREADS, PDL_ARCHS,
-                   STAGED_SMEM_PER_SM, NotEligible, RowTilePlan, _ELEM_BYTES, chunked,
-                   cluster_grid, clusters_pay, elems_in_registers, resident_ctas, row_threads)
+                   MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
+                   _ELEM_BYTES, chunked, clusters_pay, elems_in_registers, persistent_grid,
+                   resident_ctas, row_threads, staged_fit)
+# the staged backward's limits, one pair with the staged forward's (staged_fit applies them)
+from .plan import MAX_STAGES, STAGED_SMEM_PER_SM  # noqa: F401
 
 KINDS = ("fused", "dx", "dw")
 MODES = BACKWARD_MODES + ("auto",)
@@ -108,10 +110,8 @@ class BackwardPlan(RowTilePlan):
 
     def resident_grid(self, sms: int) -> int:
         """The fused grid: CTAs of ``ctas_per_sm`` per SM on ``sms`` SMs, resident all at once;
-        for the cluster plan, clusters in several nominal waves (``plan.cluster_grid``)."""
-        if self.cluster_n > 1:
-            return cluster_grid(sms, self.ctas_per_sm, self.cluster_n)
-        return max(1, sms * self.ctas_per_sm)
+        for the cluster plan, clusters in several nominal waves (``plan.persistent_grid``)."""
+        return persistent_grid(sms, self.ctas_per_sm, self.cluster_n)
 
     @property
     def cta_threads(self) -> int:
@@ -424,14 +424,8 @@ def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.d
     # + 8 more for dh's (held to 80 at 4096, ptxas spilled)
     ctas = resident_ctas(MAX_THREADS, elems * per_elem, extra_regs=24 if dh else 16,
                          most=MAX_FUSED_CTAS_PER_SM)
-    rows = 3 if dh else 2
-    stage_bytes = rows * N * elem  # a row of x, one of dy (and one of dh)
-    while ctas > 1 and STAGED_SMEM_PER_SM // ctas < 2 * stage_bytes:
-        ctas -= 1
-    stages = min(MAX_STAGES, STAGED_SMEM_PER_SM // ctas // stage_bytes)
-    if stages < 2:
-        raise NotEligible(f"two stages of {rows} rows ({2 * stage_bytes // 1024} KB) do not "
-                          f"fit {STAGED_SMEM_PER_SM // 1024} KB of shared memory")
+    rows = 3 if dh else 2  # a row of x, one of dy (and one of dh) a stage
+    ctas, stages = staged_fit(ctas, rows * N * elem, f"two stages of {rows} rows")
     return BackwardPlan(kind="fused", x_dtype=x_dtype, w_dtype=w_dtype, N=N,
                         casting_mode=casting_mode, vec=vec, threads_per_row=MAX_THREADS,
                         rows_per_cta=1, vecs_per_thread=1, chunks=n_vecs // MAX_THREADS,

@@ -16,7 +16,7 @@ Thread/value mapping of one CTA tile (rows_per_cta x cols_per_tile)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -94,13 +94,10 @@ class ForwardPlan(RowTilePlan):
 
     def grid_cap(self, sm_count: int) -> int:
         """The persistent grids' size: what is resident at once, in CTAs (``cluster``: clusters,
-        ``cluster_grid``); 0 for the grids of one tile per CTA, which grow with M. The Python
+        ``persistent_grid``); 0 for the grids of one tile per CTA, which grow with M. The Python
         launch (``grid``) and the native node's rule read it."""
-        if not self.persistent:
-            return 0
-        if self.cluster_n > 1:
-            return cluster_grid(sm_count, self.ctas_per_sm, self.cluster_n)
-        return max(1, sm_count * self.ctas_per_sm)
+        return persistent_grid(sm_count, self.ctas_per_sm, self.cluster_n) \
+            if self.persistent else 0
 
     def grid(self, M: int, sm_count: int) -> int:
         tiles = -(-M // self.rows_per_cta)
@@ -296,9 +293,12 @@ CLUSTER_COPIES_PER_THREAD = 4
 CLUSTER_GRID_WAVES = 8
 
 
-def cluster_grid(sm_count: int, ctas_per_sm: int, cluster_n: int) -> int:
-    """Clusters of a cluster kernel's persistent grid (CLUSTER_GRID_WAVES nominal waves)."""
-    return CLUSTER_GRID_WAVES * max(1, sm_count * ctas_per_sm // cluster_n)
+def persistent_grid(sm_count: int, ctas_per_sm: int, cluster_n: int = 1) -> int:
+    """A persistent kernel's grid: ``ctas_per_sm`` CTAs on each SM, resident all at once; for a
+    cluster kernel (``cluster_n`` > 1), clusters in CLUSTER_GRID_WAVES nominal waves."""
+    if cluster_n > 1:
+        return CLUSTER_GRID_WAVES * max(1, sm_count * ctas_per_sm // cluster_n)
+    return max(1, sm_count * ctas_per_sm)
 
 
 # A row that one CTA takes in at least this many column chunks goes to a cluster under `auto`:
@@ -360,6 +360,20 @@ MAX_STAGES = 4
 STAGED_SMEM_PER_SM = 220 * 1024
 
 
+def staged_fit(ctas: int, stage_bytes: int, what: str) -> Tuple[int, int]:
+    """``(ctas, stages)`` of a staged plan: as many of the ``ctas`` the registers allow as leave
+    each at least two stages of ``stage_bytes`` in STAGED_SMEM_PER_SM, and as many stages (at
+    most MAX_STAGES) as then fit; NotEligible, naming ``what`` two stages hold, where not even
+    one CTA's two do."""
+    while ctas > 1 and STAGED_SMEM_PER_SM // ctas < 2 * stage_bytes:
+        ctas -= 1
+    stages = min(MAX_STAGES, STAGED_SMEM_PER_SM // ctas // stage_bytes)
+    if stages < 2:
+        raise NotEligible(f"{what} ({2 * stage_bytes // 1024} KB) do not fit "
+                          f"{STAGED_SMEM_PER_SM // 1024} KB of shared memory")
+    return ctas, stages
+
+
 def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
     """The ``staged`` plan: a row too wide for one CTA's registers goes through a ring of
     ``stages`` rows in shared memory, filled by ``cp.async`` ``stages - 1`` rows ahead, while a
@@ -382,14 +396,9 @@ def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
     row_bytes = n_vecs * COPY_BYTES
     # w, and the thread's x of the row: ptxas hoists the shared-memory reads of the unrolled
     # chunks (at 24576 bf16 it spilled when held to two CTAs an SM); + 16 for the fp32 math
-    ctas = resident_ctas(MAX_THREADS, elems * (w_bytes + _ELEM_BYTES[common["x_dtype"]]),
-                         extra_regs=16)
-    while ctas > 1 and STAGED_SMEM_PER_SM // ctas < 2 * row_bytes:
-        ctas -= 1
-    stages = min(MAX_STAGES, STAGED_SMEM_PER_SM // ctas // row_bytes)
-    if stages < 2:
-        raise NotEligible(f"two rows ({2 * row_bytes // 1024} KB) do not fit "
-                          f"{STAGED_SMEM_PER_SM // 1024} KB of shared memory")
+    ctas, stages = staged_fit(resident_ctas(
+        MAX_THREADS, elems * (w_bytes + _ELEM_BYTES[common["x_dtype"]]), extra_regs=16),
+        row_bytes, "two rows")
     return ForwardPlan(threads_per_row=MAX_THREADS, rows_per_cta=1, vecs_per_thread=1,
                        chunks=n_vecs // MAX_THREADS, ctas_per_sm=ctas, stages=stages, **common)
 
