@@ -169,9 +169,10 @@ def _cold_graph_us(call, M: int, N: int, replays: int):
     return graph_time_us(rotating(lambda s: call(*s), sets), replays=replays, calls_multiple=k)
 
 
-def live_rows(kind: str, **kw) -> List[dict]:
-    """Results rows measured now on the GPU (``results.write``'s format, this machine's
-    provenance), as ``bench.host`` records them with fewer rounds. ``kind``:
+def live_rows(kind: str, prov: Optional[dict] = None, **kw) -> List[dict]:
+    """Results rows measured now on the GPU (``results.write``'s format; ``prov``: the
+    provenance of the run they belong to, this machine's now if None: rows meant to read as one
+    run share one), as ``bench.host`` records them with fewer rounds. ``kind``:
 
     * ``crossover``: the default path's forward by graph replay of one input against M (kw
       ``Ms``), and the lab's and torch's kernels on inputs rotated past the L2 (kw
@@ -189,7 +190,7 @@ def live_rows(kind: str, **kw) -> List[dict]:
     from ..bench.runner import make_row
     from ..bench.timing import graph_time_us, interleaved_host_time_us
     from ..results import provenance
-    prov = provenance.collect()
+    prov = provenance.collect() if prov is None else prov
     M0, N0 = HOST_SHAPE
     rows: List[dict] = []
     if kind == "crossover":
