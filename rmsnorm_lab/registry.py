@@ -49,9 +49,7 @@ VARIANTS: Tuple[Variant, ...] = (
     Variant("persistent", "fwd", "cute", 0xFFCC79A7, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("warp", "fwd", "cute", 0xFF009E73, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("cluster", "fwd", "cute", 0xFF56B4E9, "rmsnorm_lab.cute.plan:plan_forward"),
-    # compiled and PTX-checked, not yet run on a GPU: out of the sweeps until its GPU tests pass
-    Variant("staged", "fwd", "cute", 0xFF332288, "rmsnorm_lab.cute.plan:plan_forward",
-            benchmarked=False),
+    Variant("staged", "fwd", "cute", 0xFF332288, "rmsnorm_lab.cute.plan:plan_forward"),
     Variant("fallback", "fwd", "cute", 0xFFD55E00, "rmsnorm_lab.cute.plan:plan_forward",
             benchmarked=False),
     Variant("fused", "bwd", "cute", 0xFFE69F00, "rmsnorm_lab.cute.backward_plan:plan_backward"),

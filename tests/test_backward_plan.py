@@ -271,6 +271,19 @@ def test_staged_backward_keeps_rows_in_flight_in_shared_memory():
         plan_staged_backward(4096, BF16, BF16, "llama", False)
 
 
+def test_auto_mode_stages_the_fused_adds_rows_where_its_fused_plan_holds_no_next_row():
+    def auto(N, dtype=BF16):
+        return auto_mode(4096, N, dtype, dtype, "llama", True, dh=True, arch="sm_90a")
+    for N in (2048, 4096):
+        assert not plan_backward("fused", N, BF16, BF16, "llama", True, dh=True).prefetch
+        assert auto(N) == "staged"
+    assert plan_backward("fused", 8192, BF16, BF16, "llama", True, dh=True).prefetch
+    assert auto(8192) == "fused"
+    assert auto(16384) == "staged"            # no fused plan: staged rather than split
+    assert auto(1024) == "fused"              # too narrow for the staged copies
+    assert auto_mode(4096, 4096, BF16, BF16, "llama", True) == "fused"  # no dh: the row prefetches
+
+
 def test_auto_mode_stages_rows_the_fused_plan_takes_in_two_chunks():
     """Staged where the fused plan needs column chunks and two rows fit shared memory; fused where
     the row fits registers (staging measured slower there); cluster from three chunks."""
@@ -281,6 +294,6 @@ def test_auto_mode_stages_rows_the_fused_plan_takes_in_two_chunks():
     assert auto(16384) == auto(24576) == auto(12288, F32) == "staged"
     assert auto(16384, F32) == "fused"        # two rows of x and dy exceed shared memory
     assert auto(32768) == "cluster"
-    assert auto(16384, dh=True) == "split"    # the fused add: no staged (nor chunked) backward
+    assert auto(32768, dh=True) == "split"    # the fused add: no cluster, nor two staged rows
     assert auto_mode(4096, 16384, BF16, None, "llama", True, arch="sm_90a") == "split"
 

@@ -118,6 +118,17 @@ def test_auto_takes_a_cluster_where_a_row_needs_three_column_chunks_or_more():
     assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
 
 
+def test_auto_stages_rows_of_three_chunks_where_two_fit_shared_memory():
+    assert plan("row", 49152).chunks == 3
+    for arch in ("sm_90a", "sm_80", None):
+        assert auto_variant(49152, True, BF16, 4096, BF16, arch) == "staged"
+        assert auto_variant(24576, True, F32, 4096, F32, arch) == "staged"
+        assert auto_variant(32768, True, BF16, 4096, BF16, arch) == "row"   # two chunks
+    with pytest.raises(NotEligible):
+        plan("staged", 65536)                 # two 128 KB rows: the cluster's, on Hopper
+    assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a") == "cluster"
+
+
 def test_staged_rows_are_wide_rows_ringed_through_shared_memory():
     from rmsnorm_lab.cute.plan import STAGED_SMEM_PER_SM
     p = plan("staged", 32768)

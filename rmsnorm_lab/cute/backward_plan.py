@@ -370,9 +370,11 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     or cannot take, on an architecture with clusters); ``staged`` where the fused plan takes the
     row in column chunks and two rows of x and dy fit shared memory (the row then comes from DRAM
     once, where the chunks read it a second time, mostly from L2: 413 against 478 µs at
-    16384×16384 bf16 on the H200); else ``fused`` whenever there is a weight and a fused plan
-    exists (the row in registers, or in column chunks with dW in shared memory): it reads x and
-    dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv) fused beat
+    16384×16384 bf16 on the H200); for the fused add (``dh``), ``staged`` where its fused plan
+    holds no next row in registers or has no plan (528.7 against 612.8 µs at 65536×4096 bf16 on
+    the H200, results/NOTES.md, "The fused add's staged backward"); else ``fused`` whenever
+    there is a weight and a fused plan exists (the row in registers, or in column chunks with dW
+    in shared memory): it reads x and dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv) fused beat
     split at every shape of the sweep (results/NOTES.md, "Backward sweep with peers"). Without a
     weight there is no dW to accumulate, and ``split`` is the dx kernel alone (one CTA per
     row)."""
@@ -386,14 +388,17 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     try:
         fused = plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned, dh)
     except NotEligible:
-        return "split"
-    if fused.chunks > 1 and not dh:
+        fused = None
+    # the fused add's fused plan holds no next row where dh takes its room (or has no plan)
+    stage = (fused is None or not fused.prefetch) if dh else (fused is not None
+                                                               and fused.chunks > 1)
+    if stage:
         try:
-            plan_staged_backward(N, x_dtype, w_dtype, casting_mode, aligned)
+            plan_staged_backward(N, x_dtype, w_dtype, casting_mode, aligned, dh)
             return "staged"
         except NotEligible:
             pass
-    return "fused"
+    return "split" if fused is None else "fused"
 
 
 def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],

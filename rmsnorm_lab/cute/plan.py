@@ -322,6 +322,21 @@ def clusters_pay(chunks, cluster_plan) -> bool:
         return True
 
 
+def staging_pays(chunks, staged_plan) -> bool:
+    """Whether the forward's ``auto`` takes the staged plan: rows the chunked plan takes in at
+    least AUTO_CLUSTER_MIN_CHUNKS column chunks, where two of them fit shared memory. On the H200
+    (bf16, 4096×49152: three chunks) the ring took 214 µs against the chunked row's 219 and the
+    cluster's 271; at two chunks (N=32768) it trailed the chunked row by 5–6%
+    (results/NOTES.md, "The ring forward")."""
+    try:
+        if chunks() < AUTO_CLUSTER_MIN_CHUNKS:
+            return False
+        staged_plan()
+    except NotEligible:
+        return False
+    return True
+
+
 def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -> ForwardPlan:
     """The ``cluster`` plan: a row too wide for one CTA's registers split over a cluster's CTAs
     (a power of two), each a column slice of CLUSTER_COPIES_PER_THREAD copies a thread where the
@@ -441,7 +456,8 @@ AUTO_PERSISTENT_MAX_ROWS = 2048
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
                  w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None) -> str:
     """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
-    (results/NOTES.md, "`auto` looks at M"): a cluster where ``clusters_pay`` (rows of many
+    (results/NOTES.md, "`auto` looks at M"): staged where ``staging_pays`` (rows of many column
+    chunks, two of which fit shared memory), else a cluster where ``clusters_pay`` (rows of many
     column chunks, on an architecture with clusters), else persistent for at most
     AUTO_PERSISTENT_MAX_ROWS rows where its CTAs hold the next row in flight (``prefetch``: the
     row fits their registers twice), else warp-per-row for rows of at most
@@ -451,8 +467,12 @@ def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
+    row_chunks = lambda: plan_forward("row", N, x_dtype, w_dtype, "llama", False, True).chunks
+    if staging_pays(row_chunks, lambda: plan_forward("staged", N, x_dtype, w_dtype, "llama",
+                                                     False, True, arch)):
+        return "staged"
     if arch in CLUSTER_ARCHS and clusters_pay(
-            lambda: plan_forward("row", N, x_dtype, w_dtype, "llama", False, True).chunks,
+            row_chunks,
             lambda: plan_forward("cluster", N, x_dtype, w_dtype, "llama", False, True, arch)):
         return "cluster"
     if M <= AUTO_PERSISTENT_MAX_ROWS and plan_forward(
