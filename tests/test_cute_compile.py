@@ -1,6 +1,8 @@
 """Every CuTe forward variant compiles without a GPU for Hopper and Blackwell, and the code it
 produces moves data the way the lab claims: 16-byte global accesses, no local memory, no spills."""
 
+import re
+
 import pytest
 import torch
 
@@ -54,6 +56,9 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
         blocks = -(-min(N, plan.cols_per_tile * plan.chunks) // (plan.vec * plan.threads_per_row))
         assert facts.global_loads_16B >= blocks
         assert facts.global_stores_16B >= blocks
+    # rows in column chunks store y evict-first: the second pass re-reads the row from L2
+    streaming = len(re.findall(r"\bst\.global\.cs\.", facts.ptx))
+    assert (streaming > 0) == (plan.chunks > 1), (plan.chunks, streaming)
     assert facts.local_accesses == 0
     # the warp-level butterfly over a row's lanes: 16, 8, 4, 2, 1 for a whole warp
     lanes = min(plan.threads_per_row, 32)
