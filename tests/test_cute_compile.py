@@ -56,9 +56,10 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
         blocks = -(-min(N, plan.cols_per_tile * plan.chunks) // (plan.vec * plan.threads_per_row))
         assert facts.global_loads_16B >= blocks
         assert facts.global_stores_16B >= blocks
-    # rows in column chunks store y evict-first: the second pass re-reads the row from L2
+    # rows wider than the registers store y evict-first: the second pass re-reads them from L2
     streaming = len(re.findall(r"\bst\.global\.cs\.", facts.ptx))
-    assert (streaming > 0) == (plan.chunks > 1), (plan.chunks, streaming)
+    assert (streaming > 0) == plan.stream_y, (plan.chunks, streaming)
+    assert plan.stream_y == (plan.chunks > 1 and not plan.min_ctas_per_sm)
     assert facts.local_accesses == 0
     # the warp-level butterfly over a row's lanes: 16, 8, 4, 2, 1 for a whole warp
     lanes = min(plan.threads_per_row, 32)

@@ -106,9 +106,9 @@ def test_auto_falls_back_for_unaligned_or_odd_widths():
     assert auto_variant(1024, True, F32, 16384) == "row"  # 4 KB rows
 
 
-def test_auto_takes_a_cluster_where_a_row_needs_three_column_chunks_or_more():
+def test_auto_takes_a_cluster_where_a_row_needs_four_column_chunks_or_more():
     from rmsnorm_lab.cute.plan import AUTO_CLUSTER_MIN_CHUNKS
-    assert plan("row", 32768).chunks < AUTO_CLUSTER_MIN_CHUNKS <= plan("row", 65536).chunks
+    assert plan("row", 49152).chunks < AUTO_CLUSTER_MIN_CHUNKS["fwd"] <= plan("row", 65536).chunks
     for M in (1, 16384):
         assert auto_variant(65536, True, BF16, M, BF16, "sm_90a") == "cluster"
         assert auto_variant(65536, True, BF16, M, BF16, "sm_100a") == "cluster"
@@ -118,15 +118,15 @@ def test_auto_takes_a_cluster_where_a_row_needs_three_column_chunks_or_more():
     assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
 
 
-def test_auto_stages_rows_of_three_chunks_where_two_fit_shared_memory():
+def test_auto_keeps_the_chunked_row_at_three_chunks_and_never_stages():
     assert plan("row", 49152).chunks == 3
     for arch in ("sm_90a", "sm_80", None):
-        assert auto_variant(49152, True, BF16, 4096, BF16, arch) == "staged"
-        assert auto_variant(24576, True, F32, 4096, F32, arch) == "staged"
-        assert auto_variant(32768, True, BF16, 4096, BF16, arch) == "row"   # two chunks
-    with pytest.raises(NotEligible):
-        plan("staged", 65536)                 # two 128 KB rows: the cluster's, on Hopper
+        for N, dtype in ((32768, BF16), (49152, BF16), (24576, F32)):
+            assert auto_variant(N, True, dtype, 4096, dtype, arch) == "row"
     assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a") == "cluster"
+    for N in (1024, 4096, 16384, 32768, 49152, 65536, 131072):
+        for M in (1, 4096, 65536):
+            assert auto_variant(N, True, BF16, M, BF16, "sm_90a") != "staged"
 
 
 def test_staged_rows_are_wide_rows_ringed_through_shared_memory():
@@ -228,3 +228,11 @@ def test_compile_target_for_every_architecture_torch_reports():
     from rmsnorm_lab.cute.compile import arch_name
     assert [arch_name(*cc) for cc in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0))] \
         == ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a"]
+
+
+def test_y_streams_past_l2_only_for_rows_wider_than_the_registers():
+    wide = plan_forward("row", 32768, BF16, BF16, "llama", False, True, arch="sm_90a")
+    assert wide.chunks > 1 and wide.stream_y
+    tile = plan_forward("row", 8192, BF16, BF16, "llama", False, True, arch="sm_90a")
+    assert tile.chunks == 2 and tile.min_ctas_per_sm and not tile.stream_y  # the two-pass tile
+    assert not plan_forward("row", 4096, BF16, BF16, "llama", False, True, arch="sm_90a").stream_y

@@ -381,6 +381,7 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     if w_dtype is None:
         return "split"
     if arch in CLUSTER_ARCHS and not dh and clusters_pay(
+            "bwd",
             lambda: plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned).chunks,
             lambda: plan_cluster_backward(N, x_dtype, w_dtype, casting_mode, aligned,
                                           arch=arch)):

@@ -249,16 +249,14 @@ class RMSNormForward(RowTiles):
         tXrY.store(y.to(self.x_type))
         tXgY = thr_x.partition_D(cute.local_tile(mY, tiler, (tile, c)))
         store = tiled_x
-        if cutlass.const_expr(self.plan.chunks > 1):
+        if cutlass.const_expr(self.plan.stream_y):
             store = self.streaming_store()
         if row_ok:
             cute.copy(store, tXrY, tXgY, pred=self.column_predicate(tXcX, c))
 
     def streaming_store(self):
-        """y's copy for rows taken in column chunks: ``st.global.cs``, evict first, so y's lines
-        leave L2 before the rows the second pass reads back from it (at 32768 bf16 on the H200:
-        136.4 against 137.5 µs at 4096 rows, 526.9 against 533.1 at 16384; results/NOTES.md,
-        "Streaming stores for the chunked row")."""
+        """y's copy where ``plan.stream_y``: ``st.global.cs``, evict first, so y's lines leave
+        L2 before the rows the second pass reads back from it."""
         return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), self.x_type,
                                    num_bits_per_copy=self.plan.vec * self.x_type.width,
                                    store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)

@@ -81,6 +81,9 @@ class ForwardPlan(RowTilePlan):
     cluster_n: int = 1
     #: staged: rows of the CTA's strip in flight in shared memory (0: other variants)
     stages: int = 0
+    #: y stored evict-first (``st.global.cs``): rows too wide for the registers, whose second
+    #: pass reads the row back from L2 while y streams past it
+    stream_y: bool = False
 
     @property
     def persistent(self) -> bool:
@@ -271,9 +274,14 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         ctas_per_sm = resident_ctas(  # + 4 registers: the row loop's index and bounds
             threads, vecs_per_thread * vec * ((2 if prefetch else 1) * x_bytes + w_bytes),
             extra_regs=4)
+    # Evict-first stores paid where the row is wider than the registers (32768 bf16 on the H200:
+    # 136.7 against 137.6 µs at 4096 rows, 527.9 against 533.8 at 16384) and cost 1% on the
+    # two-pass tile, whose rows in flight fit L2 many times over (results/NOTES.md, "Streaming
+    # stores for the chunked row").
+    stream_y = chunks > 1 and not min_ctas_per_sm
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
-                       min_ctas_per_sm=min_ctas_per_sm,
+                       min_ctas_per_sm=min_ctas_per_sm, stream_y=stream_y,
                        pdl=pdl and uses_pdl(variant, threads, arch), **common)
 
 
@@ -301,40 +309,27 @@ def persistent_grid(sm_count: int, ctas_per_sm: int, cluster_n: int = 1) -> int:
     return max(1, sm_count * ctas_per_sm)
 
 
-# A row that one CTA takes in at least this many column chunks goes to a cluster under `auto`:
-# on the H200 (bf16) the cluster won at 3 and 4 chunks (backward N=32768, forward N=65536) and
-# lost at 2 (backward N=16384, forward N=32768), each chunk past the first a re-read of the row
-# from L2 against one exchange per row (results/NOTES.md, "The clusters' first run").
-AUTO_CLUSTER_MIN_CHUNKS = 3
+# A row that one CTA takes in at least this many column chunks goes to a cluster under `auto`,
+# per op: each chunk past the first re-reads the row, mostly from L2, against one exchange per
+# row in a cluster. On the H200 (bf16) the backward's cluster won from 3 chunks (N=32768) and lost
+# at 2 (N=16384); the forward's won at 4 (N=65536: 283.0 against the chunked row's 315.1 µs) and
+# lost at 3 (N=49152: 271.4 against 212.4, the chunked row storing y evict-first)
+# (results/NOTES.md, "The clusters' first run", "The wide forward's last run").
+AUTO_CLUSTER_MIN_CHUNKS = {"fwd": 4, "bwd": 3}
 
 
-def clusters_pay(chunks, cluster_plan) -> bool:
-    """Whether ``auto`` takes the cluster plan: ``chunks()`` is the chunked plan's column chunks
-    (raising NotEligible where there is no chunked plan); ``cluster_plan()`` raises where the
-    row has no cluster plan."""
+def clusters_pay(op: str, chunks, cluster_plan) -> bool:
+    """Whether ``auto`` takes the cluster plan for ``op`` (fwd, bwd): ``chunks()`` is the chunked
+    plan's column chunks (raising NotEligible where there is no chunked plan); ``cluster_plan()``
+    raises where the row has no cluster plan."""
     try:
         cluster_plan()
     except NotEligible:
         return False
     try:
-        return chunks() >= AUTO_CLUSTER_MIN_CHUNKS
+        return chunks() >= AUTO_CLUSTER_MIN_CHUNKS[op]
     except NotEligible:
         return True
-
-
-def staging_pays(chunks, staged_plan) -> bool:
-    """Whether the forward's ``auto`` takes the staged plan: rows the chunked plan takes in at
-    least AUTO_CLUSTER_MIN_CHUNKS column chunks, where two of them fit shared memory. On the H200
-    (bf16, 4096×49152: three chunks) the ring took 214 µs against the chunked row's 219 and the
-    cluster's 271; at two chunks (N=32768) it trailed the chunked row by 5–6%
-    (results/NOTES.md, "The ring forward")."""
-    try:
-        if chunks() < AUTO_CLUSTER_MIN_CHUNKS:
-            return False
-        staged_plan()
-    except NotEligible:
-        return False
-    return True
 
 
 def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -> ForwardPlan:
@@ -456,8 +451,7 @@ AUTO_PERSISTENT_MAX_ROWS = 2048
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
                  w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None) -> str:
     """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
-    (results/NOTES.md, "`auto` looks at M"): staged where ``staging_pays`` (rows of many column
-    chunks, two of which fit shared memory), else a cluster where ``clusters_pay`` (rows of many
+    (results/NOTES.md, "`auto` looks at M"): a cluster where ``clusters_pay`` (rows of many
     column chunks, on an architecture with clusters), else persistent for at most
     AUTO_PERSISTENT_MAX_ROWS rows where its CTAs hold the next row in flight (``prefetch``: the
     row fits their registers twice), else warp-per-row for rows of at most
@@ -467,12 +461,8 @@ def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
-    row_chunks = lambda: plan_forward("row", N, x_dtype, w_dtype, "llama", False, True).chunks
-    if staging_pays(row_chunks, lambda: plan_forward("staged", N, x_dtype, w_dtype, "llama",
-                                                     False, True, arch)):
-        return "staged"
     if arch in CLUSTER_ARCHS and clusters_pay(
-            row_chunks,
+            "fwd", lambda: plan_forward("row", N, x_dtype, w_dtype, "llama", False, True).chunks,
             lambda: plan_forward("cluster", N, x_dtype, w_dtype, "llama", False, True, arch)):
         return "cluster"
     if M <= AUTO_PERSISTENT_MAX_ROWS and plan_forward(
