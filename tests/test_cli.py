@@ -177,6 +177,14 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     # the cross-GPU verdicts come with the check on the calibration GPU itself
     caveat = "On the H200 itself the model's call ratio for the same pair is"
     assert caveat in md and "  caveat: on the H200 itself" in p.stdout
+    # captions under the figures that need one, and the eager decode ratios' caveat
+    for fig, says in (("h200-bwd-eager-vs-graph.png", "Eager (`do_bench`) at small M"),
+                      ("h200-host-cache-cap.png", "Left panel: peak memory counted from")):
+        assert md.split(f"![{fig}]({fig})")[1].lstrip().startswith(says)
+    assert "Eager decode (`decode wall`) is host-bound" in md
+    assert "  caveat: eager decode" in p.stdout
+    cross = md.split("Crossover M (")[1].split("Reported device times")[0]
+    assert "| cute.auto@tvm_ffi |" in cross and "| cute.row |" not in cross
 
 
 # --- what the command line says when it is given something it cannot use --------------------

@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -257,3 +258,17 @@ def test_an_answering_index_is_reachable_whatever_its_status():
 def test_shell_scripts_parse():
     for script in ("install.sh", "tests/run.sh", ".ci/run"):
         subprocess.run(["bash", "-n", str(REPO / script)], check=True)
+
+
+def test_the_readme_script_example_runs_on_a_cpu():
+    """The "Use from a script" block, as a reader copies it, on a machine without a GPU."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Use from a script", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    if torch.cuda.is_available():
+        pytest.skip("the block picks the GPU where there is one")
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    y, h = scope["y"], scope["h"]
+    assert torch.equal(h, scope["x"].detach() + scope["r"]) and y.shape == h.shape
+    assert scope["x"].grad is not None and scope["replaced"]

@@ -33,6 +33,21 @@ from .host import HOST_SHAPE, host_table
 from .tables import one_gpu
 
 COLUMNS = ["kernel", "host µs", "crossover M", "bound", "reads"]
+#: the host-measured names the cross-GPU tables (notebook 04, the report) show: the lab's default
+#: launch path and the peers, each as the host benchmark timed it (``shown_hosts``)
+HOSTS_SHOWN = ("cute.auto@tvm_ffi", "triton.row", "liger.cutedsl", "liger.triton", "quack",
+               "torch.native")
+#: ``model.host_costs``'s ``source`` of a cost from the host benchmark (``bench --op host``)
+HOST_BENCHMARK = "host benchmark"
+
+
+def shown_hosts(hosts: pd.DataFrame, names: Sequence[str] = HOSTS_SHOWN) -> pd.DataFrame:
+    """The rows of ``hosts`` (``model.host_costs``) that the cross-GPU tables compare: those of
+    ``names`` whose cost the host benchmark timed (``source``), in that order. A sweep's own host
+    row is left out: timed apart from the others, and for a pinned lab variant inside
+    ``settings.override``, it does not compare with them."""
+    h = hosts[hosts["impl"].isin(list(names)) & (hosts["source"] == HOST_BENCHMARK)]
+    return h.set_index("impl").reindex([n for n in names if n in set(h["impl"])]).reset_index()
 
 
 @dataclasses.dataclass(frozen=True)

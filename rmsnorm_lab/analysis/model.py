@@ -43,7 +43,8 @@ import pandas as pd
 
 from ..results import CEILINGS, latest
 from . import MEASURED, MODELLED
-from .crossover import crossover_table as measured_crossover_table, kernel_of
+from .crossover import (HOST_BENCHMARK, HOSTS_SHOWN, kernel_of,  # noqa: F401 (shared names)
+                        crossover_table as measured_crossover_table, shown_hosts)
 from .specs import SPECS, GPUSpec, spec
 
 SPECS_KEYS = frozenset(SPECS)
@@ -85,6 +86,15 @@ def call_us(host: float, device: float, gpu: str, how: str = "do_bench",
     if how == "do_bench":
         return device + max(0.0, host - flush_us(gpu, copy_eff))
     raise ValueError(f"how must be one of {CALL_MODELS}, got {how!r}")
+
+
+def bound(host: float, device: float, gpu: str, how: str = "do_bench",
+          copy_eff: float = DEFAULT_COPY_EFFICIENCY) -> str:
+    """Which term of ``call_us`` is the larger, ``"host"`` or ``"device"``: the host time the
+    call model lets show (``pipelined``: all of it; ``do_bench``: what lies beyond the flush)
+    against the device time."""
+    shown = host - (flush_us(gpu, copy_eff) if how == "do_bench" else 0.0)
+    return "host" if shown > device else "device"
 
 
 def bytes_moved(op: str, M: int, N: int, dtype: str = "bf16") -> float:
@@ -188,9 +198,12 @@ def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd") ->
     (``bench --op host``: every implementation interleaved on one host, so their costs compare),
     else of its newest run (the code as it is; older runs measured older launch paths); host
     costs also drift between runs and hosts far more than device times, so ``p20`` and ``p80``
-    are the smallest and largest median over every recorded run, ``runs`` their count.
-    Columns: impl, device_impl, M, N, host_us, p20, p80, runs."""
-    cols = ["impl", "device_impl", "M", "N", "host_us", "p20", "p80", "runs"]
+    are the smallest and largest median over every recorded run, ``runs`` their count;
+    ``source`` says where ``host_us`` comes from: ``host benchmark`` or ``sweep`` (a sweep's own
+    host rows, timed apart from the others and, for a pinned lab variant, inside
+    ``settings.override``: they do not compare with the host benchmark's).
+    Columns: impl, device_impl, M, N, host_us, p20, p80, runs, source."""
+    cols = ["impl", "device_impl", "M", "N", "host_us", "p20", "p80", "runs", "source"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     d = df[(df["gpu"] == gpu) & (df["path"] == "host") & (df["metric"] == "host")
@@ -204,13 +217,17 @@ def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd") ->
     # the host benchmark's runs are the ones that time launch paths (``cute.auto@tvm_ffi``)
     bench_runs = d.loc[d["impl"].str.contains("@", regex=False), "_t"]
     g = d.groupby("impl")
-    chosen = g["p50"].last()
+    chosen, when = g["p50"].last(), g["_t"].last()
     if len(bench_runs):
-        chosen.update(d[d["_t"] == bench_runs.max()].set_index("impl")["p50"])
+        newest = d[d["_t"] == bench_runs.max()].set_index("impl")
+        chosen.update(newest["p50"])
+        when.update(newest["_t"])
     out = pd.DataFrame({"impl": list(g.groups), "M": g["M"].first().values,
                         "N": g["N"].first().values, "host_us": chosen.values,
                         "p20": g["p50"].min().values, "p80": g["p50"].max().values,
-                        "runs": g["p50"].size().values})
+                        "runs": g["p50"].size().values,
+                        "source": np.where(when.isin(set(bench_runs)), HOST_BENCHMARK,
+                                           "sweep")})
     out["device_impl"] = out["impl"].map(device_impl)
     return out.sort_values("impl").reset_index(drop=True)[cols]
 
@@ -221,7 +238,7 @@ def with_host(hosts: pd.DataFrame, impl: str, host_us: float) -> pd.DataFrame:
     out = hosts[hosts["impl"] != impl]
     row = pd.DataFrame([{"impl": impl, "device_impl": device_impl(impl), "M": 0, "N": 0,
                          "host_us": float(host_us), "p20": float(host_us),
-                         "p80": float(host_us)}])
+                         "p80": float(host_us), "source": "scenario"}])
     return pd.concat([out, row], ignore_index=True)
 
 
@@ -357,7 +374,9 @@ def pr_comparison(df: pd.DataFrame, reported: pd.DataFrame, op: str = "fwd",
     """CuTe time / Triton time, modelled per pair, GPU and M, next to the reported ratio and the
     ratio measured eagerly on the calibration GPU. ``device ratio`` is the kernels alone;
     ``call ratio`` adds the host term by the ``how`` call model (``do_bench``: what the PRs and
-    this lab's eager timer measure); ``bound`` says which term is larger on each side."""
+    this lab's eager timer measure); ``bound (cute, triton)`` says which term of that call model
+    is the larger on each side (``bound``); ``flush_us`` is the L2 flush under which the
+    ``do_bench`` model hides host time."""
     cal = calibrate(df) if cal is None else cal
     hosts = host_costs(df, op=op) if hosts is None else hosts
     ce = copy_efficiency(df)
@@ -372,6 +391,7 @@ def pr_comparison(df: pd.DataFrame, reported: pd.DataFrame, op: str = "fwd",
         measured = sorted(set(eager["gpu"])) if not eager.empty else []
         for gpu in dict.fromkeys([CALIBRATION_GPU, *gpus, *[g for g in measured
                                                               if g in SPECS_KEYS]]):
+            flush = flush_us(gpu, ce)
             for M in Ms:
                 dc, dt = (device_us(cal, op, device_impl(i), gpu, M, N) for i in (cute, tri))
                 cc, ct = (call_us(hc, dc, gpu, how, ce), call_us(ht, dt, gpu, how, ce))
@@ -387,8 +407,9 @@ def pr_comparison(df: pd.DataFrame, reported: pd.DataFrame, op: str = "fwd",
                              "device cute_us": dc, "device triton_us": dt,
                              "host cute_us": hc, "host triton_us": ht,
                              "device ratio": dc / dt, "call ratio (modelled)": cc / ct,
-                             "bound (cute, triton)": f"{'host' if hc > dc else 'device'}, "
-                                                      f"{'host' if ht > dt else 'device'}",
+                             "bound (cute, triton)": f"{bound(hc, dc, gpu, how, ce)}, "
+                                                      f"{bound(ht, dt, gpu, how, ce)}",
+                             "call model": how, "flush_us": flush,
                              "reported ratio": float(rep["value"].iloc[0]) if len(rep) else
                              math.nan,
                              "measured eager ratio": meas})
@@ -425,12 +446,25 @@ def finding(pr: pd.DataFrame, M: int = 8192) -> Dict[str, str]:
         verdict = (f"{claim} and magnitude reproduced" if ok and close else
                    f"{claim} reproduced, magnitude not" if ok else
                    f"{claim} not reproduced")
-        cute_b, triton_b = (b.strip() for b in r["bound (cute, triton)"].split(","))
+        sides = [_side(who, b.strip(), r[f"host {k}_us"], r[f"device {k}_us"], r)
+                 for who, k, b in zip(("CuTe", "Triton"), ("cute", "triton"),
+                                      r["bound (cute, triton)"].split(","))]
         out[gpu] = (f"{verdict}: modelled {ratio:.2f} against reported {rep:.2f} (kernels alone "
-                    f"{r['device ratio']:.2f}; CuTe's call {cute_b}-bound, Triton's "
-                    f"{triton_b}-bound)")
+                    f"{r['device ratio']:.2f}; {'; '.join(sides)})")
     out["overall"] = "; ".join(f"{g}: {v.split(':')[0]}" for g, v in out.items())
     return out
+
+
+def _side(who: str, bound_: str, host: float, device: float, r: pd.Series) -> str:
+    """One side of ``finding``'s bracket: which term bounds ``who``'s call under the row's call
+    model, with the numbers that decide it."""
+    head, flush = f"{who}'s call {bound_}-bound", r.get("flush_us", 0.0)
+    if r.get("call model", "do_bench") != "do_bench":
+        return f"{head}, {host:.0f} µs host against a {device:.0f} µs kernel"
+    if host <= flush:
+        return f"{head}, its {host:.0f} µs host hidden under the {flush:.0f} µs L2 flush"
+    return (f"{head}, {host - flush:.0f} µs of its {host:.0f} µs host beyond the {flush:.0f} µs "
+            f"flush against a {device:.0f} µs kernel")
 
 
 def calibration_check(pr: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import pandas as pd
 
@@ -72,7 +72,9 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
     if cal.empty:
         md += ["No CUDA-graph measurements to calibrate the model on: nothing to model.", ""]
         return md, headline
-    md += ["Bandwidth, datasheet vs measured copy:", "",
+    md += ["Bandwidth, datasheet vs measured copy; each GPU's copy as measured in the run "
+           "named (of its forward runs, the one that measured the most rows), the copy that "
+           "run's cells of the forward's `% of copy` table are divided by:", "",
            markdown_table(bandwidth_table(df).drop(columns="kind"), 0), ""]
     hosts = model.host_costs(df)
     pr = model.pr_comparison(df, reported, cal=cal, hosts=hosts)
@@ -116,9 +118,17 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
         cols = ["pair", "gpu", "M", "device ratio", "call ratio (modelled)",
                 "reported ratio", "measured eager ratio"]
         md += ["", "CuTe / Triton time per call:", "", markdown_table(pr[cols]), ""]
-        cross = model.crossover_table(df, cal=cal, hosts=hosts)
-        md += ["Crossover M (device time reaches host time; below it a call is host-bound), "
-               "N=4096 bf16 forward:", "", markdown_table(cross, 0), ""]
+        shown = model.shown_hosts(hosts)
+        if shown.empty:
+            md += ["Crossover M: no host benchmark run (`bench --op host`) to take host costs "
+                   "from.", ""]
+        else:
+            cross = model.crossover_table(df, cal=cal, hosts=shown)
+            md += ["Crossover M (device time reaches host time; below it a call is "
+                   "host-bound), N=4096 bf16 forward. Host µs from the host benchmark "
+                   "(`bench --op host`, every implementation interleaved on one host), the "
+                   "lab's default launch path and the peers; the sweeps' own host rows do not "
+                   "compare with these and are left out:", "", markdown_table(cross, 0), ""]
         headline += ["across GPUs (modelled, N=4096 fwd): " + verdict["overall"],
                      *(f"  {k}: {v}" for k, v in verdict.items() if k != "overall"),
                      *([f"  caveat: {caveat[0].lower()}{caveat[1:]}"] if caveat else []), ""]
@@ -146,10 +156,12 @@ MODEL_COLUMNS = ["train wall", "prefill wall", "decode wall", "decode events", "
 MODEL_RATIOS = ["train wall", "prefill wall", "decode wall", "decode graph"]
 
 
-def model_section(steps: pd.DataFrame, out: Path) -> Tuple[List[str], List[str]]:
+def model_section(steps: pd.DataFrame, out: Path,
+                  root: Optional[Path] = None) -> Tuple[List[str], List[str]]:
     """Notebook 05's step table per GPU: the newest run of ``bench --op model`` (every norm
     choice, ms, p50), each choice over torch's norm in the same model and run (also as a figure),
-    and the torch.compile run; (markdown lines, headline lines for stdout)."""
+    with what the decode-timer probe in ``root/<gpu>/logs`` says of its eager decode column, and
+    the torch.compile run; (markdown lines, headline lines for stdout)."""
     from matplotlib.figure import Figure
 
     from ..viz import model_step as step_figures
@@ -177,6 +189,10 @@ def model_section(steps: pd.DataFrame, out: Path) -> Tuple[List[str], List[str]]
                               .reset_index(), 2), "",
                "time over torch's norm's:", "",
                markdown_table(ratios[MODEL_RATIOS].reset_index(), 3), ""]
+        probe, prov = (model_step.decode_probe(root / gpu / "logs") if root is not None
+                       else (pd.DataFrame(), {}))
+        caveat = model_step.decode_caveat(table, run, probe, prov)
+        md += [caveat, ""] if caveat else []
         archs = sorted(ratios.index.get_level_values("arch").unique())
         fig = Figure(figsize=(6.6 * len(archs), 4.2), layout="constrained")
         span = step_figures.shared_range(ratios, MODEL_RATIOS)
@@ -200,4 +216,6 @@ def model_section(steps: pd.DataFrame, out: Path) -> Tuple[List[str], List[str]]
                 headline.append(f"{gpu} {arch} in a model, lab / torch: train "
                                 f"{r['train wall']:.3f}, decode {r['decode wall']:.3f} eager, "
                                 f"{r['decode graph']:.3f} from a graph")
+        if caveat:
+            headline.append(f"  caveat: {caveat[0].lower()}{caveat[1:]}")
     return md, headline + [""]

@@ -7,8 +7,11 @@ that slug, with the datasheet's bandwidth and the page it came from (SMs, L2 and
 theirs). Every notebook and the report pick both up; nothing else names a GPU.
 
 ``measured_copy_bandwidth`` reads the copy ceiling that the lab's own benchmark measured on a GPU
-(``impl`` ``copy``: an SM kernel reading 1 GiB and writing 1 GiB, CUDA-graph replay). The ratio
-measured / datasheet is what the model in ``model.py`` carries from one GPU to another.
+(``impl`` ``copy``: an SM kernel reading 1 GiB and writing 1 GiB, CUDA-graph replay): every run
+measures its own, and the one that stands for the GPU is the forward run's that the forward's
+"% of copy" table holds most rows against (``copy_run``), so a ratio to it quoted anywhere is the
+table's. The ratio measured / datasheet is what the model in ``model.py`` carries from one GPU to
+another.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ import dataclasses
 from typing import Dict, Optional
 
 import pandas as pd
-
-from ..results import latest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,26 +99,50 @@ def spec_table() -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("gpu")
 
 
-def measured_copy_bandwidth(df: pd.DataFrame, gpu: str, ceiling: str = "copy") -> Optional[float]:
+#: the op whose runs hold their kernels against each ceiling (``tables.CEILING_OF_OP``)
+OP_OF_CEILING = {"copy": "fwd", "copy2r1w": "bwd"}
+
+
+def copy_run(df: pd.DataFrame, gpu: str, ceiling: str = "copy") -> Optional[pd.Series]:
+    """The row of ``ceiling`` measured on ``gpu`` that stands for the GPU: the one measured in
+    the run of the op it bounds (``OP_OF_CEILING``) that measured most of that op's rows
+    (``tables.ceiling_run``), so the same ceiling most of the op's "% of copy" cells are held
+    against; its ``timestamp`` and ``commit`` name the run. None where never measured."""
+    from .tables import ceiling_run
+
+    if df is None or df.empty or gpu not in set(df["gpu"]):
+        return None
+    return ceiling_run(df, OP_OF_CEILING.get(ceiling, "fwd"), gpu)
+
+
+def measured_copy_bandwidth(df: pd.DataFrame, gpu: str, ceiling: str = "copy",
+                            run: Optional[str] = None) -> Optional[float]:
     """Median GB/s of the ``ceiling`` (``copy``: 1 read + 1 write; ``copy2r1w``) that the lab's
-    benchmark measured on ``gpu`` (newest run, CUDA-graph replay); None where never measured."""
-    if df.empty:
+    benchmark measured on ``gpu`` by CUDA-graph replay: with ``run`` (a ``timestamp``), the one
+    measured in that run, to hold that run's rows against; without, ``copy_run``'s. None where
+    not measured."""
+    if df is None or df.empty:
         return None
-    d = latest(df[(df["gpu"] == gpu) & (df["impl"] == ceiling) & (df["metric"] == "bandwidth")
-                  & (df["path"] == "graph")])
-    if d.empty:
-        return None
-    newest = pd.to_datetime(d["timestamp"], utc=True).idxmax()
-    return float(d.loc[newest, "p50"])
+    if run is None:
+        row = copy_run(df, gpu, ceiling)
+        return None if row is None else float(row["p50"])
+    d = df[(df["gpu"] == gpu) & (df["impl"] == ceiling) & (df["metric"] == "bandwidth")
+           & (df["path"] == "graph") & (df["timestamp"] == run)]
+    return float(d["p50"].iloc[-1]) if len(d) else None
 
 
 def bandwidth_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Datasheet vs measured copy bandwidth per GPU (measured only where the lab has run)."""
+    """Datasheet vs measured copy bandwidth per GPU (measured only where the lab has run), with
+    the run the copy comes from (``copy_run``: the op, commit and date)."""
     rows = []
     for s in SPECS.values():
-        copy = measured_copy_bandwidth(df, s.key)
+        row = copy_run(df, s.key)
+        copy = None if row is None else float(row["p50"])
+        where = (f"{row['op']} run {str(row.get('commit', ''))[:7]} "
+                 f"({str(row['timestamp'])[:10]})" if row is not None else None)
         rows.append({"gpu": s.key, "datasheet GB/s": s.bandwidth_gbps,
                      "measured copy GB/s": copy,
                      "copy % of datasheet": 100 * copy / s.bandwidth_gbps if copy else None,
+                     "copy measured in": where,
                      "kind": "measured" if copy else "datasheet only"})
     return pd.DataFrame(rows).set_index("gpu")

@@ -24,6 +24,7 @@ import pandas as pd
 from . import MEASURED, MODELLED, REPORTED
 from .model import MODEL_GPUS, REF_N, bytes_moved, device_us
 from .specs import measured_copy_bandwidth, spec
+from .tables import CEILING_OF_OP
 
 #: floating-point operations per element of the M×N input (see the module docstring)
 FLOPS_PER_ELEMENT: Dict[str, int] = {"fwd": 4, "bwd": 9}
@@ -79,7 +80,9 @@ def sol_points(df: pd.DataFrame, reported: pd.DataFrame, cal: pd.DataFrame,
                per_element: Optional[Dict[str, int]] = None) -> pd.DataFrame:
     """The points of the speed-of-light chart, one row each: ``gpu``, ``op``, ``impl``,
     ``kind`` (measured / modelled / reported), ``M``, ``N``, ``time_us``, ``GBps``,
-    ``intensity``, ``TFLOPs``, ``source``.
+    ``intensity``, ``TFLOPs``, ``source``, and for a measured point ``ceiling GBps``: its op's
+    ceiling (``copy`` forward, ``copy2r1w`` backward) measured in the point's own run, what the
+    report's "% of copy" tables divide it by (NaN elsewhere).
 
     * measured: every GPU whose results have ``impl``'s CUDA-graph time at ``shape``;
     * modelled: ``impl`` on each GPU of ``gpus`` without a measurement (``model.device_us``);
@@ -90,7 +93,7 @@ def sol_points(df: pd.DataFrame, reported: pd.DataFrame, cal: pd.DataFrame,
     rows: List[dict] = []
     M, N = shape
 
-    def add(gpu, op, name, kind, m, n, t_us=None, gbps=None, source=""):
+    def add(gpu, op, name, kind, m, n, t_us=None, gbps=None, source="", ceiling=math.nan):
         b = bytes_moved(op, m, n)
         if gbps is None:
             gbps = b / t_us / 1e3
@@ -99,15 +102,16 @@ def sol_points(df: pd.DataFrame, reported: pd.DataFrame, cal: pd.DataFrame,
         ai = intensity(op, m, n, per_element=per_element)
         rows.append({"gpu": gpu, "op": op, "impl": name, "kind": kind, "M": m, "N": n,
                      "time_us": t_us, "GBps": gbps, "intensity": ai,
-                     "TFLOPs": ai * gbps / 1e3, "source": source})
+                     "TFLOPs": ai * gbps / 1e3, "source": source, "ceiling GBps": ceiling})
 
     measured_gpus = set()
     if not df.empty:
         d = latest(df[(df["impl"] == impl) & (df["path"] == "graph") & (df["metric"] == "time")
                       & (df["M"] == M) & (df["N"] == N) & df["op"].isin(OPS)])
         for r in d.itertuples(index=False):
+            own = measured_copy_bandwidth(df, r.gpu, CEILING_OF_OP[r.op], run=r.timestamp)
             add(_spec_key(r.gpu), r.op, impl, MEASURED, M, N, t_us=r.p50,
-                source=f"results/{r.gpu}/{r.op}.csv")
+                source=f"results/{r.gpu}/{r.op}.csv", ceiling=own if own else math.nan)
             measured_gpus.add((_spec_key(r.gpu), r.op))
     for g in gpus:
         for op in OPS:
@@ -130,7 +134,8 @@ def sol_points(df: pd.DataFrame, reported: pd.DataFrame, cal: pd.DataFrame,
                 add(g, x.op, x.impl, REPORTED, M, int(x.N), gbps=float(x.value),
                     source=x.source)
     return pd.DataFrame(rows, columns=["gpu", "op", "impl", "kind", "M", "N", "time_us",
-                                       "GBps", "intensity", "TFLOPs", "source"])
+                                       "GBps", "intensity", "TFLOPs", "source",
+                                       "ceiling GBps"])
 
 
 def _spec_key(gpu: str) -> Optional[str]:

@@ -49,11 +49,12 @@ def library_rows(d: pd.DataFrame) -> pd.DataFrame:
     return d[~impl.str.startswith(TEACH_PREFIX) & ~impl.str.contains(OTHER_BENCHMARKS)]
 
 
-def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[float]:
-    """Median GB/s of ``op``'s ceiling on ``gpu``, measured in the same run as the kernels it
-    bounds: of the runs of ``op`` that measured it, the one that measured most of ``op``'s
-    rows (its sweep, not a tagged run of a few shapes; the newest of equal sweeps); else the
-    newest run that measured it; None when not measured."""
+def ceiling_run(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[pd.Series]:
+    """The row of ``op``'s ceiling on ``gpu`` that the op's tables are held against (its
+    ``p50``, ``timestamp`` and ``commit`` name the run): of the runs of ``op`` that measured it,
+    the one that measured most of ``op``'s rows (its sweep, not a tagged run of a few shapes;
+    the newest of equal sweeps); else the newest run that measured it; None when not
+    measured."""
     name = CEILING_OF_OP.get(op)
     _, gpu = one_gpu(df, gpu)
     # every run's rows (not only the newest of each measurement): runs are what is compared
@@ -63,12 +64,18 @@ def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Option
         rows_per_run = d[d["op"] == op]["timestamp"].value_counts()
         best = max(ceilings["timestamp"],  # the most rows; of equal sweeps, the newest
                    key=lambda t: (rows_per_run.get(t, 0), pd.Timestamp(t)))
-        return float(ceilings.loc[ceilings["timestamp"] == best, "p50"].iloc[0])
+        return ceilings[ceilings["timestamp"] == best].iloc[0]
     d = d[d["impl"] == name]
     if d.empty:
         return None
-    newest = pd.to_datetime(d["timestamp"], utc=True).idxmax()
-    return float(d.loc[newest, "p50"])
+    return d.loc[pd.to_datetime(d["timestamp"], utc=True).idxmax()]
+
+
+def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optional[float]:
+    """Median GB/s of ``op``'s ceiling on ``gpu``, measured in the same run as the kernels it
+    bounds (``ceiling_run``); None when not measured."""
+    row = ceiling_run(df, op, gpu)
+    return None if row is None else float(row["p50"])
 
 
 def _bandwidth_rows(df: pd.DataFrame, op: str, gpu: Optional[str], path: str
@@ -303,6 +310,35 @@ def op_breakdown(df: pd.DataFrame, impls=None, path: str = "graph",
     order = {name: i for i, name in enumerate(impl_order(t.index.get_level_values("impl")))}
     keys = sorted(t.index, key=lambda k: (order[k[0]], k[2], k[1]))
     return t.reindex(keys)
+
+
+def eager_pair(df: pd.DataFrame, op: str, gpu: Optional[str] = None, N: int = 4096,
+               same: float = 0.02, prefix: str = "cute.") -> Optional[dict]:
+    """At the smallest M timed both ways at width ``N``: of the lab's implementations (``prefix``)
+    whose CUDA-graph times lie within ``same`` of each other, the two whose eager times lie
+    furthest apart: ``M``, ``impls`` (eager-slower first), ``graph`` and ``eager`` µs of each;
+    None when no two are that close. Kernels that take the same time, read apart eagerly: the
+    eager time there is the host's, and it moves."""
+    d, _ = one_gpu(df, gpu)
+    d = library_rows(d[(d["op"] == op) & (d["metric"] == "time") & (d["N"] == N)
+                       & d["path"].isin(["eager", "graph"])
+                       & d["impl"].astype(str).str.startswith(prefix)])
+    t = d.pivot_table(index=["M", "impl"], columns="path", values="p50", aggfunc="last")
+    if not {"eager", "graph"} <= set(t.columns):
+        return None
+    t = t.dropna(subset=["eager", "graph"])
+    if t.empty:
+        return None
+    at = t.loc[t.index.get_level_values("M").min()]
+    best = None
+    for a in at.index:
+        for b in at.index:
+            g, e = at.loc[[a, b], "graph"], at.loc[[a, b], "eager"]
+            if a != b and g.max() / g.min() - 1 <= same and e[a] > e[b] and (
+                    best is None or e[a] / e[b] > best["eager"][0] / best["eager"][1]):
+                best = {"M": int(t.index.get_level_values("M").min()), "impls": (a, b),
+                        "graph": (float(g[a]), float(g[b])), "eager": (float(e[a]), float(e[b]))}
+    return best
 
 
 def markdown_table(table: pd.DataFrame, digits: int = 2, right_align: bool = False) -> str:

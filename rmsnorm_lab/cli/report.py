@@ -133,9 +133,64 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
                 ax.get_legend().remove()
         fig.legend(handles, labels, loc="outside lower center", ncol=len(labels),
                    fontsize="small", frameon=False)
-        fig.suptitle(f"{gpu}: {op}, µs per call, eager vs CUDA-graph replay (N=4096)")
+        fig.suptitle(f"{gpu}: {op}, µs per call, eager vs CUDA-graph replay (N=4096)\n"
+                     f"{EAGER_NOTE}", linespacing=1.6)
         names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
     return names
+
+
+#: the eager-vs-graph grid's second title line
+EAGER_NOTE = ("eager at small M times the host (the launch path and its noise), not the "
+              "kernel: compare kernels by the graph lines")
+
+
+def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
+    """The caveat under the eager-vs-graph grid of ``op``, with the lab's two implementations
+    whose kernels take the same time yet read furthest apart eagerly (``tables.eager_pair``),
+    where they read more than a quarter apart."""
+    text = ("Eager (`do_bench`) at small M is host-bound: it times the launch path and its "
+            "noise more than the kernel; read where the eager line leaves the graph line, not "
+            "the eager order of the implementations.")
+    pair = tables.eager_pair(df, op, gpu)
+    if pair is not None and pair["eager"][0] > 1.25 * pair["eager"][1]:
+        (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
+        text += (f" At M={pair['M']}, `{a}` and `{b}` take {ga:.1f} and {gb:.1f} µs by graph "
+                 f"replay and read {ea:.0f} and {eb:.0f} µs eager.")
+    return text
+
+
+def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
+    """What the cache-cap figure's memory panel counts, and why a bounded cap reads below the
+    cache off (notebook 03, section 8), from ``analysis.host.cache_memory_table``."""
+    from ..analysis import host as host_tables
+    from ..bench.host import LAYERS
+
+    mem = host_tables.cache_memory_table(df, LAYERS, gpu)
+    if "0" not in mem.index:
+        return ""
+    act = host_tables.CACHE_SHAPE[0] * host_tables.CACHE_SHAPE[1] * 2 / 2**20
+    capped = mem.drop(index=["0", "unbounded"], errors="ignore").dropna(subset=["peak MiB"])
+    text = ("Left panel: peak memory counted from what was allocated when the measured step "
+            "began, after one warm-up step (`step_peak_and_time`, `rmsnorm_lab/bench/host.py`).")
+    if not capped.empty:
+        off = (capped["below cap 0 (MiB)"] - capped["freed in the step (MiB)"]).abs().max()
+        caps = ", ".join(capped.index)
+        text += (" A bounded cache still holds handles of the warm-up step's last layers when "
+                 "the measured step begins ("
+                 + ", ".join(f"cap {c}: {int(n)}" for c, n in capped["pinned tensors"].items())
+                 + f" activation-sized tensors of {act:.0f} MiB), and its FIFO frees them during "
+                 f"the step, so the count leaves that storage out: caps {caps} read "
+                 + ", ".join(f"{v:,.0f}" for v in capped["below cap 0 (MiB)"])
+                 + " MiB below the cache off (cap 0), "
+                 + ("exactly what those tensors hold" if off < 1 else
+                    f"what those tensors hold to within {off:,.0f} MiB")
+                 + ". They do not need less memory.")
+    if "unbounded" in mem.index:
+        n = int(mem.loc["unbounded", "pinned tensors"])
+        text += (f" Unbounded, nothing is evicted: {n} such tensors ({n * act:,.0f} MiB) stay "
+                 "allocated after every step and each step adds as many, which a count from "
+                 "each step's start does not show (notebook 03, section 8).")
+    return text
 
 
 def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List[str]:
@@ -244,6 +299,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
             md += host_section(df, op, gpu)
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]
+                if name.endswith("-eager-vs-graph.png"):
+                    md += [eager_caption(df, op, gpu), ""]
         for op in ("fwd", "bwd"):
             add = tables.fused_add_table(df, op, gpu)
             if not add.empty:
@@ -256,7 +313,10 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
         extra = _notebook_figures(df, gpu, out, root)
         if extra:
             md += ["### backward and host figures (notebooks 02 and 03)", ""]
-            md += [f"![{name}]({name})\n" for name in extra]
+            captions = {f"{gpu}-host-cache-cap.png": cache_cap_caption(df, gpu)}
+            for name in extra:
+                md += [f"![{name}]({name})", ""]
+                md += [captions[name], ""] if captions.get(name) else []
     progress(f"[{next(step)}/{total}] how the kernels work: thread layout and backward "
              "data flow (notebooks 01 and 02)")
     md += ["## how the kernels work (notebooks 01 and 02)", ""]
@@ -271,7 +331,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     headline += lines
     progress(f"[{next(step)}/{total}] in a model: the model step against torch's norm "
              "(notebook 05)")
-    section, lines = model_section(results_io.load_all(root, model_steps=True), out)
+    section, lines = model_section(results_io.load_all(root, model_steps=True), out, root)
     md += section
     headline += lines
     (out / "report.md").write_text("\n".join(md))

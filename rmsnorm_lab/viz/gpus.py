@@ -76,11 +76,6 @@ def _handle(label, **kw):
 
 # ============================================================================ speed of light
 
-#: reported stars are drawn this factor right of their intensity, the lab's points as far left,
-#: so that points at one intensity do not hide each other (the legend says so)
-DODGE = 1.12
-
-
 def _roofline_limits(points: pd.DataFrame, gpus: Sequence[str]):
     """(x range, y range) of the roofline panels: from just left of the leftmost point to just
     right of the highest ridge; from under the lowest point to over the highest peak."""
@@ -100,8 +95,8 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
     min(FP32 peak, intensity × datasheet bandwidth), its corner the ridge point; where the lab
     measured a copy on that GPU, the bandwidth it reached is a second, dashed roof. ``points``
     (``analysis.speed.sol_points``): RMSNorm's forward (circle) and backward (triangle), filled
-    where measured, hollow where modelled, stars where reported (those dodged right, the lab's
-    left, by ``DODGE``)."""
+    where measured, hollow where modelled, stars where reported, every point at its own
+    intensity (the markers tell them apart: the lab's drawn over the stars)."""
     axes = _panels(len(gpus)) if axes is None else axes
     (x0, x1), (y0, y1) = _roofline_limits(points[points["gpu"].isin(gpus)], gpus)
     ai = np.geomspace(x0, x1, 200)
@@ -122,11 +117,11 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
         for r in points[points["gpu"] == g].itertuples(index=False):
             oc = OP_COLORS.get(r.op, GREY)
             if r.kind == REPORTED:
-                ax.plot([r.intensity * DODGE], [r.TFLOPs], marker="*", color=oc, markersize=10,
+                ax.plot([r.intensity], [r.TFLOPs], marker="*", color=oc, markersize=10,
                         markeredgecolor=BLACK, markeredgewidth=0.5, linestyle="none",
                         alpha=0.85, zorder=2)
             else:
-                ax.plot([r.intensity / DODGE], [r.TFLOPs], marker=OP_MARKERS.get(r.op, "o"),
+                ax.plot([r.intensity], [r.TFLOPs], marker=OP_MARKERS.get(r.op, "o"),
                         color=oc, markersize=9, linestyle="none", zorder=3,
                         fillstyle="full" if r.kind == MEASURED else "none",
                         markeredgewidth=1.8)
@@ -149,8 +144,7 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
                        color=BLUE, markersize=8),
                _handle("backward, cute.auto (filled: measured; hollow: modelled)", marker="^",
                        color=VERMILLION, markersize=8, fillstyle="none", markeredgewidth=1.5),
-               _handle("reported elsewhere (colour: forward / backward;\n"
-                       "stars drawn right of their intensity, the lab's left)", marker="*",
+               _handle("reported elsewhere (colour: forward / backward)", marker="*",
                        color=GREY, markersize=11, markeredgecolor=BLACK, markeredgewidth=0.5)]
     _legend_right(axes[-1], handles)
     where = sorted(set(points[points["kind"] == MEASURED]["gpu"]) & set(gpus))
@@ -186,27 +180,63 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
         r = reported[(reported["op"] == op) & (reported["metric"] == "time")
                      & reported["path"].isin(["graph", "device"]) & (reported["N"] == N)
                      & reported["M"].notna()]
-        at_m: dict = {}
-        for i, x in enumerate(r.sort_values("value").itertuples()):
-            # a source reports its own kernels: each star is named beside it (names at one M
-            # stacked), one legend entry
-            pct = 100 * model.bytes_moved(op, int(x.M), N) / x.value / 1e3 \
-                / spec(x.gpu).bandwidth_gbps
-            ax.plot([int(x.M)], [pct], color=_color(x.gpu),
-                    label=None if i else f"{REPORTED} device times (colour: GPU; beside: kernel)",
+        stars = [(int(x.M), 100 * model.bytes_moved(op, int(x.M), N) / x.value / 1e3
+                  / spec(x.gpu).bandwidth_gbps, x.gpu, x.impl)
+                 for x in r.sort_values("value").itertuples()]
+        for i, (m, pct, g, _) in enumerate(stars):
+            ax.plot([m], [pct], color=_color(g),
+                    label=None if i else f"{REPORTED} device times (colour: GPU; below: kernel)",
                     markeredgecolor=BLACK, markeredgewidth=0.5, **STYLE[REPORTED])
-            k = at_m[int(x.M)] = at_m.get(int(x.M), -1) + 1
-            ax.annotate(f"{x.impl} ({x.gpu})", (int(x.M), pct), xytext=(8, -4 - 9 * k),
-                        textcoords="offset points", fontsize=7, color="#444444")
+        # a source reports its own kernels, often at one point: one label per group of stars
+        # that coincide, under the curves (they rise with M), an arrow to its stars
+        at_m: dict = {}
+        for m, pct, g, names in _star_groups(stars):
+            k = at_m[m] = at_m.get(m, -1) + 1  # groups at one M: stacked further down
+            ax.annotate(_star_label(names, g), (m, pct), xytext=(14, -34 - 30 * k),
+                        textcoords="offset points", fontsize=7, color="#444444", va="top",
+                        arrowprops=dict(arrowstyle="-", color=GREY, linewidth=0.8,
+                                        shrinkA=0, shrinkB=6))
     _log2_x(ax, Ms)
     ax.set_ylim(0, 100)
     ax.set_xlabel(f"M (rows), N={N} bf16")
     ax.set_ylabel("% of the datasheet bandwidth")
-    ax.set_title(f"{op}: share of each GPU's datasheet bandwidth reached, against M "
-                 f"(lines: {impl})", fontsize="medium")
+    ax.set_title(f"{op}: share of each GPU's datasheet bandwidth (lines: {impl})",
+                 fontsize="medium")
     ax.grid(True, alpha=0.3)
     _legend_right(ax)
     return ax
+
+
+#: reported stars closer than this (percentage points of the datasheet bandwidth, same M and
+#: GPU) share one label
+COINCIDE_PCT = 1.5
+
+
+def _star_groups(stars):
+    """``(M, %, gpu, impl)`` stars grouped where they coincide (same M and GPU, within
+    ``COINCIDE_PCT`` of the next lower one): ``(M, mean %, gpu, [impl, ...])`` per group, by M
+    and GPU."""
+    groups = []
+    for m, pct, g, name in sorted(stars, key=lambda s: (s[0], s[2], s[1])):
+        last = groups[-1] if groups else None
+        if last and last[0] == m and last[2] == g and abs(pct - last[1][-1]) <= COINCIDE_PCT:
+            last[1].append(pct)
+            last[3].append(name)
+        else:
+            groups.append((m, [pct], g, [name]))
+    return [(m, float(np.mean(p)), g, names) for m, p, g, names in groups]
+
+
+def _star_label(names, gpu: str) -> str:
+    """One label for coinciding stars: ``liger.triton (h100_sxm)``, or for several of one
+    source ``3 liger kernels (h100_sxm): cutedsl, triton, cutile``."""
+    if len(names) == 1:
+        return f"{names[0]} ({gpu})"
+    heads = {n.split(".", 1)[0] for n in names}
+    if len(heads) == 1 and all("." in n for n in names):
+        return (f"{len(names)} {heads.pop()} kernels ({gpu}):\n"
+                + ", ".join(n.split(".", 1)[1] for n in names))
+    return f"{len(names)} kernels ({gpu}):\n" + ", ".join(names)
 
 
 # ============================================================================ crossover

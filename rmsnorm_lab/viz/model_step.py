@@ -98,9 +98,12 @@ def plot_decode_timeline(kernels: Dict[str, pd.DataFrame], step: int = 1, ax=Non
                          packed: bool = False, norm_color: str = VERMILLION):
     """One decode step per row (``kernels``: name -> ``profiling.model_share.step_kernels``'s
     frame): every kernel a bar at its start and length on the GPU, the norm kernels in colour.
-    Time runs from the step's first kernel. ``packed``: the kernels end to end, the GPU's idle
-    gaps taken out (what the step's kernels alone take, as a graph replay approaches)."""
+    Time runs from the step's first kernel, each row's span written at its end. Each frame is a
+    trace of its own run, and an eager step's span is that run's host pace: with several rows
+    the x label says so. ``packed``: the kernels end to end, the GPU's idle gaps taken out (what
+    the step's kernels alone take, as a graph replay approaches: the fair comparison)."""
     ax = _axes(ax, (11.0, 0.9 * len(kernels) + 1.2))
+    spans = []
     for row, (name, k) in enumerate(kernels.items()):
         k = k[k["step"] == step].sort_values("start_us")
         length = k["end_us"] - k["start_us"]
@@ -119,13 +122,21 @@ def plot_decode_timeline(kernels: Dict[str, pd.DataFrame], step: int = 1, ax=Non
         else:  # a norm kernel is far narrower than a pixel at this scale: a line marks each one
             ax.vlines(start[norms] + length[norms] / 2, row - 0.45, row + 0.45,
                       colors=norm_color, linewidth=1.0)
+            span = float((start + length).max()) if len(k) else 0.0
+            spans.append(span)
+            ax.annotate(f"span {span / 1e3:.1f} ms", (span, row), xytext=(6, 0),
+                        textcoords="offset points", va="center", fontsize=8)
     if packed:  # room right of the longest row for its note
         ax.set_xlim(0, 1.3 * max(float((k["end_us"] - k["start_us"])[k["step"] == step].sum())
                                  for k in kernels.values()))
+    elif spans:  # room right of the longest span for its note
+        ax.set_xlim(right=1.12 * max(spans))
     ax.set_yticks(range(len(kernels)), list(kernels))
     ax.invert_yaxis()
     ax.set_xlabel("µs of kernel time, end to end" if packed
-                  else "µs from the step's first kernel (GPU time)")
+                  else "µs from the step's first kernel (GPU time)"
+                  + ("\neach row traced in a run of its own: a span is that run's host pace; "
+                     "compare the kernels end to end, not the spans" if len(kernels) > 1 else ""))
     import matplotlib.patches as mpatches
     ax.legend(handles=[mpatches.Patch(color=norm_color, label="RMSNorm kernels"),
                        mpatches.Patch(color=GREY, label="every other kernel")],
