@@ -92,7 +92,8 @@ def find_ptxas(ptx_version: str) -> Optional[str]:
 
 def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
     """Registers, spill and stack bytes from ``ptxas -v``; None when no suitable ptxas exists."""
-    text = open(ptx_path).read()
+    with open(ptx_path) as f:
+        text = f.read()
     version = re.search(r"^\.version\s+(\S+)", text, re.M).group(1)
     ptxas = find_ptxas(version)
     if ptxas is None:
@@ -125,7 +126,8 @@ def compile_and_inspect(plan, arch: str) -> PtxFacts:
             os.path.join(tmp, "*.ptx"))
         if len(paths) != 1:
             raise RuntimeError(f"expected one kept PTX file in {tmp}, found {paths}")
-        ptx = open(paths[0]).read()
+        with open(paths[0]) as f:
+            ptx = f.read()
         report = ptxas_report(paths[0], arch)
     facts = ptx_facts(ptx, arch)
     facts.ptx = ptx
