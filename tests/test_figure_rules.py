@@ -160,3 +160,24 @@ def test_timeline_legend_names_the_range_colours_and_the_title_the_gpu(tmp_path)
     shutil.copytree(TRACE, folder)
     assert ph.trace_gpu(nt.load_trace(folder)) == "h200"
     assert ph.trace_gpu(trace) == ""  # a folder not named after a GPU
+
+
+def test_model_vs_torch_keeps_its_range_to_the_differences_and_marks_bars_past_it():
+    ratios = pd.DataFrame({"decode wall": [0.846, 2.163, 0.615], "train wall": [0.990, 1.10, 0.986]},
+                          index=pd.MultiIndex.from_tuples([("llama", "lab"), ("llama", "shipped"),
+                                                           ("llama", "lab+carry")]))
+    span = model_step.shared_range(ratios, ["decode wall", "train wall"])
+    assert span == model_step.RATIO_RANGE  # not stretched to 2.163 nor to 0.615
+    fig = Figure(figsize=(6.6, 4.2), layout="constrained")
+    ax = model_step.plot_vs_torch(ratios, "llama", ["decode wall", "train wall"],
+                                  ax=fig.subplots(), xlim=span, gpu="h200")
+    ends = [p.get_x() + p.get_width() for p in ax.patches]
+    assert max(ends) <= span[1] + 1e-9 and min(p.get_x() for p in ax.patches) >= span[0] - 1e-9
+    chevrons = [ln for ln in ax.get_lines() if ln.get_marker() in (">", "<")]
+    assert len(chevrons) == 2
+    labels = {t.get_text() for t in ax.texts}
+    assert {"2.163", "0.615", "0.846", "0.990"} <= labels
+    r = _draw(fig)
+    box = ax.get_window_extent(r)
+    assert all(box.x0 <= t.get_window_extent(r).x0 and t.get_window_extent(r).x1 <= box.x1
+               for t in ax.texts)

@@ -22,8 +22,10 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
                   spread: Optional[tuple] = None):
     """Horizontal bars: each norm's time over torch's norm's in the same model, per workload
     column, centred on 1 (left of the line: faster than torch's), each bar labelled with its
-    ratio; a bar too short to see gets a diamond at its tip. ``xlim``: the same range for panels
-    that are compared (widened on the left by the same room for the labels in every panel);
+    ratio; a bar too short to see gets a diamond at its tip, and a bar past the range ends at its
+    edge with a chevron and its ratio written inside (the range is kept to the differences that
+    matter). ``xlim``: the same range for panels that are compared (widened on the left by the
+    same room for the labels in every panel);
     ``gpu``: the GPU the steps ran on, for the title; ``spread``: ``(lo, hi)`` ratio frames
     (``analysis.model_step.versus_spread``), drawn as whiskers at the bars' tips."""
     ax = _axes(ax, (7.0, 0.55 * len(columns) * 1.6 + 1.0))
@@ -33,12 +35,21 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
     y = np.arange(len(columns))
     drawn = rows.loc[norms, list(columns)].to_numpy(dtype=float)
     lo, hi = xlim if xlim is not None else _fit(drawn)
+    floor = lo  # bars end here at the least; the labels' room lies left of it
     lo = _label_room(ax, lo, hi)
     for i, norm in enumerate(norms):
         vals = rows.loc[norm, list(columns)].to_numpy(dtype=float)
         ys = y + (i - (len(norms) - 1) / 2) * height
         colour = NORM_COLORS.get(norm, GREY)
-        ax.barh(ys, vals - 1.0, height=height, left=1.0, color=colour, label=norm)
+        shown = np.clip(vals, floor, hi)
+        ax.barh(ys, shown - 1.0, height=height, left=1.0, color=colour, label=norm)
+        for yy, v, s in zip(ys, vals, shown):
+            if np.isfinite(v) and v != s:  # past the range: a chevron, the ratio inside
+                ax.plot([s], [yy], ">" if v > s else "<", color="black", markersize=5)
+                ax.annotate(f"{v:.3f}", (s, yy), xytext=(-8 if v > s else 8, 0),
+                            textcoords="offset points", va="center", fontsize=7,
+                            ha="right" if v > s else "left", color="white", fontweight="bold")
+        vals = np.where(vals == shown, vals, np.nan)  # the rest labels bars inside the range
         short = np.isfinite(vals) & (np.abs(vals - 1.0) < 0.012 * (hi - lo))
         ax.plot(vals[short], ys[short], "D", color=colour, markersize=5,
                 markeredgecolor="black", markeredgewidth=0.5)
@@ -60,19 +71,26 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
     ax.set_yticks(y, columns)
     ax.invert_yaxis()
     ax.set_xlabel("time / time with torch.nn.RMSNorm (same model, same run)\n"
-                  "bars drawn from 1; diamonds: bars too short to see"
-                  + ("; whiskers: p20-p80 of both" if spread is not None else ""))
+                  "bars from 1; diamonds: too short to see; chevrons: past the range"
+                  + ("\nwhiskers: p20-p80 of both" if spread is not None else ""))
     ax.set_title(f"{gpu + ': ' if gpu else ''}{arch}, each norm's step time over torch's norm's",
                  fontsize="medium")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return ax
 
 
+#: the widest x range of ``shared_range``: the choices of a norm differ by a few percent, and a
+#: range stretched to the slowest outlier would flatten those differences into the line at 1
+RATIO_RANGE = (0.8, 1.25)
+
+
 def shared_range(ratios: pd.DataFrame, columns: Sequence[str]) -> tuple:
     """One x range for the panels of ``plot_vs_torch`` that are compared: every ratio of
-    ``columns``, 0.85 at least on the left (``plot_vs_torch`` adds the labels' room)."""
+    ``columns`` within RATIO_RANGE (bars past it are drawn to its edge), 0.85 at least on the
+    left (``plot_vs_torch`` adds the labels' room)."""
     shown = ratios[list(columns)].to_numpy(dtype=float)
-    return min(0.85, float(np.nanmin(shown)) - 0.03), float(np.nanmax(shown)) + 0.12
+    lo = max(RATIO_RANGE[0], min(0.85, float(np.nanmin(shown)) - 0.03))
+    return lo, min(RATIO_RANGE[1], float(np.nanmax(shown)) + 0.12)
 
 
 def _fit(values: np.ndarray) -> tuple:
