@@ -3,7 +3,7 @@
 
 * **Eager, CuTe on the tvm_ffi path** (the default): the native node (rmsnorm_lab/native/), a
   hand-written C++ autograd node whose backward runs without Python, as torch's own RMSNorm
-  does (results/NOTES.md, "The native tape node"). ``dispatch`` routes calls there; this
+  does (results/NOTES.md). ``dispatch`` routes calls there; this
   module is not involved.
 * **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function`` (the
   custom op below costs more per training call through its dispatcher and autograd wrapper).

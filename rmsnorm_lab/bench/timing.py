@@ -132,8 +132,8 @@ def _host_sample(fn: Callable[[], object], n: int) -> float:
     """µs per call over ``n`` calls, with Python's garbage collector off while they run (as
     ``timeit`` does): a training call allocates enough Python objects to trigger collections,
     and a collection lands on whichever function is timed when it falls due. (Collecting before
-    every sample instead was slow with the peers' modules loaded: the benchmark ran past its time
-    limit; results/NOTES.md, "Host timing method".)"""
+    every sample instead was slow with the peers' modules loaded, ~0.7 s a collection: the
+    benchmark ran past its time limit; results/NOTES.md.)"""
     torch.cuda.synchronize()
     enabled = gc.isenabled()
     gc.disable()
@@ -161,8 +161,8 @@ def interleaved_host_time_us(tasks: Dict[Hashable, HostTask], *, repeats: int = 
                              ) -> Dict[Hashable, Quantiles]:
     """``host_time_us`` for several functions, their samples interleaved: round r takes one
     sample of each. A shared host's speed drifts by tens of percent within a minute
-    (results/NOTES.md, "The native tape node"); interleaving exposes every function to the same
-    drift, so their ratios hold where the absolute numbers move."""
+    (results/NOTES.md); interleaving exposes every function to the same drift, so their ratios
+    hold where the absolute numbers move."""
     for task in tasks.values():
         with task.context():
             for _ in range(warmup if task.n > 2 else 1):

@@ -67,7 +67,7 @@ DW_CTAS_PER_SM = 2
 DW_UNROLL = 4
 # A cap on the fused kernel's strips per SM: every strip writes (and the dW reduction reads) one
 # fp32 partial row of N. On the H200 8/SM was the best at N=1024
-# (results/NOTES.md, "Fused backward strips per SM"). A strip of one warp (rows of at most 256
+# (results/h200/logs/bwd-strips-sweep-d40a735.jsonl). A strip of one warp (rows of at most 256
 # bf16) may take up to 32 per SM: at 8 an SM held 8 warps, each waiting on one short row's loads,
 # and a partial row of N <= 256 costs at most 1 KB.
 MAX_FUSED_CTAS_PER_SM = 8
@@ -280,8 +280,8 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
     max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
     # Two CTAs per SM where shared memory allows, the kernel's launch bound holding ptxas to
-    # the 128 registers that takes (left to itself it took more, leaving one CTA per SM, which
-    # was slower: results/NOTES.md, "Backward sweep with peers").
+    # the 128 registers that takes (left to itself it took 184, leaving one CTA per SM, which
+    # was slower: 604.5 against 479.8 µs at 16384×16384 bf16 on the H200; results/NOTES.md).
     plan = BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                         chunks=chunks, ctas_per_sm=WIDE_FUSED_CTAS_PER_SM, **common)
     dw_smem = plan.dw_smem_bytes  # 0 without a weight: nothing to accumulate
@@ -359,7 +359,7 @@ def backward_uses_pdl(arch: Optional[str]) -> bool:
     graph, fused + reduce and split's three kernels both got faster, except the wide fused row
     (dW in shared memory), which is long enough for the gaps not to matter; the reduction alone on
     PDL gained nothing: the kernel before it must release it early too
-    (results/NOTES.md, "PDL on the backward"). Measured on Hopper only."""
+    (results/h200/logs/bwd-pdl-probe-b7d7db1236bb.jsonl). Measured on Hopper only."""
     return arch in PDL_ARCHS
 
 
@@ -372,12 +372,11 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     once, where the chunks read it a second time, mostly from L2: 413 against 478 µs at
     16384×16384 bf16 on the H200); for the fused add (``dh``), ``staged`` where its fused plan
     holds no next row in registers or has no plan (528.7 against 612.8 µs at 65536×4096 bf16 on
-    the H200, results/NOTES.md, "The fused add's staged backward"); else ``fused`` whenever
-    there is a weight and a fused plan exists (the row in registers, or in column chunks with dW
-    in shared memory): it reads x and dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv) fused beat
-    split at every shape of the sweep (results/NOTES.md, "Backward sweep with peers"). Without a
-    weight there is no dW to accumulate, and ``split`` is the dx kernel alone (one CTA per
-    row)."""
+    the H200, results/h200/bwd-add-deea882.csv); else ``fused`` whenever there is a weight and a
+    fused plan exists (the row in registers, or in column chunks with dW in shared memory): it
+    reads x and dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv)
+    fused beat split at every shape of the sweep. Without a weight there is no dW to accumulate,
+    and ``split`` is the dx kernel alone (one CTA per row)."""
     if w_dtype is None:
         return "split"
     if arch in CLUSTER_ARCHS and not dh and clusters_pay(

@@ -25,7 +25,7 @@ from ..registry import FORWARD_VARIANTS as VARIANTS
 COPY_BYTES = 16
 # Threads per row for the row/persistent variants: about 2 copies in flight per thread, at most
 # 256 threads. More threads with fewer copies each beat fewer threads with more copies, up to 256:
-# CTAs of 512 and 1024 threads lost (results/NOTES.md, "Thread mapping sweep").
+# CTAs of 512 and 1024 threads lost (results/h200/logs/dev-probe2-d916d49.txt).
 MAX_THREADS = 256
 COPIES_PER_THREAD = 2
 # At most this many 16-byte copies per thread per chunk on the row path: the register model's
@@ -115,7 +115,7 @@ class ForwardPlan(RowTilePlan):
 # beats the one-pass tile there (which holds the whole row in registers, at half the warps per
 # SM); the launch bound is what makes it pay: without it ptxas takes more registers and fewer CTAs
 # fit. Other widths keep the one-pass tile, which stayed faster at N=4096 and N=16384
-# (results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows").
+# (results/h200/logs/fwd-knobs-probe-24ef327.jsonl, fwd-knobs2-probe-24ef327.jsonl).
 TWO_PASS_ROW_COPIES = 1024
 TWO_PASS_THREADS = 512
 TWO_PASS_CTAS_PER_SM = 4
@@ -126,9 +126,8 @@ TWO_PASS_ARCHS = ("sm_90a",)
 def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str) -> bool:
     """Does ptxas fit the two-pass tile in the 32 registers its launch bound allows, without
     spilling? Yes for a weight no wider than x (or none) in the llama and gemma modes; an fp32
-    weight on bf16 x, and the none mode's extra roundings, made it spill (ptxas -v, sm_90a;
-    tests/test_cute_compile.py compiles every case;
-    results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows")."""
+    weight on bf16 x, and the none mode's extra roundings, made it spill (28 and 24 bytes,
+    ptxas -v, sm_90a: results/NOTES.md; tests/test_cute_compile.py compiles every case)."""
     narrow_weight = w_dtype is None or _ELEM_BYTES[w_dtype] <= _ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 
@@ -139,7 +138,8 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # dependents at once. What it saves is the gap between one grid's end and the next one's start,
 # which pays in back-to-back launches of the row kernel with CTAs of 128 threads or more. It lost
 # on the persistent grid (every CTA is resident from the start), on 64-thread row CTAs and on
-# warp-per-row, so those launch plainly (results/NOTES.md, "The gap between launches").
+# warp-per-row, so those launch plainly (results/h200/logs/fwd-pdl-probe-8f7f65d410e1.jsonl;
+# warp-per-row in the sweep, results/h200/fwd-d1797d7.csv).
 # Measured on Hopper only.
 PDL_ARCHS = ("sm_90a",)
 PDL_VARIANTS = ("row",)
@@ -154,8 +154,8 @@ def uses_pdl(variant: str, threads: int, arch: Optional[str]) -> bool:
 
 def check_int32_addressable(M: int, row_stride: int, N: int) -> None:
     """The kernels index with 32-bit arithmetic (64-bit index math costs registers, and so
-    resident CTAs: results/NOTES.md, "Second forward sweep"); refuse, naming the way out, what
-    that cannot address."""
+    resident CTAs: the N=4096 row kernel 50 registers against 40, 4 CTAs an SM against 6;
+    results/NOTES.md); refuse, naming the way out, what that cannot address."""
     if M * max(row_stride, N) >= INT32_LIMIT:
         raise ValueError(f"x spans {M * max(row_stride, N)} elements; the CuTe kernels address "
                          f"at most 2^31 - 1 with 32-bit indices: use backend='triton', or split x")
@@ -249,7 +249,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         lanes = min(32, 1 << (n_vecs - 1).bit_length())
         # Rows per CTA: 2 for long rows, up to 8 for short ones (on the H200, 2 rows beat 4 and
         # 8 at N=4096 bf16, and 8 rows were best at N=1024:
-        # results/NOTES.md, "Thread mapping sweep"); as many more as rows share a warp.
+        # results/h200/logs/dev-probe2-d916d49.txt); as many more as rows share a warp.
         rows = max(2, min(8, 32 // vecs_per_thread)) * (32 // lanes)
         if vecs_per_thread > max_vecs_of(lanes * rows):
             raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
@@ -276,8 +276,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             extra_regs=4)
     # Evict-first stores paid where the row is wider than the registers (32768 bf16 on the H200:
     # 136.7 against 137.6 µs at 4096 rows, 527.9 against 533.8 at 16384) and cost 1% on the
-    # two-pass tile, whose rows in flight fit L2 many times over (results/NOTES.md, "Streaming
-    # stores for the chunked row").
+    # two-pass tile, whose rows in flight fit L2 many times over
+    # (results/h200/logs/fwd-streaming-stores-probe-b15ec6908597.jsonl).
     stream_y = chunks > 1 and not min_ctas_per_sm
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
@@ -297,7 +297,7 @@ CLUSTER_COPIES_PER_THREAD = 4
 # multiples of the cluster leave some of the nominally resident clusters for a second wave, which
 # doubles the time of their strips; several waves of shorter strips keep that tail short. On the
 # H200 (bf16) 8 waves against 1: forward 4096×65536 282 against 373 µs, backward 16384×32768 860
-# against 1102 (results/NOTES.md, "The cluster grids").
+# against 1102 (results/h200/logs/{fwd,bwd}-cluster-grid-probe-09b815d826bc.jsonl).
 CLUSTER_GRID_WAVES = 8
 
 
@@ -314,7 +314,7 @@ def persistent_grid(sm_count: int, ctas_per_sm: int, cluster_n: int = 1) -> int:
 # row in a cluster. On the H200 (bf16) the backward's cluster won from 3 chunks (N=32768) and lost
 # at 2 (N=16384); the forward's won at 4 (N=65536: 283.0 against the chunked row's 315.1 µs) and
 # lost at 3 (N=49152: 271.4 against 212.4, the chunked row storing y evict-first)
-# (results/NOTES.md, "The clusters' first run", "The wide forward's last run").
+# (forward at 4096 rows: results/h200/fwd-wide-b15ec69.csv; backward: bwd-wide-9aa30e6.csv).
 AUTO_CLUSTER_MIN_CHUNKS = {"fwd": 4, "bwd": 3}
 
 
@@ -419,7 +419,7 @@ def pipelines(chunks: int, vecs_per_thread: int) -> bool:
     of one copy per chunk, pipelining won. Over 2 chunks of several copies (4096x32768: 8 copies)
     ptxas kept both chunks live across the passes, which left room for one CTA per SM instead of
     two, and it lost; such rows keep the plain chunk loop
-    (results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows")."""
+    (results/h200/logs/fwd-tiles16k-probe-bea1ea6.jsonl)."""
     return chunks > 2 or (chunks == 2 and vecs_per_thread == 1)
 
 
@@ -438,26 +438,27 @@ def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int 
 
 # Rows of at most this many bytes go to warp-per-row under `auto`: in the H200 forward sweep
 # (results/h200/fwd.csv) warp-per-row won at N=1024 bf16, CTA-per-row at N=2048, and from N=4096
-# up CTA-per-row was fastest or as fast (results/NOTES.md, "Numbers moved out of code comments").
+# up CTA-per-row was fastest or as fast.
 AUTO_WARP_MAX_ROW_BYTES = 2048
 # At most this many rows go to the persistent variant under `auto`: with few rows a CTA per row
 # fills only a few waves, and the persistent grid's next-row prefetch keeps loads in flight
 # instead. In the H200 probe persistent was fastest, or close, up to 2048 rows at every width
 # from N=1024 to 8192, and from about 3072 rows CTA-per-row (or warp-per-row) took over
-# (results/NOTES.md, "`auto` looks at M").
+# (results/h200/logs/fwd-small-m-probe-c3ab5be.jsonl).
 AUTO_PERSISTENT_MAX_ROWS = 2048
 
 
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
                  w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None) -> str:
     """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
-    (results/NOTES.md, "`auto` looks at M"): a cluster where ``clusters_pay`` (rows of many
+    (results/h200/fwd.csv, fwd-wide.csv): a cluster where ``clusters_pay`` (rows of many
     column chunks, on an architecture with clusters), else persistent for at most
     AUTO_PERSISTENT_MAX_ROWS rows where its CTAs hold the next row in flight (``prefetch``: the
     row fits their registers twice), else warp-per-row for rows of at most
     AUTO_WARP_MAX_ROW_BYTES, else CTA-per-row. Persistent trailed CTA-per-row at every larger
-    shape of the sweep (results/NOTES.md, "Persistent forward with prefetch"), and without the
-    prefetch at few rows too (1024×32768 bf16 on the H200: 41.1 against 39.0 µs)."""
+    shape of the sweep (results/h200/logs/fwd-persistent-sweep-6261604.jsonl), and without the
+    prefetch at few rows too (1024×32768 bf16 on the H200: 41.1 against 39.0 µs,
+    results/h200/fwd-wide-6455ffc.csv)."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"

@@ -7,9 +7,8 @@ names, each launch checked against the reference.
 
 ``--report-api-errors no``: the CUDA driver bindings look up entry points with cuGetProcAddress
 while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
-an error, though no kernel is involved
-(results/NOTES.md, "Forward: torch.compile's tile shape at 16 KB rows"). Memory errors in the
-kernels are still reported.
+an error, though no kernel is involved (34 of them in one forward run: results/NOTES.md).
+Memory errors in the kernels are still reported.
 """
 
 import sys
