@@ -71,3 +71,32 @@ def test_cache_runs_put_every_recorded_run_side_by_side(frame):
     grey = [line for line in ax.get_lines() if line.get_color() == ph.GREY]
     assert sum(len(line.get_xdata()) for line in grey) == 10
     plt.close(fig)
+
+
+def test_memory_panel_stacks_what_the_cache_pinned_on_each_bar():
+    """On the recorded H200 run: a bounded cap's solid bar reads below the cache off by what its
+    handles pinned, and the hatched segment stacked on it brings it back; unbounded stands 3 GiB
+    above, as the caption says."""
+    from pathlib import Path
+
+    from rmsnorm_lab import results
+    from rmsnorm_lab.bench.host import LAYERS
+
+    df = results.load_all(Path(__file__).resolve().parent.parent / "results")
+    mem = H.cache_memory_table(df, LAYERS, "h200")
+    fig, axes = plt.subplots(1, 2)
+    ph.plot_cache_cap(df, "h200", axes=axes)
+    solid = [p for p in axes[0].patches if not p.get_hatch()]
+    hatched = [p for p in axes[0].patches if p.get_hatch()]
+    assert len(solid) == len(hatched) == len(mem)
+    tops = pd.Series([p.get_y() + p.get_height() for p in hatched], index=mem.index)
+    assert [p.get_height() for p in solid] == pytest.approx(list(mem["peak MiB"]))
+    assert [p.get_height() for p in hatched] == pytest.approx(
+        list(mem["pinned tensors"] * 16384 * 4096 * 2 / 2**20))
+    assert (tops.drop("unbounded") - tops["0"]).abs().max() < 1  # bounded: no less memory
+    assert tops["unbounded"] - tops["0"] == pytest.approx(24 * 128, abs=1)
+    assert tops.to_dict() == pytest.approx(mem["peak with pinned (MiB)"].to_dict())
+    legend = " ".join(t.get_text() for t in axes[0].get_legend().get_texts())
+    assert "pinned by the cache" in legend and "triton.row" in legend
+    assert axes[0].get_ylim()[1] > tops.max()  # the unbounded bar inside the panel
+    plt.close(fig)

@@ -181,3 +181,69 @@ def test_model_vs_torch_keeps_its_range_to_the_differences_and_marks_bars_past_i
     box = ax.get_window_extent(r)
     assert all(box.x0 <= t.get_window_extent(r).x0 and t.get_window_extent(r).x1 <= box.x1
                for t in ax.texts)
+
+
+def test_model_vs_torch_labels_stay_inside_the_axes_and_off_the_whiskers():
+    """A bar past the range draws no whisker (its ratio sits inside it); a bar whose whisker
+    reaches the range's edge has its label moved where it fits, not onto the whisker or past
+    the spine."""
+    idx = pd.MultiIndex.from_tuples([("qwen3", "shipped"), ("qwen3", "lab")])
+    cols = ["decode wall", "decode graph"]
+    ratios = pd.DataFrame([[1.466, 1.176], [0.908, 0.972]], index=idx, columns=cols)
+    low = pd.DataFrame([[1.379, 1.076], [0.878, 0.898]], index=idx, columns=cols)
+    high = pd.DataFrame([[1.517, 1.249], [0.998, 1.054]], index=idx, columns=cols)
+    fig = Figure(figsize=(6.6, 4.2), layout="constrained")
+    ax = model_step.plot_vs_torch(ratios, "qwen3", cols, norms=("shipped", "lab"),
+                                  ax=fig.subplots(), xlim=(0.8, 1.25), gpu="h200",
+                                  spread=(low, high))
+    r = _draw(fig)
+    box = ax.get_window_extent(r)
+    texts = {t.get_text(): t.get_window_extent(r) for t in ax.texts}
+    assert {"1.466", "1.176", "0.908", "0.972"} <= set(texts)
+    for text, extent in texts.items():
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text
+    whiskers = [seg for c in ax.containers if hasattr(c, "has_xerr")
+                for seg in c.lines[2][0].get_segments()]
+    assert whiskers and all(max(x for x, _ in s) <= 1.25 + 1e-9 for s in whiskers)
+    # none at the 1.466 bar (past the range), and no label across a whisker
+    shipped_wall = [p for p in ax.patches if p.get_width() > 0.2][0]
+    y_clipped = shipped_wall.get_y() + shipped_wall.get_height() / 2
+    assert not any(abs(s[0][1] - y_clipped) < 1e-9 for s in whiskers)
+    for s in whiskers:
+        (x0, y0), (x1, y1) = ax.transData.transform(s)
+        for text, extent in texts.items():
+            crosses = extent.y0 <= y0 <= extent.y1 and x0 < extent.x1 and extent.x0 < x1
+            assert not crosses, (text, s)
+
+
+def test_timeline_names_the_calls_it_draws_grey_from_the_trace():
+    """The grey bar after a graph's replayed kernels is a CUDA API call: its name, read from
+    the trace (version suffix dropped), is written on it and listed in the legend."""
+    from test_plots_host import graph_trace
+
+    eager = nt.load_trace(TRACE)
+    graph = graph_trace(eager)
+    end = float(graph.gpu["end_ns"].max())
+    sync = pd.DataFrame({"start_ns": [end + 200.0], "end_ns": [end + 40_000.0],
+                         "dur_ns": [39_800.0], "name": ["cudaStreamSynchronize_v3020"],
+                         "corr_id": pd.array([91], dtype="Int64"), "launch": [False]})
+    graph = nt.Trace(graph.nvtx, graph.gpu, pd.concat([graph.api, sync], ignore_index=True), {})
+    assert ph.api_call_name("cudaGraphLaunch_v10000") == "cudaGraphLaunch"
+    axes = ph.plot_timelines(eager, graph, first=1, count=2)
+    assert "cudaStreamSynchronize" in [t.get_text() for t in axes[1].texts]
+    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    other = [t for t in legend if t.startswith("CUDA API: another call")]
+    assert len(other) == 1 and "cudaStreamSynchronize" in other[0]
+    assert "graph launch, sync" not in other[0]  # names from the data, not a guess
+    plt.close("all")
+
+
+def test_the_recorded_graph_timeline_names_its_synchronize():
+    profiles = Path(__file__).resolve().parent.parent / "profiles" / "h200"
+    eager, graph = nt.load_trace(profiles, "profile-fwd"), nt.load_trace(profiles,
+                                                                       "profile-fwd-graph")
+    names = set(graph.api["name"])
+    axes = ph.plot_timelines(eager, graph, first=nt.typical_start(eager, 10), stats_from=10)
+    written = [t.get_text() for t in axes[1].texts]
+    assert written and all(any(ph.api_call_name(n) == w for n in names) for w in written)
+    plt.close("all")

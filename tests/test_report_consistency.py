@@ -110,6 +110,30 @@ def test_the_verdicts_bound_agrees_with_the_modelled_call_ratio(df, rep, cal):
             and "hidden under the" in v["b200"]) == hidden
 
 
+def test_the_cross_gpu_table_says_which_device_ratio_is_modelled_and_which_measured(df, rep,
+                                                                                    cal, tmp_path):
+    pr = model.pr_comparison(df, rep, cal=cal)
+    assert "device ratio" not in pr.columns  # a bare name would read as measured
+    here = pr[pr["gpu"] == model.CALIBRATION_GPU].set_index(["pair", "M"]).loc[
+        "liger.cutedsl / liger.triton"]
+    g = results.latest(df[(df["gpu"] == "h200") & (df["op"] == "fwd") & (df["path"] == "graph")
+                          & (df["metric"] == "time") & (df["N"] == 4096)])
+    t = g.pivot_table(index="M", columns="impl", values="p50")
+    for M in (4096, 8192):
+        want = t.loc[M, "liger.cutedsl"] / t.loc[M, "liger.triton"]
+        got = here.loc[M, "measured device ratio"]
+        assert got == pytest.approx(want)
+        assert f"{got:.2f}" != f"{here.loc[M, 'device ratio (modelled)']:.2f}"  # told apart
+    # measured only where the lab ran
+    assert pr.loc[pr["gpu"] != model.CALIBRATION_GPU, "measured device ratio"].isna().all()
+    md = "\n".join(gpu_section(df, tmp_path, RESULTS)[0])
+    head = md.split("CuTe / Triton time per call")[1].split("\n|---")[0]
+    assert "| device ratio (modelled) | measured device ratio |" in head
+    row = next(line for line in md.splitlines()
+               if line.startswith("| liger.cutedsl / liger.triton | h200 | 4096 |"))
+    assert row.split(" | ")[4] == f"{here.loc[4096, 'measured device ratio']:.2f}"
+
+
 # --- % of copy: one copy per run, the report's and the notebooks' alike -----------------------
 
 def _bw(t, commit, op, impl, M, N, p50):
@@ -204,8 +228,18 @@ def test_eager_caption_names_kernels_alike_by_graph_and_apart_eagerly(df):
     (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
     assert abs(ga / gb - 1) <= 0.02 and ea > 1.25 * eb
     assert text.startswith("Eager (`do_bench`) at small M is host-bound")
-    assert f"`{a}` and `{b}` take {ga:.1f} and {gb:.1f} µs by graph replay" in text
-    assert f"read {ea:.0f} and {eb:.0f} µs eager" in text
+    assert f"{ga:.1f}" == f"{gb:.1f}"  # the recorded pair: one graph time, said once
+    assert (f"At M={pair['M']}, two kernels with the same graph time ({ga:.1f} µs), `{a}` and "
+            f"`{b}`, read {ea:.0f} and {eb:.0f} µs eager") in text
+    assert "chosen as the furthest apart eagerly" in text
+    assert f"{ga:.1f} and {gb:.1f}" not in text  # no "11.7 and 11.7"
+    # graph times that differ in the first decimal are both given, with the tolerance
+    near = df.copy()
+    sel = ((near["impl"] == a) & (near["op"] == "bwd") & (near["path"] == "graph")
+           & (near["metric"] == "time") & (near["M"] == pair["M"]) & (near["N"] == 4096))
+    near.loc[sel, ["p20", "p50", "p80"]] = near.loc[sel, ["p20", "p50", "p80"]] * 1.015
+    moved = eager_caption(near, "bwd", "h200")
+    assert f"graph times within 2% ({ga * 1.015:.1f} and {gb:.1f} µs)" in moved
 
 
 def test_cache_cap_caption_says_what_the_memory_panel_counts(df):
@@ -220,6 +254,11 @@ def test_cache_cap_caption_says_what_the_memory_panel_counts(df):
     assert ", ".join(f"{v:,.0f}" for v in capped["below cap 0 (MiB)"]) + " MiB below" in text
     assert "They do not need less memory" in text
     assert f"{int(mem.loc['unbounded', 'pinned tensors'])} such tensors" in text
+    # the caption reads the bars the panel draws: solid the count, hatched what the cache pins
+    assert "solid part of each bar" in text and "hatched" in text
+    assert "their bars reach " + ", ".join(
+        f"{v:,.0f}" for v in capped["peak with pinned (MiB)"]) + " MiB" in text
+    assert f"its bar reaches {mem.loc['unbounded', 'peak with pinned (MiB)']:,.0f} MiB" in text
 
 
 # --- figures whose points and labels read true ------------------------------------------------
@@ -243,6 +282,8 @@ def test_coinciding_reported_stars_share_one_label_clear_of_the_curves(df, rep, 
     assert len(labels) == 1 and labels[0].get_text().startswith("3 liger kernels (h100_sxm)")
     renderer = _draw(fig)
     box = Text.get_window_extent(labels[0], renderer).padded(1)
+    frame = ax.get_window_extent(renderer)  # the whole label inside the axes, its ")" too
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
     for line in ax.get_lines():
         xy = ax.transData.transform(line.get_xydata())
         if len(xy) > 1:  # the curves, sampled along every segment
@@ -273,3 +314,19 @@ def test_reported_stars_group_by_point_and_gpu():
         ("h100_sxm", ["quack"])]
     label = gpus._star_label(groups[1][3], "h100_sxm")
     assert label == "2 liger kernels (h100_sxm):\ncutedsl, triton"
+
+
+def test_the_reports_count_says_what_it_counts(df):
+    """The report reads every row notebook 04 reads and the teaching kernels' too: its count
+    says how many of those there are, so both numbers are found in it."""
+    from rmsnorm_lab.cli.report import count_line
+
+    line = count_line(df, RESULTS)
+    teach = int(df["impl"].str.startswith("teach.").sum())
+    files = [p for p in RESULTS.glob("*/*.csv") if p.parent.name != "reported"]
+    steps = len(results.load_all(RESULTS, model_steps=True))
+    assert teach > 0 and steps > 0
+    assert line.startswith(f"{len(df)} measurements from {len(files)} files of 1 GPU(s) (h200)")
+    assert f"of which {teach} are the lessons' teaching kernels" in line
+    assert f"{len(df) - teach} without them" in line  # notebook 04's count
+    assert f"the {steps} rows of model steps (notebook 05) are read apart" in line

@@ -355,9 +355,11 @@ def cache_memory_table(df: pd.DataFrame, layers: int, gpu: Optional[str] = None,
                        ) -> pd.DataFrame:
     """Per cap: the measured peak (MiB above the step's start), how far it lies below the
     cache-off peak (cap ``0``), and what the handles left by the step before would account for:
-    ``pinned tensors`` (``pinned_activations``) times one activation's MiB. Those storages are
-    allocated when the measured step starts and freed as the FIFO evicts them, so they lower a
-    peak counted from the start; an unbounded cache evicts nothing."""
+    ``pinned tensors`` (``pinned_activations``) times one activation's MiB, the storage held
+    when the step starts (``pinned at start (MiB)``). A bounded FIFO frees it during the step
+    (``freed in the step (MiB)``), so it lowers a peak counted from the start; an unbounded
+    cache evicts nothing. ``peak with pinned (MiB)``: the peak counted from before that storage,
+    what the step needs beside what the cache holds."""
     t = cache_table(df, gpu, shape)
     act_mib = shape[0] * shape[1] * elem_bytes / 2**20
     out = pd.DataFrame(index=t.index)
@@ -366,8 +368,10 @@ def cache_memory_table(df: pd.DataFrame, layers: int, gpu: Optional[str] = None,
         else math.nan
     out["pinned tensors"] = [pinned_activations(-1 if c == "unbounded" else int(c), layers)
                              for c in t.index]
+    out["pinned at start (MiB)"] = out["pinned tensors"] * act_mib
     freed = [n if c != "unbounded" else 0 for c, n in zip(t.index, out["pinned tensors"])]
     out["freed in the step (MiB)"] = [n * act_mib for n in freed]
+    out["peak with pinned (MiB)"] = out["peak MiB"] + out["pinned at start (MiB)"]
     return out
 
 

@@ -109,9 +109,7 @@ def bytes_moved(op: str, M: int, N: int, dtype: str = "bf16") -> float:
 def spec_of(gpu: str, sm_count: Optional[int] = None) -> GPUSpec:
     """The spec for a results slug; a plain ``h100`` (results recorded before the form factor
     was part of the slug) with 114 SMs is the PCIe card."""
-    if gpu == "h100" and sm_count == 114:
-        return spec("h100_pcie")
-    return spec(gpu)
+    return spec("h100_pcie" if gpu == "h100" and sm_count == 114 else gpu)
 
 
 def _spec_key(gpu: str, sm_count: Optional[int] = None) -> str:
@@ -372,25 +370,34 @@ def pr_comparison(df: pd.DataFrame, reported: pd.DataFrame, op: str = "fwd",
                   N: int = REF_N, cal: Optional[pd.DataFrame] = None,
                   hosts: Optional[pd.DataFrame] = None, how: str = "do_bench") -> pd.DataFrame:
     """CuTe time / Triton time, modelled per pair, GPU and M, next to the reported ratio and the
-    ratio measured eagerly on the calibration GPU. ``device ratio`` is the kernels alone;
-    ``call ratio`` adds the host term by the ``how`` call model (``do_bench``: what the PRs and
-    this lab's eager timer measure); ``bound (cute, triton)`` says which term of that call model
-    is the larger on each side (``bound``); ``flush_us`` is the L2 flush under which the
-    ``do_bench`` model hides host time."""
+    ratios measured on a GPU the lab ran on (the calibration GPU): ``measured device ratio`` by
+    CUDA-graph replay, ``measured eager ratio`` by ``do_bench``. ``device ratio (modelled)`` is
+    the kernels alone; ``call ratio`` adds the host term by the ``how`` call model
+    (``do_bench``: what the PRs and this lab's eager timer measure); ``bound (cute, triton)``
+    says which term of that call model is the larger on each side (``bound``); ``flush_us`` is
+    the L2 flush under which the ``do_bench`` model hides host time."""
     cal = calibrate(df) if cal is None else cal
     hosts = host_costs(df, op=op) if hosts is None else hosts
     ce = copy_efficiency(df)
     rows = []
-    eager = latest(df[(df["path"] == "eager") & (df["metric"] == "time") & (df["op"] == op)
-                      & (df["N"] == N)]) if not df.empty else df
-    if not eager.empty:  # results slugs (h100) to spec keys (h100_sxm, h100_pcie by SM count)
-        eager = eager.assign(gpu=[_spec_key(g, n) for g, n in zip(eager["gpu"],
-                                                                 eager["sm_count"])])
+
+    def timed(path):  # results slugs (h100) to spec keys (h100_sxm, h100_pcie by SM count)
+        if df.empty:
+            return df
+        d = latest(df[(df["path"] == path) & (df["metric"] == "time") & (df["op"] == op)
+                      & (df["N"] == N)])
+        return d.assign(gpu=[_spec_key(g, n) for g, n in zip(d["gpu"], d["sm_count"])])
+
+    measured = {"measured device ratio": timed("graph"), "measured eager ratio": timed("eager")}
+
+    def ratio(d, gpu, M, a, b):
+        t = {} if d.empty else d[(d["gpu"] == gpu) & (d["M"] == M)].set_index("impl")["p50"]
+        return t[a] / t[b] if a in t and b in t else math.nan
+
+    ran = sorted({g for d in measured.values() if not d.empty for g in d["gpu"]})
     for cute, tri in PAIRS:
         hc, ht = host_us_of(hosts, cute), host_us_of(hosts, tri)
-        measured = sorted(set(eager["gpu"])) if not eager.empty else []
-        for gpu in dict.fromkeys([CALIBRATION_GPU, *gpus, *[g for g in measured
-                                                              if g in SPECS_KEYS]]):
+        for gpu in dict.fromkeys([CALIBRATION_GPU, *gpus, *[g for g in ran if g in SPECS_KEYS]]):
             flush = flush_us(gpu, ce)
             for M in Ms:
                 dc, dt = (device_us(cal, op, device_impl(i), gpu, M, N) for i in (cute, tri))
@@ -398,21 +405,15 @@ def pr_comparison(df: pd.DataFrame, reported: pd.DataFrame, op: str = "fwd",
                 rep = reported[(reported["gpu"] == gpu) & (reported["op"] == op)
                                & (reported["metric"] == "ratio") & (reported["M"] == M)
                                & (reported["impl"] == cute)] if not reported.empty else reported
-                meas = math.nan
-                if gpu in set(eager.get("gpu", [])):
-                    e = eager[(eager["gpu"] == gpu) & (eager["M"] == M)].set_index("impl")["p50"]
-                    if cute in e.index and tri in e.index:
-                        meas = e[cute] / e[tri]
                 rows.append({"pair": f"{cute} / {tri}", "gpu": gpu, "M": M,
                              "device cute_us": dc, "device triton_us": dt,
                              "host cute_us": hc, "host triton_us": ht,
-                             "device ratio": dc / dt, "call ratio (modelled)": cc / ct,
+                             "device ratio (modelled)": dc / dt, "call ratio (modelled)": cc / ct,
                              "bound (cute, triton)": f"{bound(hc, dc, gpu, how, ce)}, "
                                                       f"{bound(ht, dt, gpu, how, ce)}",
                              "call model": how, "flush_us": flush,
-                             "reported ratio": float(rep["value"].iloc[0]) if len(rep) else
-                             math.nan,
-                             "measured eager ratio": meas})
+                             "reported ratio": float(next(iter(rep["value"]), math.nan)),
+                             **{k: ratio(d, gpu, M, cute, tri) for k, d in measured.items()}})
     return pd.DataFrame(rows)
 
 
@@ -437,7 +438,7 @@ def finding(pr: pd.DataFrame, M: int = 8192) -> Dict[str, str]:
         ratio, rep = r["call ratio (modelled)"], r["reported ratio"]
         if want == "win":
             # CuTe faster although the kernels alone are not: the host term decides
-            ok = ratio < 1 - PARITY / 2 and r["device ratio"] > ratio + PARITY / 2
+            ok = ratio < 1 - PARITY / 2 and r["device ratio (modelled)"] > ratio + PARITY / 2
             claim = "direction"
         else:
             ok = abs(ratio - 1) <= PARITY
@@ -450,7 +451,7 @@ def finding(pr: pd.DataFrame, M: int = 8192) -> Dict[str, str]:
                  for who, k, b in zip(("CuTe", "Triton"), ("cute", "triton"),
                                       r["bound (cute, triton)"].split(","))]
         out[gpu] = (f"{verdict}: modelled {ratio:.2f} against reported {rep:.2f} (kernels alone "
-                    f"{r['device ratio']:.2f}; {'; '.join(sides)})")
+                    f"{r['device ratio (modelled)']:.2f}; {'; '.join(sides)})")
     out["overall"] = "; ".join(f"{g}: {v.split(':')[0]}" for g, v in out.items())
     return out
 

@@ -115,9 +115,12 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
             md += ["", f"With Liger's CuTe host cost of {era:.0f} µs reported before TVM-FFI "
                    "(a scenario, mixing a reported input into the model):", ""]
             md += [f"- {k}: {v}" for k, v in v2.items()]
-        cols = ["pair", "gpu", "M", "device ratio", "call ratio (modelled)",
-                "reported ratio", "measured eager ratio"]
-        md += ["", "CuTe / Triton time per call:", "", markdown_table(pr[cols]), ""]
+        cols = ["pair", "gpu", "M", "device ratio (modelled)", "measured device ratio",
+                "call ratio (modelled)", "reported ratio", "measured eager ratio"]
+        md += ["", "CuTe / Triton time per call (device ratio: the kernels alone, modelled and, "
+               f"on the {model.CALIBRATION_GPU.upper()}, measured by CUDA-graph replay; call "
+               "ratio: with the host term; measured eager ratio: `do_bench`):", "",
+               markdown_table(pr[cols]), ""]
         shown = model.shown_hosts(hosts)
         if shown.empty:
             md += ["Crossover M: no host benchmark run (`bench --op host`) to take host costs "

@@ -4,7 +4,10 @@ their spread, a fixed-cost-per-launch fit, the forward/backward/training breakdo
 for the report. The figures in ``viz/sweeps.py`` draw from these.
 
 Every function reads the newest measurement of each point (``results.latest``) of one GPU: pass
-``gpu=`` (a slug such as ``"h200"``) when the results hold several. Rows of the lesson notebooks'
+``gpu=`` (a slug such as ``"h200"``) when the results hold several. The tables that compare
+kernels shape by shape (``bandwidth_table``, ``fused_add_table``, ``time_ratio``, ``eager_pair``)
+read, per shape, only the newest run that measured it (``results.newest_run_per_shape``), so a
+kernel that run did not measure there shows no older number. Rows of the lesson notebooks'
 teaching kernels (``impl`` ``teach.*``) are left out unless named.
 """
 
@@ -15,7 +18,7 @@ from typing import Optional, Tuple
 import pandas as pd
 
 from ..registry import impl_order
-from ..results import CEILINGS, latest
+from ..results import CEILINGS, latest, newest_run_per_shape
 
 #: the ceiling each op is drawn against: the forward reads one tensor and writes one, the
 #: backward reads two (x, dy) and writes one (dx). ``full`` (forward then backward) has no single
@@ -25,7 +28,8 @@ CEILING_OF_OP = {"fwd": "copy", "bwd": "copy2r1w"}
 TEACH_PREFIX = "teach."
 
 
-def one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
+def every_run(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
+    """Every run's rows of ``gpu`` (the only GPU of ``df`` when None), not only the newest."""
     gpus = sorted(df["gpu"].unique())
     if gpu is None:
         if len(gpus) != 1:
@@ -33,7 +37,13 @@ def one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
         gpu = gpus[0]
     elif gpu not in gpus:
         raise ValueError(f"no results for gpu {gpu!r}; have {gpus}")
-    return latest(df[df["gpu"] == gpu]), gpu
+    return df[df["gpu"] == gpu], gpu
+
+
+def one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
+    """The newest row of each measurement (``results.latest``) of ``gpu``."""
+    d, gpu = every_run(df, gpu)
+    return latest(d), gpu
 
 
 #: impl names of rows that share an op with the sweeps but are not one of their series: the
@@ -80,11 +90,13 @@ def ceiling_gbps(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Option
 
 def _bandwidth_rows(df: pd.DataFrame, op: str, gpu: Optional[str], path: str
                     ) -> Tuple[pd.DataFrame, str]:
-    """The newest GB/s row of each implementation and shape of ``op`` on ``path``, the lab's
-    sweeps' series only (no ceilings, no fused add, no host benchmark, no teaching kernel)."""
-    d, gpu = one_gpu(df, gpu)
-    return library_rows(d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
-                          & ~d["impl"].isin(CEILINGS)]), gpu
+    """The GB/s rows of ``op`` on ``path`` of the lab's sweeps' series (no ceilings, no fused
+    add, no host benchmark, no teaching kernel), per shape those of the newest run that measured
+    it (``results.newest_run_per_shape``)."""
+    d, gpu = every_run(df, gpu)
+    return newest_run_per_shape(library_rows(
+        d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "bandwidth")
+          & ~d["impl"].isin(CEILINGS)])), gpu
 
 
 def _ceiling_per_run(df: pd.DataFrame, rows: pd.DataFrame, op: str, gpu: str) -> pd.DataFrame:
@@ -154,12 +166,13 @@ def fused_add_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.
     shape (rows ``M``, ``N``) by CUDA-graph replay for every ``...+add`` implementation and the
     same-shape ceiling (a copy moving the same bytes), then ``lab / best peer`` (the lab's
     ``cute.auto+add`` over the fastest peer; below 1: the lab is faster). Empty when the results
-    hold no such sweep."""
-    d, gpu = one_gpu(df, gpu)
+    hold no such sweep. Per shape, the newest run that measured it (``newest_run_per_shape``)."""
+    d, gpu = every_run(df, gpu)
     ceiling = ADD_CEILING_OF_OP[op]
     impl = d["impl"].astype(str)
-    d = d[(d["op"] == op) & (d["path"] == "graph") & (d["metric"] == "time")
-          & (impl.str.endswith("+add") | (impl == ceiling))]
+    d = newest_run_per_shape(d[(d["op"] == op) & (d["path"] == "graph")
+                               & (d["metric"] == "time")
+                               & (impl.str.endswith("+add") | (impl == ceiling))])
     if d.empty:
         return pd.DataFrame()
     t = d.pivot_table(index=["M", "N"], columns="impl", values="p50", aggfunc="last")
@@ -238,10 +251,10 @@ def time_ratio(df: pd.DataFrame, op: str = "bwd", slower: str = "cute.split",
     """Per shape (rows ``M``, ``N``): the median µs of ``slower`` and ``faster`` and
     ``ratio = t(slower) / t(faster)`` (above 1: ``faster`` is faster), plus the ratio's spread
     from the quantiles (``lo`` = p20(slower)/p80(faster), ``hi`` = p80(slower)/p20(faster)).
-    Only shapes where both were measured."""
-    d, _ = one_gpu(df, gpu)
-    d = d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "time")
-          & d["impl"].isin([slower, faster])]
+    Only shapes where the newest run that timed either measured both."""
+    d, _ = every_run(df, gpu)
+    d = newest_run_per_shape(d[(d["op"] == op) & (d["path"] == path) & (d["metric"] == "time")
+                               & d["impl"].isin([slower, faster])])
     q = {k: d.pivot_table(index=["M", "N"], columns="impl", values=k, aggfunc="last")
          for k in ("p20", "p50", "p80")}
     cols = ["M", "N", slower, faster, "ratio", "lo", "hi"]
@@ -312,17 +325,21 @@ def op_breakdown(df: pd.DataFrame, impls=None, path: str = "graph",
     return t.reindex(keys)
 
 
+#: how close two CUDA-graph times must lie for ``eager_pair`` to count them the same
+SAME_GRAPH = 0.02
+
+
 def eager_pair(df: pd.DataFrame, op: str, gpu: Optional[str] = None, N: int = 4096,
-               same: float = 0.02, prefix: str = "cute.") -> Optional[dict]:
+               same: float = SAME_GRAPH, prefix: str = "cute.") -> Optional[dict]:
     """At the smallest M timed both ways at width ``N``: of the lab's implementations (``prefix``)
     whose CUDA-graph times lie within ``same`` of each other, the two whose eager times lie
     furthest apart: ``M``, ``impls`` (eager-slower first), ``graph`` and ``eager`` µs of each;
     None when no two are that close. Kernels that take the same time, read apart eagerly: the
-    eager time there is the host's, and it moves."""
-    d, _ = one_gpu(df, gpu)
-    d = library_rows(d[(d["op"] == op) & (d["metric"] == "time") & (d["N"] == N)
-                       & d["path"].isin(["eager", "graph"])
-                       & d["impl"].astype(str).str.startswith(prefix)])
+    eager time there is the host's, and it moves. Per shape, the newest run that timed it."""
+    d, _ = every_run(df, gpu)
+    d = newest_run_per_shape(library_rows(
+        d[(d["op"] == op) & (d["metric"] == "time") & (d["N"] == N)
+          & d["path"].isin(["eager", "graph"]) & d["impl"].astype(str).str.startswith(prefix)]))
     t = d.pivot_table(index=["M", "impl"], columns="path", values="p50", aggfunc="last")
     if not {"eager", "graph"} <= set(t.columns):
         return None

@@ -41,6 +41,21 @@ def _provenance(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def count_line(df: pd.DataFrame, root: Path) -> str:
+    """What the report reads, said as counted: the rows of ``results.load_all`` (every
+    ``<gpu>/*.csv`` but ``reported/``), of which the lessons' teaching kernels (``teach.*``,
+    which notebook 04 leaves out), and the model steps' rows, read apart (notebook 05)."""
+    files = [p for p in Path(root).glob("*/*.csv")
+             if p.parent.name not in results_io.NOT_MEASURED_DIRS]
+    gpus = sorted(df["gpu"].unique())
+    teach = int(df["impl"].astype(str).str.startswith(tables.TEACH_PREFIX).sum())
+    steps = len(results_io.load_all(root, model_steps=True))
+    return (f"{len(df)} measurements from {len(files)} files of {len(gpus)} GPU(s) "
+            f"({', '.join(gpus)}), of which {teach} are the lessons' teaching kernels "
+            f"(`{tables.TEACH_PREFIX}*`; {len(df) - teach} without them); the {steps} rows of "
+            "model steps (notebook 05) are read apart and not counted")
+
+
 def ceiling_note(df: pd.DataFrame, op: str, gpu: str) -> str:
     """What a "% of copy" table divides by: each row by the ceiling measured in its own run,
     the runs listed by commit (a run that measured none: the sweep's, said so)."""
@@ -154,14 +169,20 @@ def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
     pair = tables.eager_pair(df, op, gpu)
     if pair is not None and pair["eager"][0] > 1.25 * pair["eager"][1]:
         (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
-        text += (f" At M={pair['M']}, `{a}` and `{b}` take {ga:.1f} and {gb:.1f} µs by graph "
-                 f"replay and read {ea:.0f} and {eb:.0f} µs eager.")
+        same = (f"the same graph time ({ga:.1f} µs)" if f"{ga:.1f}" == f"{gb:.1f}" else
+                f"graph times within {tables.SAME_GRAPH:.0%} ({ga:.1f} and {gb:.1f} µs)")
+        text += (f" At M={pair['M']}, two kernels with {same}, `{a}` and `{b}`, read "
+                 f"{ea:.0f} and {eb:.0f} µs eager (the pair is chosen as the furthest apart "
+                 "eagerly among the lab's kernels whose graph times lie within "
+                 f"{tables.SAME_GRAPH:.0%} of each other there).")
     return text
 
 
 def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
-    """What the cache-cap figure's memory panel counts, and why a bounded cap reads below the
-    cache off (notebook 03, section 8), from ``analysis.host.cache_memory_table``."""
+    """What the cache-cap figure's memory panel draws (each bar: the step's peak counted from its
+    start, and stacked on it, hatched, the storage the cache pinned at that start), and why the
+    solid part of a bounded cap reads below the cache off (notebook 03, section 8), from
+    ``analysis.host.cache_memory_table``."""
     from ..analysis import host as host_tables
     from ..bench.host import LAYERS
 
@@ -171,25 +192,34 @@ def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
     act = host_tables.CACHE_SHAPE[0] * host_tables.CACHE_SHAPE[1] * 2 / 2**20
     capped = mem.drop(index=["0", "unbounded"], errors="ignore").dropna(subset=["peak MiB"])
     text = ("Left panel: peak memory counted from what was allocated when the measured step "
-            "began, after one warm-up step (`step_peak_and_time`, `rmsnorm_lab/bench/host.py`).")
+            "began, after one warm-up step (`step_peak_and_time`, `rmsnorm_lab/bench/host.py`), "
+            "as the solid part of each bar; stacked on it, hatched, the storage the cache's "
+            f"handles held at that start (activation-sized tensors of {act:.0f} MiB each), "
+            "which that count leaves out. A bar's top is what the step needs beside "
+            "everything else.")
     if not capped.empty:
         off = (capped["below cap 0 (MiB)"] - capped["freed in the step (MiB)"]).abs().max()
         caps = ", ".join(capped.index)
+        cap0 = mem.loc["0", "peak with pinned (MiB)"]
         text += (" A bounded cache still holds handles of the warm-up step's last layers when "
                  "the measured step begins ("
                  + ", ".join(f"cap {c}: {int(n)}" for c, n in capped["pinned tensors"].items())
-                 + f" activation-sized tensors of {act:.0f} MiB), and its FIFO frees them during "
-                 f"the step, so the count leaves that storage out: caps {caps} read "
+                 + " tensors), and its FIFO frees them during the step: the solid parts of caps "
+                 f"{caps} read "
                  + ", ".join(f"{v:,.0f}" for v in capped["below cap 0 (MiB)"])
                  + " MiB below the cache off (cap 0), "
                  + ("exactly what those tensors hold" if off < 1 else
                     f"what those tensors hold to within {off:,.0f} MiB")
-                 + ". They do not need less memory.")
+                 + ", and their bars reach "
+                 + ", ".join(f"{v:,.0f}" for v in capped["peak with pinned (MiB)"])
+                 + f" MiB against cap 0's {cap0:,.0f}. They do not need less memory.")
     if "unbounded" in mem.index:
         n = int(mem.loc["unbounded", "pinned tensors"])
+        total = mem.loc["unbounded", "peak with pinned (MiB)"]
         text += (f" Unbounded, nothing is evicted: {n} such tensors ({n * act:,.0f} MiB) stay "
-                 "allocated after every step and each step adds as many, which a count from "
-                 "each step's start does not show (notebook 03, section 8).")
+                 f"allocated after every step, its bar reaches {total:,.0f} MiB, and each step "
+                 "adds as many again, growth that a count from each step's start does not show "
+                 "(notebook 03, section 8).")
     return text
 
 
@@ -272,7 +302,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
           "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
           "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
-          "in the same run.", ""]
+          f"in the same run. Read: {count_line(df, root)}.", ""]
     headline = []
     gpus = sorted(df["gpu"].unique())
     # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU
@@ -291,7 +321,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
             for part in table.columns.get_level_values(0).unique():
                 unit = "GB/s" if part == "GB/s" else part
                 note = "" if part == "GB/s" else ceiling_note(df, op, gpu)
-                md += [f"{op}, CUDA-graph replay, median, {unit}{note}:", "",
+                md += [f"{op}, CUDA-graph replay, median, {unit}{note}; each shape from the "
+                       "newest run that measured it ('-': not measured in that run):", "",
                        tables.markdown_table(table[part], 0 if part == "GB/s" else 1,
                                             right_align=True), ""]
                 headline += [f"{gpu} {op} ({unit}, graph, median)",
@@ -305,7 +336,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
             add = tables.fused_add_table(df, op, gpu)
             if not add.empty:
                 md += [f"### fused residual add, {op}", "",
-                       f"`bench --op {op}-add`: µs per call, CUDA-graph replay, median; "
+                       f"`bench --op {op}-add`: µs per call, CUDA-graph replay, median, each "
+                       "shape from the newest run that measured it; "
                        f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes:", "",
                        tables.markdown_table(add, 2, right_align=True), ""]
         progress(f"[{next(step)}/{total}] {gpu}: backward and host figures "
@@ -385,9 +417,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 "`python -m rmsnorm_lab bench --op fwd`.\n")
             print(f"no results in {root}; wrote {report_md} saying so")
             return status
-        gpus = sorted(df["gpu"].unique())
-        _progress(f"{len(df)} measurements of {len(gpus)} GPU(s) ({', '.join(gpus)}); "
-                  f"rendering into {args.out}")
+        _progress(f"{count_line(df, root)}; rendering into {args.out}")
         headline = write_report(df, args.out, root, progress=_progress)
     except OSError as e:
         where = e.filename if e.filename else args.out

@@ -203,6 +203,24 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
+#: what a table that compares kernels shape by shape holds fixed in each of its rows
+SHAPE_KEY = ("gpu", "op", "M", "N", "dtype")
+
+
+def newest_run_per_shape(df: pd.DataFrame) -> pd.DataFrame:
+    """Of each shape (``SHAPE_KEY``), only the rows of the newest run that measured it (a run:
+    the rows sharing one ``timestamp``, which every row of one benchmark run carries), one row
+    per ``KEY``. Unlike ``latest``, an implementation that run did not measure at that shape
+    (one the code refused there, or one left out of it) keeps no older row: the kernels of a
+    shape are compared as one run measured them. Select the rows the comparison draws (path,
+    metric, implementations) first: the newest run is the newest among those rows."""
+    if df.empty:
+        return df
+    order = pd.to_datetime(df["timestamp"], utc=True)
+    newest = order.groupby([df[c] for c in SHAPE_KEY]).transform("max")
+    return latest(df[order == newest])
+
+
 def read_jsonl(path: PathLike) -> List[dict]:
     """The JSON objects of a log written one per line (probes, ``bench.host_parts``); other
     lines (a tool's stray output captured with them) are skipped."""

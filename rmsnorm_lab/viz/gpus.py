@@ -13,6 +13,7 @@ import matplotlib.lines
 import matplotlib.ticker
 import numpy as np
 import pandas as pd
+from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
 from ..analysis import MEASURED, MODELLED, REPORTED, model, speed
@@ -188,12 +189,21 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
                     label=None if i else f"{REPORTED} device times (colour: GPU; below: kernel)",
                     markeredgecolor=BLACK, markeredgewidth=0.5, **STYLE[REPORTED])
         # a source reports its own kernels, often at one point: one label per group of stars
-        # that coincide, under the curves (they rise with M), an arrow to its stars
+        # that coincide, under the curves (they rise with M), an arrow to its stars; a star in
+        # the right half has its label end at the axes' right edge, so it stays inside them
         at_m: dict = {}
+        span = np.log2(Ms.max() / Ms.min())
         for m, pct, g, names in _star_groups(stars):
             k = at_m[m] = at_m.get(m, -1) + 1  # groups at one M: stacked further down
-            ax.annotate(_star_label(names, g), (m, pct), xytext=(14, -34 - 30 * k),
-                        textcoords="offset points", fontsize=7, color="#444444", va="top",
+            dy = -34 - 30 * k
+            if np.log2(m / Ms.min()) / span <= 0.5:
+                where, xytext, ha = "offset points", (14, dy), "left"
+            else:
+                where = (blended_transform_factory(ax.transAxes, ax.transData)
+                         + ScaledTranslation(0, dy / 72, ax.figure.dpi_scale_trans))
+                xytext, ha = (0.98, pct), "right"
+            ax.annotate(_star_label(names, g), (m, pct), xytext=xytext, textcoords=where,
+                        fontsize=7, color="#444444", va="top", ha=ha,
                         arrowprops=dict(arrowstyle="-", color=GREY, linewidth=0.8,
                                         shrinkA=0, shrinkB=6))
     _log2_x(ax, Ms)
@@ -367,7 +377,7 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
     xs = np.arange(len(keys))
     series = [("call ratio (modelled)", f"per call ({MODELLED})",
                dict(marker="s", fillstyle="none", color=BLUE, markersize=9)),
-              ("device ratio", f"kernels alone ({MODELLED})",
+              ("device ratio (modelled)", f"kernels alone ({MODELLED})",
                dict(marker="^", fillstyle="none", color=GREY, markersize=9)),
               ("reported ratio", f"{REPORTED}", dict(marker="*", color=VERMILLION,
                                                      markersize=14)),

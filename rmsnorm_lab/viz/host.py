@@ -369,28 +369,47 @@ def _value_labels(ax, xs, values, lines: Sequence[float]) -> None:
 
 
 def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
-                   axes=None, triton: str = "triton.row"):
-    """Two panels: peak memory (MiB above what was allocated when the step began) and step
-    time against the ``cached`` path's tensor-cache cap, with Triton's as a dashed line."""
+                   axes=None, triton: str = "triton.row", layers: Optional[int] = None):
+    """Two panels against the ``cached`` path's tensor-cache cap, Triton's step as a line in
+    both. Left, a bar per cap: the peak memory of the step (MiB above the memory allocated
+    when it began) with, stacked on it and hatched, the storage the cache's handles held at
+    that start (``analysis.host.cache_memory_table``: pinned tensors of ``layers`` layers,
+    default the host benchmark's, times one activation), so that each bar is what the step
+    needs beside everything else. Right: step time (``plot_cache_steps``)."""
+    from ..analysis.host import cache_memory_table
+
+    if layers is None:
+        from ..bench.host import LAYERS as layers
     d, gpu = one_gpu(df, gpu)
     t = cache_table(d, gpu, shape, triton)
+    mem = cache_memory_table(d, layers, gpu, shape)
     tr = triton_step(d, gpu, shape, triton)
     if axes is None:
         import matplotlib.pyplot as plt
         axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True)[1]
     ax_m, ax_t = axes
     xs = np.arange(len(t))
-    ax_m.plot(xs, t["peak MiB"], "o", color=VERMILLION, markersize=7, label="cached path")
+    peak, pinned = t["peak MiB"].to_numpy(float), mem["pinned at start (MiB)"].to_numpy(float)
+    act = shape[0] * shape[1] * 2 / 2**20
+    ax_m.bar(xs, peak, width=0.6, color=VERMILLION, label="the step's peak,\nfrom its start")
+    ax_m.bar(xs, pinned, width=0.6, bottom=peak, color="white", edgecolor=VERMILLION,
+             hatch="///", linewidth=0.8,
+             label=f"pinned by the cache\nat the start ({act:.0f} MiB\nper tensor held)")
+    for x, total in zip(xs, peak + pinned):
+        if np.isfinite(total):
+            ax_m.annotate(f"{total:,.0f}", (x, total), xytext=(0, 2), textcoords="offset points",
+                          ha="center", va="bottom", fontsize=8)
     if "peak_mem" in tr:
         ls, c = _reference_style(triton)
         ax_m.axhline(tr["peak_mem"], color=c, linestyle=ls, linewidth=1.5,
                      label=f"{triton} ({tr['peak_mem']:,.0f} MiB)")
     ax_m.set_xticks(xs, list(t.index))
     ax_m.set_xlim(-0.5, len(t) - 0.5)
-    ax_m.set_ylim(0, None)  # from zero, as the step-time panel: differences read as lengths
+    top = np.nanmax(np.append(peak + pinned, tr.get("peak_mem", 0.0)))
+    ax_m.set_ylim(0, 1.15 * top)  # from zero, as the step-time panel; room for the totals
     ax_m.set_xlabel("tensor_cache_cap of the cached path (handles kept)")
-    ax_m.set_ylabel("peak MiB above the step's start")
-    ax_m.set_title(f"{gpu}: peak memory per tensor_cache_cap", fontsize="medium")
+    ax_m.set_ylabel("MiB: the step's peak + what the cache pins")
+    ax_m.set_title(f"{gpu}: memory per tensor_cache_cap", fontsize="medium")
     ax_m.grid(True, axis="y", alpha=0.3)
     _legend_right(ax_m)
     plot_cache_steps(d, gpu, shape, ax=ax_t, references=(triton,))
@@ -428,5 +447,5 @@ def impl_label(name: str) -> str:
 
 
 # the timelines live in their own module; imported last (it takes this module's helpers)
-from .timeline import (KERNEL_NAMES, plot_timeline,  # noqa: E402,F401
+from .timeline import (KERNEL_NAMES, api_call_name, plot_timeline,  # noqa: E402,F401
                        plot_timelines, short_kernel_name, trace_gpu)

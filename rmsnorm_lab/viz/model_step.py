@@ -55,17 +55,16 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
                 markeredgecolor="black", markeredgewidth=0.5)
         low, high = vals, vals  # where the label goes: past the whisker, if one is drawn
         if spread is not None and (arch, norm) in spread[0].index:
-            low = spread[0].loc[(arch, norm), list(columns)].to_numpy(dtype=float)
-            high = spread[1].loc[(arch, norm), list(columns)].to_numpy(dtype=float)
+            # a bar past the range has none (nan above): its label sits inside the bar
+            low = np.clip(spread[0].loc[(arch, norm), list(columns)].to_numpy(float), floor, hi)
+            high = np.clip(spread[1].loc[(arch, norm), list(columns)].to_numpy(float), floor, hi)
             ok = np.isfinite(vals) & np.isfinite(low) & np.isfinite(high)
             ax.errorbar(vals[ok], ys[ok], xerr=[(vals - low)[ok], (high - vals)[ok]],
                         fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
             low, high = np.fmin(low, vals), np.fmax(high, vals)
         for yy, v, a, b in zip(ys, vals, low, high):
             if np.isfinite(v):
-                ax.annotate(f"{v:.3f}", (b if v >= 1 else a, yy),
-                            xytext=(5 if v >= 1 else -5, 0), textcoords="offset points",
-                            va="center", fontsize=7, ha="left" if v >= 1 else "right")
+                _ratio_label(ax, v, yy, a, b, lo, hi)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xlim(lo, hi)
     ax.set_yticks(y, columns)
@@ -77,6 +76,22 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
                  fontsize="medium")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return ax
+
+
+def _ratio_label(ax, v: float, y: float, low: float, high: float, lo: float, hi: float):
+    """The ratio ``v`` written beside its bar and whisker (``low``..``high``): past the end away
+    from 1, or, where the axes end before the label would, on the other side of the line at 1,
+    clear of the bar and the whisker alike."""
+    per_pt = (hi - lo) / max(ax.get_position().width * ax.figure.get_figwidth() * 72, 1.0)
+    room = LABEL_PT * per_pt  # the label with its offset, in data units
+    if v >= 1:  # beyond the whisker's end where the axes reach, else left of the line at 1
+        right = high + room <= hi
+        x = high if right else min(low, 1.0)
+    else:  # before the whisker's start where the axes reach, else right of the line at 1
+        right = low - room < lo - 1e-9 * (hi - lo)
+        x = max(high, 1.0) if right else low
+    ax.annotate(f"{v:.3f}", (x, y), xytext=(5 if right else -5, 0), textcoords="offset points",
+                va="center", fontsize=7, ha="left" if right else "right")
 
 
 #: the widest x range of ``shared_range``: the choices of a norm differ by a few percent, and a

@@ -4,7 +4,8 @@ and the kernels on one time axis (traces: ``rmsnorm_lab.profiling.trace``)."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import matplotlib
 import matplotlib.patches
@@ -16,7 +17,9 @@ from ..profiling.trace import (Trace, kernels, launches, stage_order, steady_sta
 # Okabe and Ito's palette (the yellow left out: it does not read on white)
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
-OTHER_API = "#DDDDDD"  # CUDA API calls that launch no kernel (a graph replay, a sync)
+OTHER_API = "#DDDDDD"  # CUDA API calls that launch no kernel (a sync, a name lookup)
+#: the legend entry of those calls; the names of the ones in view follow it
+OTHER_CALLS = "CUDA API: another call"
 
 
 def _axes(ax, size=(12, 3.5)):
@@ -55,6 +58,36 @@ def short_kernel_name(name: str) -> str:
 
 def _short(name: str, width: int = 40) -> str:
     return name if len(name) <= width else name[:width - 1] + "…"
+
+
+def api_call_name(name: str) -> str:
+    """A CUDA API call as its documentation names it: the trace's version suffix dropped
+    (``cudaGraphLaunch_v10000`` -> ``cudaGraphLaunch``)."""
+    return re.sub(r"_v\d+$", "", str(name))
+
+
+def _name_wide_calls(ax, f: pd.DataFrame, y: float, t0: float, lo: float, hi: float) -> None:
+    """Write each CUDA API call's name (``api_call_name``) on its bar where the part in view is
+    wide enough to hold it: white on a launch, black on another call."""
+    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+    pt_per_ns = width_pt / max(hi - lo, 1.0)
+    launch = f.get("launch", pd.Series(True, index=f.index)).astype(bool)
+    for start, end, name, is_launch in zip(f["start_ns"], f["end_ns"], f["name"], launch):
+        a, b = max(start, lo), min(end, hi)
+        text = api_call_name(name)
+        if (b - a) * pt_per_ns >= 1.3 * (0.6 * 7 * len(text) + 6):  # 7-point text, a margin
+            ax.text(((a + b) / 2 - t0) / 1e3, y, text, ha="center", va="center", fontsize=7,
+                    color="white" if is_launch else BLACK, clip_on=True)
+
+
+def _other_calls(seen: Dict[str, str], names: Iterable[str]) -> None:
+    """The legend entry of the non-launch calls (``OTHER_CALLS``), naming those in view; the
+    names of an earlier panel's entry in ``seen`` are kept with these."""
+    names = set(names)
+    for key in [k for k in seen if k.startswith(OTHER_CALLS)]:
+        names |= set(key.split("\n(", 1)[1].rstrip(")").split(", ")) if "\n(" in key else set()
+        del seen[key]
+    seen[f"{OTHER_CALLS}\n({', '.join(sorted(names))})"] = OTHER_API
 
 
 def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
@@ -118,6 +151,8 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
         if label.startswith("CUDA API") and f.empty:
             ax.text(0.5, y, "no CUDA API calls in this span", transform=ax.get_yaxis_transform(),
                     ha="center", va="center", fontsize=9, color="#555555")
+        elif label.startswith("CUDA API"):
+            _name_wide_calls(ax, f, y, t0, lo, hi)
     if connect and api_df is not None and gpu_df is not None:
         joined = launches(Trace(None, gpu_df, api_df, {}))
         if joined is not None:
@@ -142,7 +177,7 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
         if launch.any():
             seen["CUDA API: a kernel launch"] = LAUNCH_COLOR
         if (~launch).any():
-            seen["CUDA API: another call (graph launch, sync...)"] = OTHER_API
+            _other_calls(seen, map(api_call_name, api_df.loc[~launch, "name"]))
     if legend:
         _legend_right(ax, _handles(seen))
     if title is None:
