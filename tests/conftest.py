@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,25 @@ def side_stream_graph_replay():
         torch.cuda.synchronize()
         assert torch.equal(y, expect)
     return check
+
+
+# The committed results, read once per module by the analysis, report and figure tests.
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+@pytest.fixture(scope="module")
+def df():
+    from rmsnorm_lab import results
+    return results.load_all(RESULTS)
+
+
+@pytest.fixture(scope="module")
+def rep():
+    from rmsnorm_lab.analysis import reported
+    return reported.load_reported(RESULTS)
+
+
+@pytest.fixture(scope="module")
+def cal(df):
+    from rmsnorm_lab.analysis import model
+    return model.calibrate(df)

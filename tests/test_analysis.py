@@ -17,21 +17,6 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
 
 
-@pytest.fixture(scope="module")
-def df():
-    return results.load_all(RESULTS)
-
-
-@pytest.fixture(scope="module")
-def rep():
-    return reported.load_reported(RESULTS)
-
-
-@pytest.fixture(scope="module")
-def cal(df):
-    return model.calibrate(df)
-
-
 # --- specs ------------------------------------------------------------------------------------
 
 def test_spec_table_has_every_gpu_with_a_vendor_source():

@@ -249,8 +249,8 @@ def test_cluster_backward_splits_rows_one_cta_cannot_hold():
 
 
 def test_staged_backward_keeps_rows_in_flight_in_shared_memory():
-    from rmsnorm_lab.cute.backward_plan import (MAX_STAGES, STAGED_SMEM_PER_SM,
-                                                plan_staged_backward)
+    from rmsnorm_lab.cute.backward_plan import plan_staged_backward
+    from rmsnorm_lab.cute.plan import MAX_STAGES, STAGED_SMEM_PER_SM
     p = plan_staged_backward(4096, BF16, BF16, "llama", True)
     assert (p.kind, p.threads, p.vecs_per_thread, p.chunks, p.vec) == ("fused", 256, 1, 2, 8)
     assert 2 <= p.stages <= MAX_STAGES and p.ctas_per_sm >= 2 and p.dw_smem_bytes == 0

@@ -24,11 +24,6 @@ from test_plots_host import TRACE, synthetic_frame  # noqa: E402
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
-@pytest.fixture(scope="module")
-def df():
-    return results.load_all(RESULTS)
-
-
 @pytest.fixture
 def frame(tmp_path):
     """test_plots_host's synthetic host results, through the writer and loader."""

@@ -17,35 +17,13 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from rmsnorm_lab import results  # noqa: E402
-from rmsnorm_lab.analysis import model, reported, specs, speed, tables  # noqa: E402
+from rmsnorm_lab.analysis import model, specs, speed, tables  # noqa: E402
 from rmsnorm_lab.analysis.report import gpu_section, model_section  # noqa: E402
 from rmsnorm_lab.viz import gpus  # noqa: E402
 from rmsnorm_lab.viz import model_step as step_figs  # noqa: E402
+from test_figure_rules import _draw  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-
-
-@pytest.fixture(scope="module")
-def df():
-    return results.load_all(RESULTS)
-
-
-@pytest.fixture(scope="module")
-def rep():
-    return reported.load_reported(RESULTS)
-
-
-@pytest.fixture(scope="module")
-def cal(df):
-    return model.calibrate(df)
-
-
-def _draw(fig):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return canvas.get_renderer()
 
 
 # --- the crossover table: host-benchmark rows only -------------------------------------------

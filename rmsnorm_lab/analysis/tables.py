@@ -66,9 +66,9 @@ def ceiling_run(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> Optiona
     the newest of equal sweeps); else the newest run that measured it; None when not
     measured."""
     name = CEILING_OF_OP.get(op)
-    _, gpu = one_gpu(df, gpu)
     # every run's rows (not only the newest of each measurement): runs are what is compared
-    d = df[(df["gpu"] == gpu) & (df["metric"] == "bandwidth") & (df["path"] == "graph")]
+    d, gpu = every_run(df, gpu)
+    d = d[(d["metric"] == "bandwidth") & (d["path"] == "graph")]
     ceilings = d[(d["impl"] == name) & (d["op"] == op)]
     if not ceilings.empty:
         rows_per_run = d[d["op"] == op]["timestamp"].value_counts()
@@ -211,8 +211,8 @@ LAB_DEFAULT_HOST = ("cute.auto", "cute.auto+add")
 def host_benchmark_covers(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> bool:
     """Has the host benchmark (``bench --op host``) timed ``op`` on ``gpu``? It times the
     forward and forward + backward (``full``), not the backward alone."""
-    _, gpu = one_gpu(df, gpu)
-    d = df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "host")]
+    d, _ = every_run(df, gpu)
+    d = d[(d["op"] == op) & (d["metric"] == "host")]
     return bool(d["impl"].astype(str).str.contains("@", regex=False).any())
 
 
@@ -223,9 +223,9 @@ def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
     launch paths and the peers. Elsewhere (``bwd``): the sweeps' own host rows, the newest of
     each implementation, the lab's by its default (``LAB_DEFAULT_HOST``), its pinned variants
     and backward modes left out. ``with_commit``: each row's run's commit beside it."""
-    _, gpu = one_gpu(df, gpu)
-    d = df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "host")]
-    covered = host_benchmark_covers(df, op, gpu)
+    d, gpu = every_run(df, gpu)
+    d = d[(d["op"] == op) & (d["metric"] == "host")]
+    covered = host_benchmark_covers(d, op, gpu)
     d = latest(host_benchmark_run(d))  # one row per key: an op the host benchmark does not
     impl = d["impl"].astype(str)         # time (bwd) has its sweeps' rows, one set per run
     lab = impl.str.contains("@") if covered else impl.isin(LAB_DEFAULT_HOST)

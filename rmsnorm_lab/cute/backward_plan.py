@@ -46,8 +46,6 @@ from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
                    MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
                    _ELEM_BYTES, chunked, clusters_pay, elems_in_registers, persistent_grid,
                    resident_ctas, row_threads, staged_fit)
-# the staged backward's limits, one pair with the staged forward's (staged_fit applies them)
-from .plan import MAX_STAGES, STAGED_SMEM_PER_SM  # noqa: F401
 
 KINDS = ("fused", "dx", "dw")
 MODES = BACKWARD_MODES + ("auto",)

@@ -81,9 +81,16 @@ class ForwardPlan(RowTilePlan):
     cluster_n: int = 1
     #: staged: rows of the CTA's strip in flight in shared memory (0: other variants)
     stages: int = 0
-    #: y stored evict-first (``st.global.cs``): rows too wide for the registers, whose second
-    #: pass reads the row back from L2 while y streams past it
-    stream_y: bool = False
+
+    @property
+    def stream_y(self) -> bool:
+        """Store y evict-first (``st.global.cs``)? For rows too wide for the registers, whose
+        second pass reads the row back from L2 while y streams past it: column chunks, not the
+        two-pass tile (a launch bound; its rows in flight fit L2), not staged in shared memory.
+        On the H200 (32768 bf16): 136.7 against 137.6 µs at 4096 rows, 527.9 against 533.8 at
+        16384; on the two-pass tile it cost 1%
+        (results/h200/logs/fwd-streaming-stores-probe-b15ec6908597.jsonl)."""
+        return self.chunks > 1 and not self.min_ctas_per_sm and not self.stages
 
     @property
     def persistent(self) -> bool:
@@ -274,14 +281,9 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         ctas_per_sm = resident_ctas(  # + 4 registers: the row loop's index and bounds
             threads, vecs_per_thread * vec * ((2 if prefetch else 1) * x_bytes + w_bytes),
             extra_regs=4)
-    # Evict-first stores paid where the row is wider than the registers (32768 bf16 on the H200:
-    # 136.7 against 137.6 µs at 4096 rows, 527.9 against 533.8 at 16384) and cost 1% on the
-    # two-pass tile, whose rows in flight fit L2 many times over
-    # (results/h200/logs/fwd-streaming-stores-probe-b15ec6908597.jsonl).
-    stream_y = chunks > 1 and not min_ctas_per_sm
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
-                       min_ctas_per_sm=min_ctas_per_sm, stream_y=stream_y,
+                       min_ctas_per_sm=min_ctas_per_sm,
                        pdl=pdl and uses_pdl(variant, threads, arch), **common)
 
 
