@@ -225,7 +225,7 @@ def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
     and backward modes left out. ``with_commit``: each row's run's commit beside it."""
     d, gpu = every_run(df, gpu)
     d = d[(d["op"] == op) & (d["metric"] == "host")]
-    covered = host_benchmark_covers(d, op, gpu)
+    covered = host_benchmark_covers(df, op, gpu)
     d = latest(host_benchmark_run(d))  # one row per key: an op the host benchmark does not
     impl = d["impl"].astype(str)         # time (bwd) has its sweeps' rows, one set per run
     lab = impl.str.contains("@") if covered else impl.isin(LAB_DEFAULT_HOST)
