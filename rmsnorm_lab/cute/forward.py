@@ -144,12 +144,10 @@ class RMSNormForward(RowTiles):
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
 
         # The weight stays in registers in its own dtype (an fp32 copy of offset + w would double
-        # its registers). The persistent variant loads it once and reuses it for every row it
-        # visits; the others load it after the reduction, when x's fp32 copy from the sum of
-        # squares is the only other large live value: loading it up front made warp-per-row at
-        # N=4096 bf16 spill (255 registers, 44 bytes of spill stores, ptxas -v: results/NOTES.md).
+        # its registers), loaded before the row where the plan says so (``weight_up_front``),
+        # else after the reduction, for each chunk.
         tWrW = None
-        if cutlass.const_expr(self.w_type is not None and p.chunks == 1 and p.persistent):
+        if cutlass.const_expr(self.w_type is not None and p.weight_up_front):
             tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
 
         num_tiles = cute.ceil_div(M, p.rows_per_cta)
@@ -214,9 +212,12 @@ class RMSNormForward(RowTiles):
                     self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, bufs[c % 2],
                                      rstd, chunk_w, offset, row_ok)
             else:
-                for c in cutlass.range_constexpr(p.chunks):
+                for i in cutlass.range_constexpr(p.chunks):
+                    # Backwards where the last chunk of pass 1 is still in registers.
+                    c = p.chunks - 1 - i if p.keeps_last_chunk else i
                     chunk_w = tWrW
-                    if cutlass.const_expr(p.chunks > 1):  # h, with a residual: pass 1 stored it
+                    if cutlass.const_expr(p.chunks > 1 and not (p.keeps_last_chunk and i == 0)):
+                        # h, with a residual: pass 1 stored it
                         self.load_chunk(tiled_x, thr_x, mH if p.residual else mX, tiler, tile,
                                         c, tXcX, tXrX, row_ok)
                     if cutlass.const_expr(self.w_type is not None and tWrW is None):

@@ -93,6 +93,23 @@ class ForwardPlan(RowTilePlan):
         return self.chunks > 1 and not self.min_ctas_per_sm and not self.stages
 
     @property
+    def weight_up_front(self) -> bool:
+        """Load w before the row, beside x's loads, rather than after the reduction? The
+        persistent grids load it once for every row they visit. A CTA that takes one tile and
+        holds at most WEIGHT_UP_FRONT_MAX_COPIES copies of w a thread loads it up front too: at
+        a few waves of CTAs the load after the reduction is a memory round trip on each CTA's
+        critical path. More copies up front made warp-per-row at N=4096 bf16 spill (255
+        registers, 44 bytes of spill stores, ptxas -v)."""
+        return self.chunks == 1 and (self.persistent
+                                     or self.vecs_per_thread <= WEIGHT_UP_FRONT_MAX_COPIES)
+
+    @property
+    def keeps_last_chunk(self) -> bool:
+        """Does the chunked row's second pass start from the last chunk, still in registers
+        from the first, and re-read only the others? (The pipelined passes always do.)"""
+        return self.chunks > 1 and not self.pipeline_chunks
+
+    @property
     def persistent(self) -> bool:
         return self.variant in ("persistent", "cluster", "staged")
 
@@ -114,6 +131,10 @@ class ForwardPlan(RowTilePlan):
         cap = self.grid_cap(sm_count)
         return max(1, min(tiles, cap)) if cap else tiles
 
+
+# ``ForwardPlan.weight_up_front``: at most this many copies of w a thread are loaded before the
+# row on the grids of one tile per CTA.
+WEIGHT_UP_FRONT_MAX_COPIES = 4
 
 # Rows of exactly this many 16-byte copies (16 KB: N=8192 in bf16 or fp16) take a two-pass tile
 # on the row variant: 512 threads x 1 copy x 2 column chunks, each chunk's loads issued before the

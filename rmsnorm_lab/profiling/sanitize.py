@@ -23,6 +23,8 @@ from ..registry import BACKWARD_MODES, FORWARD_VARIANTS
 # (5, 32768): rows too wide for one CTA's registers (cluster, staged).
 FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192), (5, 32768)]
 FWD_VARIANTS = list(FORWARD_VARIANTS)
+# the fused add's forward: one tile a CTA, and column chunks (its second pass re-reads h)
+ADD_FWD_SHAPES = [(131, 4096), (5, 32768)]
 # (131, 16384): chunked fused with dW in shared memory, and a cluster of 4; (3, 32768): of 8
 BWD_SHAPES = [(131, 4096), (1000, 8192), (131, 16384), (3, 32768)]
 BWD_MODES = list(BACKWARD_MODES)
@@ -35,22 +37,29 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def forward_cases() -> int:
+    """Every forward variant at FWD_SHAPES, and the fused add's forward (h beside y) at
+    ADD_FWD_SHAPES."""
     failures = 0
-    for M, N in FWD_SHAPES:
+    cases = [(M, N, False) for M, N in FWD_SHAPES] + [(M, N, True) for M, N in ADD_FWD_SHAPES]
+    for M, N, add in cases:
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
-        expect = reference.rms_norm(x, w)
+        r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if add else None
+        h_ref = reference.add_residual(x, r) if add else x
+        expect = reference.rms_norm(h_ref, w)
+        name = "fwd+add" if add else "fwd"
         for variant in FWD_VARIANTS:
             with settings.override(forward_variant=variant):
                 try:
-                    y = rms_norm(x, w, backend="cute")
+                    out = rms_norm(x, w, backend="cute", residual=r)
                 except ValueError as e:  # not eligible for this shape
-                    print(f"fwd {variant:>10} {M}x{N}: skipped ({e})")
+                    print(f"{name} {variant:>10} {M}x{N}: skipped ({e})")
                     continue
             torch.cuda.synchronize()
-            ok = _close(y, expect)
+            y, h = out if add else (out, h_ref)
+            ok = _close(y, expect) and torch.equal(h, h_ref)
             failures += not ok
-            print(f"fwd {variant:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+            print(f"{name} {variant:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
     return failures
 
 
