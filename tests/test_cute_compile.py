@@ -169,3 +169,16 @@ def test_reading_the_ptx_leaves_no_file_open():
         compile_and_inspect(plan, "sm_90a")
         gc.collect()
     assert not [w for w in seen if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_chunked_second_pass_rereads_all_but_the_last_chunk(residual):
+    """Two column chunks of 8 copies a thread (32768 bf16, no weight): the first pass loads both
+    (and the residual's, with the fused add), the second re-reads only the first chunk (x, or the
+    h the first pass stored); the last is still in registers."""
+    plan = plan_forward("row", 32768, BF16, None, "llama", store_rstd=True, aligned=True,
+                        arch="sm_90a", residual=residual)
+    assert plan.chunks == 2 and plan.vecs_per_thread == 8 and plan.keeps_last_chunk
+    facts = compile_and_inspect(plan, "sm_90a")
+    first_pass = plan.chunks * plan.vecs_per_thread * (2 if residual else 1)
+    assert facts.global_loads_16B == first_pass + (plan.chunks - 1) * plan.vecs_per_thread

@@ -118,6 +118,15 @@ def test_auto_takes_a_cluster_where_a_row_needs_four_column_chunks_or_more():
     assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
 
 
+def test_auto_variant_fused_add_takes_neither_cluster_nor_persistent():
+    # the fused add has no cluster plan and no prefetch: a CTA a row, in column chunks if wide
+    assert auto_variant(4096, True, BF16, 1024, BF16, "sm_90a") == "persistent"
+    assert auto_variant(4096, True, BF16, 1024, BF16, "sm_90a", residual=True) == "row"
+    assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a") == "cluster"
+    assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a", residual=True) == "row"
+    assert auto_variant(128, True, BF16, 65536, BF16, "sm_90a", residual=True) == "warp"
+
+
 def test_auto_keeps_the_chunked_row_at_three_chunks_and_never_stages():
     assert plan("row", 49152).chunks == 3
     for arch in ("sm_90a", "sm_80", None):

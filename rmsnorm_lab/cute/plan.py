@@ -94,14 +94,12 @@ class ForwardPlan(RowTilePlan):
 
     @property
     def weight_up_front(self) -> bool:
-        """Load w before the row, beside x's loads, rather than after the reduction? The
-        persistent grids load it once for every row they visit. A CTA that takes one tile and
-        holds at most WEIGHT_UP_FRONT_MAX_COPIES copies of w a thread loads it up front too: at
-        a few waves of CTAs the load after the reduction is a memory round trip on each CTA's
-        critical path. More copies up front made warp-per-row at N=4096 bf16 spill (255
-        registers, 44 bytes of spill stores, ptxas -v)."""
-        return self.chunks == 1 and (self.persistent
-                                     or self.vecs_per_thread <= WEIGHT_UP_FRONT_MAX_COPIES)
+        """Load w before the row rather than after the reduction? The persistent grids, which
+        load it once for every row they visit. A CTA of one tile loads it after the reduction:
+        up front it cost 4-13% on the plain forward from per-head rows to N=4096 (the row's
+        registers hold w beside x, fewer CTAs fit an SM) and moved the fused add by under 1%
+        either way (results/h200/logs/fwd-weight-and-last-chunk-probe-dc1065203df4.jsonl)."""
+        return self.chunks == 1 and self.persistent
 
     @property
     def keeps_last_chunk(self) -> bool:
@@ -131,10 +129,6 @@ class ForwardPlan(RowTilePlan):
         cap = self.grid_cap(sm_count)
         return max(1, min(tiles, cap)) if cap else tiles
 
-
-# ``ForwardPlan.weight_up_front``: at most this many copies of w a thread are loaded before the
-# row on the grids of one tile per CTA.
-WEIGHT_UP_FRONT_MAX_COPIES = 4
 
 # Rows of exactly this many 16-byte copies (16 KB: N=8192 in bf16 or fp16) take a two-pass tile
 # on the row variant: 512 threads x 1 copy x 2 column chunks, each chunk's loads issued before the
@@ -472,7 +466,8 @@ AUTO_PERSISTENT_MAX_ROWS = 2048
 
 
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
-                 w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None) -> str:
+                 w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None,
+                 residual: bool = False) -> str:
     """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
     (results/h200/fwd.csv, fwd-wide.csv): a cluster where ``clusters_pay`` (rows of many
     column chunks, on an architecture with clusters), else persistent for at most
@@ -481,15 +476,18 @@ def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
     AUTO_WARP_MAX_ROW_BYTES, else CTA-per-row. Persistent trailed CTA-per-row at every larger
     shape of the sweep (results/h200/logs/fwd-persistent-sweep-6261604.jsonl), and without the
     prefetch at few rows too (1024×32768 bf16 on the H200: 41.1 against 39.0 µs,
-    results/h200/fwd-wide-6455ffc.csv)."""
+    results/h200/fwd-wide-6455ffc.csv). ``residual``: the fused add's plans, which have neither
+    a cluster nor the prefetch, so the fused add takes neither of those two."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
-    if arch in CLUSTER_ARCHS and clusters_pay(
-            "fwd", lambda: plan_forward("row", N, x_dtype, w_dtype, "llama", False, True).chunks,
-            lambda: plan_forward("cluster", N, x_dtype, w_dtype, "llama", False, True, arch)):
+    def plan(variant: str, target=None) -> ForwardPlan:
+        return plan_forward(variant, N, x_dtype, w_dtype, "llama", False, True, target,
+                            residual=residual)
+
+    if arch in CLUSTER_ARCHS and clusters_pay("fwd", lambda: plan("row").chunks,
+                                              lambda: plan("cluster", arch)):
         return "cluster"
-    if M <= AUTO_PERSISTENT_MAX_ROWS and plan_forward(
-            "persistent", N, x_dtype, w_dtype, "llama", False, True, arch).prefetch:
+    if M <= AUTO_PERSISTENT_MAX_ROWS and plan("persistent", arch).prefetch:
         return "persistent"
     return "warp" if N * elem <= AUTO_WARP_MAX_ROW_BYTES else "row"
