@@ -58,13 +58,17 @@ def count_line(df: pd.DataFrame, root: Path) -> str:
 
 def ceiling_note(df: pd.DataFrame, op: str, gpu: str) -> str:
     """What a "% of copy" table divides by: each row by the ceiling measured in its own run,
-    the runs listed by commit (a run that measured none: the sweep's, said so)."""
+    the runs listed by commit, with the count of the table's cells each holds where runs share
+    a commit (a run that measured none: the sweep's, said so)."""
     runs = tables.ceiling_per_run(df, op, gpu)
     if runs.empty:
         return ""
+    shared = runs["commit"].duplicated(keep=False)
     each = ", ".join(f"{str(commit)[:7]} {gbps:.0f} GB/s"
+                     + (f" ({cells} cells)" if same else "")
                      + ("" if own else " (measured in another run: the sweep's)")
-                     for commit, gbps, own in zip(runs["commit"], runs["GB/s"], runs["own"]))
+                     for commit, gbps, own, cells, same in zip(
+                         runs["commit"], runs["GB/s"], runs["own"], runs["cells"], shared))
     return f" (each row against the {tables.CEILING_OF_OP[op]} measured in its own run: {each})"
 
 
