@@ -211,6 +211,20 @@ def test_model_vs_torch_labels_stay_inside_the_axes_and_off_the_whiskers():
             assert not crosses, (text, s)
 
 
+def test_model_vs_torch_marks_a_whisker_cut_at_the_range_edge():
+    idx = pd.MultiIndex.from_tuples([("qwen3", "shipped"), ("qwen3", "lab")])
+    ratios = pd.DataFrame([[1.176], [0.972]], index=idx, columns=["decode graph"])
+    low = pd.DataFrame([[1.076], [0.898]], index=idx, columns=["decode graph"])
+    fig = Figure(figsize=(6.6, 4.2), layout="constrained")
+    for top, cut in ((1.249, 0), (1.31, 1)):
+        high = pd.DataFrame([[top], [1.054]], index=idx, columns=["decode graph"])
+        ax = model_step.plot_vs_torch(ratios, "qwen3", ["decode graph"], norms=("shipped", "lab"),
+                                      ax=fig.add_subplot(), xlim=(0.8, 1.25), spread=(low, high))
+        open_marks = [ln for ln in ax.get_lines() if ln.get_fillstyle() == "none"]
+        assert len(open_marks) == cut
+        assert all(ln.get_xdata()[0] == 1.25 and ln.get_marker() == ">" for ln in open_marks)
+
+
 def test_timeline_names_the_calls_it_draws_grey_from_the_trace():
     """The grey bar after a graph's replayed kernels is a CUDA API call: its name, read from
     the trace (version suffix dropped), is written on it and listed in the legend."""

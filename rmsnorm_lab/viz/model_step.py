@@ -56,11 +56,18 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
         low, high = vals, vals  # where the label goes: past the whisker, if one is drawn
         if spread is not None and (arch, norm) in spread[0].index:
             # a bar past the range has none (nan above): its label sits inside the bar
-            low = np.clip(spread[0].loc[(arch, norm), list(columns)].to_numpy(float), floor, hi)
-            high = np.clip(spread[1].loc[(arch, norm), list(columns)].to_numpy(float), floor, hi)
+            raw_low = spread[0].loc[(arch, norm), list(columns)].to_numpy(float)
+            raw_high = spread[1].loc[(arch, norm), list(columns)].to_numpy(float)
+            low, high = np.clip(raw_low, floor, hi), np.clip(raw_high, floor, hi)
             ok = np.isfinite(vals) & np.isfinite(low) & np.isfinite(high)
             ax.errorbar(vals[ok], ys[ok], xerr=[(vals - low)[ok], (high - vals)[ok]],
                         fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+            # a whisker cut at the range's edge: an open chevron where it leaves the axes
+            for cut, edge, mark in ((ok & (raw_high > hi), hi, ">"),
+                                    (ok & (raw_low < floor), floor, "<")):
+                if cut.any():
+                    ax.plot(np.full(cut.sum(), edge), ys[cut], mark, color="black",
+                            markersize=5, fillstyle="none")
             low, high = np.fmin(low, vals), np.fmax(high, vals)
         for yy, v, a, b in zip(ys, vals, low, high):
             if np.isfinite(v):
@@ -71,7 +78,8 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
     ax.invert_yaxis()
     ax.set_xlabel("time / time with torch.nn.RMSNorm (same model, same run)\n"
                   "bars from 1; diamonds: too short to see; chevrons: past the range"
-                  + ("\nwhiskers: p20-p80 of both" if spread is not None else ""))
+                  + ("\nwhiskers: p20-p80 of both (open chevron: past the range)"
+                     if spread is not None else ""))
     ax.set_title(f"{gpu + ': ' if gpu else ''}{arch}, each norm's step time over torch's norm's",
                  fontsize="medium")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
