@@ -96,9 +96,10 @@ class ForwardPlan(RowTilePlan):
     def weight_up_front(self) -> bool:
         """Load w before the row rather than after the reduction? The persistent grids, which
         load it once for every row they visit. A CTA of one tile loads it after the reduction:
-        up front it cost 4-13% on the plain forward from per-head rows to N=4096 (the row's
-        registers hold w beside x, fewer CTAs fit an SM) and moved the fused add by under 1%
-        either way (results/h200/logs/fwd-weight-and-last-chunk-probe-dc1065203df4.jsonl)."""
+        on the H200 up front cost 4-13% on the plain forward from per-head rows to N=4096 and
+        moved the fused add by under 1% either way (not profiled;
+        results/h200/logs/fwd-weight-and-last-chunk-probe-dc1065203df4.jsonl), and it made
+        warp-per-row at N=4096 bf16 spill (ptxas -v)."""
         return self.chunks == 1 and self.persistent
 
     @property
@@ -481,6 +482,7 @@ def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
+
     def plan(variant: str, target=None) -> ForwardPlan:
         return plan_forward(variant, N, x_dtype, w_dtype, "llama", False, True, target,
                             residual=residual)
