@@ -213,11 +213,10 @@ class RMSNormForward(RowTiles):
                                      rstd, chunk_w, offset, row_ok)
             else:
                 for i in cutlass.range_constexpr(p.chunks):
-                    # Backwards where the last chunk of pass 1 is still in registers.
-                    c = p.chunks - 1 - i if p.keeps_last_chunk else i
+                    # Backwards: the last chunk of pass 1 is still in registers.
+                    c = p.chunks - 1 - i
                     chunk_w = tWrW
-                    if cutlass.const_expr(p.chunks > 1 and not (p.keeps_last_chunk and i == 0)):
-                        # h, with a residual: pass 1 stored it
+                    if cutlass.const_expr(i > 0):  # h, with a residual: pass 1 stored it
                         self.load_chunk(tiled_x, thr_x, mH if p.residual else mX, tiler, tile,
                                         c, tXcX, tXrX, row_ok)
                     if cutlass.const_expr(self.w_type is not None and tWrW is None):

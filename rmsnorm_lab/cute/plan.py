@@ -104,9 +104,9 @@ class ForwardPlan(RowTilePlan):
 
     @property
     def keeps_last_chunk(self) -> bool:
-        """Does the chunked row's second pass start from the last chunk, still in registers
-        from the first, and re-read only the others? (The pipelined passes always do.)"""
-        return self.chunks > 1 and not self.pipeline_chunks
+        """Does the second pass keep a chunk of the first in registers? Every chunked row's
+        does: it starts from the last chunk and re-reads only the others."""
+        return self.chunks > 1
 
     @property
     def persistent(self) -> bool:
