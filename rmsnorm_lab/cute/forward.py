@@ -31,7 +31,7 @@ from . import cluster_sum
 from .pdl import wait_for_previous_grid
 from .plan import ForwardPlan
 from .reduce import SLOTS, row_sum
-from .tiles import RowTiles, strip_rows
+from .tiles import L2_EVICT_FIRST, L2_EVICT_LAST, RowTiles, strip_rows
 
 TORCH_TO_CUTE = {
     torch.float32: cutlass.Float32,
@@ -175,16 +175,18 @@ class RMSNormForward(RowTiles):
             ss = Float32(0.0)
             if cutlass.const_expr(p.pipeline_chunks):
                 bufs = [tXrX, tXrX2]
-                self.load_chunk(tiled_x, thr_x, mX, tiler, tile, 0, tXcX, bufs[0], row_ok)
+                self.load_chunk(tiled_x, thr_x, mX, tiler, tile, 0, tXcX, bufs[0], row_ok,
+                                self.first_pass_evict(0))
                 for c in cutlass.range_constexpr(p.chunks):
                     if cutlass.const_expr(c + 1 < p.chunks):
                         self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c + 1, tXcX,
-                                        bufs[(c + 1) % 2], row_ok)
+                                        bufs[(c + 1) % 2], row_ok, self.first_pass_evict(c + 1))
                     ss = ss + self.sum_of_squares(bufs[c % 2])
             else:
                 for c in cutlass.range_constexpr(p.chunks):
                     if cutlass.const_expr(not p.prefetch):
-                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok)
+                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok,
+                                        self.first_pass_evict(c))
                     if cutlass.const_expr(p.residual):
                         self.add_residual(tiled_x, thr_x, mR, mH, tiler, tile, c, tXcX, tXrX,
                                           row_ok)
@@ -205,7 +207,7 @@ class RMSNormForward(RowTiles):
                     c = p.chunks - 1 - i
                     if cutlass.const_expr(c > 0):
                         self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c - 1, tXcX,
-                                        bufs[(c - 1) % 2], row_ok)
+                                        bufs[(c - 1) % 2], row_ok, "first")
                     chunk_w = None
                     if cutlass.const_expr(self.w_type is not None):
                         chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
@@ -218,11 +220,16 @@ class RMSNormForward(RowTiles):
                     chunk_w = tWrW
                     if cutlass.const_expr(i > 0):  # h, with a residual: pass 1 stored it
                         self.load_chunk(tiled_x, thr_x, mH if p.residual else mX, tiler, tile,
-                                        c, tXcX, tXrX, row_ok)
+                                        c, tXcX, tXrX, row_ok, "first")
                     if cutlass.const_expr(self.w_type is not None and tWrW is None):
                         chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
                     self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, tXrX, rstd,
                                      chunk_w, offset, row_ok)
+
+    def first_pass_evict(self, c: int) -> str:
+        """Chunk c's eviction priority in the first pass: the chunks the second pass re-reads
+        stay in L2 ("last"); the last chunk, kept in registers, is not read again ("first")."""
+        return "first" if c == self.plan.chunks - 1 else "last"
 
     @cute.jit
     def add_residual(self, tiled_x, thr_x, mR, mH, tiler, tile, c: cutlass.Constexpr[int], tXcX,
@@ -283,13 +290,20 @@ class RMSNormForward(RowTiles):
 
     @cute.jit
     def load_chunk(self, tiled_x, thr_x, mX, tiler, tile, c: cutlass.Constexpr[int], tXcX,
-                   tXrX, row_ok):
+                   tXrX, row_ok, evict: cutlass.Constexpr = None):
         """Registers <- column chunk c of this thread's row; zeros where predicated off, so the
-        sum of squares needs no mask."""
+        sum of squares needs no mask. ``evict`` ("last", "first"; where ``plan.l2_hints``): the
+        load's L1 and L2 eviction priority."""
         tXrX.fill(0)
         if row_ok:
             tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (tile, c)))
-            cute.copy(tiled_x, tXgX, tXrX, pred=self.column_predicate(tXcX, c))
+            pred = self.column_predicate(tXcX, c)
+            if cutlass.const_expr(evict is None or not self.plan.l2_hints):
+                cute.copy(tiled_x, tXgX, tXrX, pred=pred)
+            else:
+                last = evict == "last"
+                cute.copy(self.make_hinted_load(tiler, last), tXgX, tXrX, pred=pred,
+                          cache_policy=cutlass.Int64(L2_EVICT_LAST if last else L2_EVICT_FIRST))
 
 
 class RMSNormFusedAddForward(RMSNormForward):

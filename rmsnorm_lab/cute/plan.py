@@ -93,6 +93,13 @@ class ForwardPlan(RowTilePlan):
         return self.chunks > 1 and not self.min_ctas_per_sm and not self.stages
 
     @property
+    def l2_hints(self) -> bool:
+        """Load x with L2 eviction priorities? Where a chunked row's second pass re-reads it
+        (as ``stream_y``, without a residual): the chunks the second pass re-reads evict last in
+        the first pass, every other load of x evicts first."""
+        return self.stream_y and not self.residual
+
+    @property
     def weight_up_front(self) -> bool:
         """Load w before the row rather than after the reduction? The persistent grids, which
         load it once for every row they visit. A CTA of one tile loads it after the reduction:

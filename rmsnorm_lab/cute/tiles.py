@@ -6,6 +6,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
+# 64-bit L2 cache policies for ``.L2::cache_hint`` accesses, as ``createpolicy.fractional`` with
+# fraction 1.0 makes them (the values of CUTLASS's ``CacheHintSm90``).
+L2_EVICT_FIRST = 0x12F0000000000000
+L2_EVICT_LAST = 0x14F0000000000000
+
 
 def strip_rows(M, strip, n_strips):
     """Rows ``[start, end)`` of strip ``strip`` of ``n_strips``, as ``backward_plan.strip_bounds``
@@ -25,6 +30,17 @@ class RowTiles:
         vector path) per thread per copy, threads laid out by ``tv_layout``."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
                                    num_bits_per_copy=self.plan.vec * self.x_type.width)
+        return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
+
+    def make_hinted_load(self, tiler, evict_last: bool):
+        """The tile's global -> register copy as ``make_tiled_copy`` partitions it, with an L1
+        eviction priority; its L2 priority comes with each copy (``l2_policy``), as
+        ``ld.global.L1::evict_*.L2::cache_hint``."""
+        priority = (cute.nvgpu.CacheEvictionPriority.EVICT_LAST if evict_last
+                    else cute.nvgpu.CacheEvictionPriority.EVICT_FIRST)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.x_type,
+                                   num_bits_per_copy=self.plan.vec * self.x_type.width,
+                                   l1c_evict_priority=priority)
         return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
 
     def make_async_copy(self, tiler):
