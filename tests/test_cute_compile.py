@@ -14,13 +14,16 @@ ARCHS = ["sm_90a", "sm_100a"]
 
 # (variant, N, x dtype, w dtype, mode): every variant, every dtype, every mode, weightless,
 # mixed weight dtype, the widest warp row, the two-pass tile of 16 KB rows (under its launch
-# bound), two plain chunks, and pipelined chunks of very wide rows.
+# bound), rows wider than the registers (one copy a chunk on Hopper, two plain chunks or
+# pipelined chunks elsewhere), and pipelined chunks of very wide rows.
 CASES = [
     ("row", 4096, BF16, BF16, "llama"),
     ("row", 8192, BF16, BF16, "llama"),
     ("row", 8192, F16, None, "gemma"),
     ("row", 4096, F32, F32, "gemma"),
     ("row", 32768, BF16, BF16, "llama"),
+    ("row", 49152, BF16, BF16, "gemma"),
+    ("row", 24576, BF16, None, "llama"),
     ("row", 65536, BF16, F32, "llama"),
     ("row", 16384, F16, F32, "gemma"),
     ("row", 262144, BF16, BF16, "none"),
@@ -59,7 +62,10 @@ def test_compiles_with_expected_memory_instructions(arch, variant, N, x_dtype, w
     # rows wider than the registers store y evict-first: the second pass re-reads them from L2
     streaming = len(re.findall(r"\bst\.global\.cs\.", facts.ptx))
     assert (streaming > 0) == plan.stream_y, (plan.chunks, streaming)
-    assert plan.stream_y == (plan.chunks > 1 and not plan.min_ctas_per_sm)
+    assert plan.stream_y == (plan.chunks > 1 and N * plan.x_dtype.itemsize > 32768)
+    # x loaded with L2 priorities where y streams (not with the fused add)
+    hinted = len(re.findall(r"\bld\.global\.L1::evict_(?:first|last)\.L2::cache_hint", facts.ptx))
+    assert (hinted > 0) == plan.l2_hints == (plan.stream_y and not plan.residual)
     assert facts.local_accesses == 0
     # the warp-level butterfly over a row's lanes: 16, 8, 4, 2, 1 for a whole warp
     lanes = min(plan.threads_per_row, 32)
@@ -172,13 +178,17 @@ def test_reading_the_ptx_leaves_no_file_open():
 
 
 @pytest.mark.parametrize("residual", [False, True])
-def test_chunked_second_pass_rereads_all_but_the_last_chunk(residual):
-    """Two column chunks of 8 copies a thread (32768 bf16, no weight): the first pass loads both
-    (and the residual's, with the fused add), the second re-reads only the first chunk (x, or the
-    h the first pass stored); the last is still in registers."""
+@pytest.mark.parametrize("plan_arch", [None, "sm_90a"])
+def test_chunked_second_pass_rereads_all_but_the_last_chunk(residual, plan_arch):
+    """32768 bf16, no weight: two column chunks of 8 copies a thread (any target; and Hopper's
+    with the fused add), or four of one copy (Hopper's wide tile). The first pass loads every
+    chunk (and the residual's, with the fused add), the second re-reads all but the last (x, or
+    the h the first pass stored); the last is still in registers."""
     plan = plan_forward("row", 32768, BF16, None, "llama", store_rstd=True, aligned=True,
-                        arch="sm_90a", residual=residual)
-    assert plan.chunks == 2 and plan.vecs_per_thread == 8 and plan.keeps_last_chunk
+                        arch=plan_arch, residual=residual)
+    wide = plan_arch == "sm_90a" and not residual
+    assert (plan.chunks, plan.vecs_per_thread) == ((4, 1) if wide else (2, 8))
+    assert plan.keeps_last_chunk
     facts = compile_and_inspect(plan, "sm_90a")
     first_pass = plan.chunks * plan.vecs_per_thread * (2 if residual else 1)
     assert facts.global_loads_16B == first_pass + (plan.chunks - 1) * plan.vecs_per_thread

@@ -77,7 +77,29 @@ def test_chunks_pipeline_except_two_chunks_of_a_full_register_budget():
     assert not pipelines(1, 8)
     assert not pipelines(2, 8)  # 4096x32768: 200 registers, one CTA per SM
     assert pipelines(2, 1) and pipelines(4, 8) and pipelines(16, 8)
-    assert not plan("row", 32768).pipeline_chunks and plan("row", 65536).pipeline_chunks
+    # without the wide tile (not Hopper): 256 threads x 2 chunks of 8 copies at 32768 bf16
+    assert not plan("row", 32768, arch=None).pipeline_chunks
+    assert plan("row", 65536, arch=None).pipeline_chunks
+
+
+def test_rows_wider_than_the_registers_take_a_copy_a_chunk_at_64_warps_an_sm_on_hopper():
+    from rmsnorm_lab.cute.plan import WIDE_CTAS_PER_SM, WIDE_THREADS
+    for N, chunks in ((24576, 3), (32768, 4), (49152, 6), (65536, 8), (20480, 3)):
+        p = plan("row", N)
+        assert (p.threads, p.vecs_per_thread, p.chunks) == (WIDE_THREADS, 1, chunks)
+        assert p.min_ctas_per_sm == WIDE_CTAS_PER_SM and WIDE_THREADS * WIDE_CTAS_PER_SM == 2048
+        assert p.pipeline_chunks and p.stream_y and p.l2_hints
+    assert plan("row", 16384).chunks == 1                       # fits the registers
+    t = plan("row", 8192)                                       # the 16 KB two-pass tile
+    assert t.chunks == 2 and t.min_ctas_per_sm and not t.stream_y and not t.l2_hints
+    # not where ptxas spills under the bound, nor unmeasured: the usual chunked row
+    for p in (plan("row", 32768, w=F32), plan_forward("row", 32768, BF16, BF16, "none", True,
+                                                      True, arch="sm_90a"),
+              plan("row", 32768, arch="sm_100a"),
+              plan_forward("row", 32768, BF16, BF16, "llama", True, True, arch="sm_90a",
+                           residual=True)):
+        assert (p.threads, p.chunks, p.min_ctas_per_sm) == (256, 2, 0) and p.stream_y
+        assert p.l2_hints == (not p.residual)
 
 
 def test_warp_plan_is_one_warp_per_row_and_refuses_rows_too_wide_for_registers():
@@ -106,36 +128,21 @@ def test_auto_falls_back_for_unaligned_or_odd_widths():
     assert auto_variant(1024, True, F32, 16384) == "row"  # 4 KB rows
 
 
-def test_auto_takes_a_cluster_where_a_row_needs_four_column_chunks_or_more():
-    from rmsnorm_lab.cute.plan import AUTO_CLUSTER_MIN_CHUNKS
-    assert plan("row", 49152).chunks < AUTO_CLUSTER_MIN_CHUNKS["fwd"] <= plan("row", 65536).chunks
-    for M in (1, 16384):
-        assert auto_variant(65536, True, BF16, M, BF16, "sm_90a") == "cluster"
-        assert auto_variant(65536, True, BF16, M, BF16, "sm_100a") == "cluster"
-        assert auto_variant(32768, True, BF16, M, BF16, "sm_90a") != "cluster"
-        assert auto_variant(65536, True, BF16, M, BF16, "sm_80") != "cluster"  # no clusters
-        assert auto_variant(65536, True, BF16, M, BF16, None) != "cluster"
+def test_auto_takes_the_chunked_row_for_wide_rows_never_a_cluster_nor_staged():
+    for N in (1024, 4096, 16384, 32768, 49152, 65536, 131072):
+        for M in (1, 4096, 65536):
+            for arch in ("sm_90a", "sm_100a", "sm_80", None):
+                assert auto_variant(N, True, BF16, M, BF16, arch) not in ("cluster", "staged")
+    for N, dtype in ((32768, BF16), (49152, BF16), (65536, BF16), (24576, F32)):
+        assert auto_variant(N, True, dtype, 4096, dtype, "sm_90a") == "row"
     assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
 
 
-def test_auto_variant_fused_add_takes_neither_cluster_nor_persistent():
-    # the fused add has no cluster plan and no prefetch: a CTA a row, in column chunks if wide
-    assert auto_variant(4096, True, BF16, 1024, BF16, "sm_90a") == "persistent"
+def test_auto_variant_fused_add_keeps_warp_per_row_at_few_rows():
     assert auto_variant(4096, True, BF16, 1024, BF16, "sm_90a", residual=True) == "row"
-    assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a") == "cluster"
     assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a", residual=True) == "row"
     assert auto_variant(128, True, BF16, 65536, BF16, "sm_90a", residual=True) == "warp"
-
-
-def test_auto_keeps_the_chunked_row_at_three_chunks_and_never_stages():
-    assert plan("row", 49152).chunks == 3
-    for arch in ("sm_90a", "sm_80", None):
-        for N, dtype in ((32768, BF16), (49152, BF16), (24576, F32)):
-            assert auto_variant(N, True, dtype, 4096, dtype, arch) == "row"
-    assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a") == "cluster"
-    for N in (1024, 4096, 16384, 32768, 49152, 65536, 131072):
-        for M in (1, 4096, 65536):
-            assert auto_variant(N, True, BF16, M, BF16, "sm_90a") != "staged"
+    assert auto_variant(1024, True, BF16, 1024, BF16, "sm_90a", residual=True) == "warp"
 
 
 def test_staged_rows_are_wide_rows_ringed_through_shared_memory():
@@ -174,28 +181,41 @@ def test_a_cluster_grid_holds_as_many_clusters_as_the_sms_hold_ctas():
     assert plan("row", 4096).grid_cap(132) == 0 and p.grid_cap(132) == 132 * p.ctas_per_sm
 
 
-def test_auto_goes_persistent_for_few_rows():
-    from rmsnorm_lab.cute.plan import AUTO_PERSISTENT_MAX_ROWS as most
-    for n in (1024, 4096, 8192):
-        assert auto_variant(n, True, BF16, 1) == "persistent"
-        assert auto_variant(n, True, BF16, most) == "persistent"
+def test_auto_takes_the_few_rows_tile_for_few_rows():
+    from rmsnorm_lab.cute.plan import AUTO_FEW_ROWS_MAX as most, FEW_ROWS_COPIES_PER_THREAD
+    for n in (1024, 4096, 8192, 32768):
+        assert auto_variant(n, True, BF16, 1) == "row"
+        assert auto_variant(n, True, BF16, most) == "row"
     assert auto_variant(4096, True, BF16, most + 1) == "row"
     assert auto_variant(1024, True, BF16, most + 1) == "warp"
-    # without the next row in flight (32768 bf16 takes two column chunks) persistent loses
-    assert not plan("persistent", 32768).prefetch
-    assert auto_variant(32768, True, BF16, 1024, BF16, "sm_90a") == "row"
+
+    def few(N, dtype=BF16, **kw):
+        return plan_forward("row", N, dtype, dtype, "llama", False, True, arch="sm_90a",
+                            pdl=True, few_rows=True, **kw)
+    # FEW_ROWS_COPIES_PER_THREAD copies a thread, one row a CTA, PDL at every CTA size
+    for N, threads in ((1024, 32), (2048, 64), (4096, 128), (8192, 256), (16384, 256)):
+        p = few(N)
+        assert (p.threads, p.rows_per_cta, p.chunks, p.pdl) == (threads, 1, 1, True)
+        assert p.threads * p.vecs_per_thread * p.vec == N
+        assert p.vecs_per_thread == max(FEW_ROWS_COPIES_PER_THREAD, N // 8 // 256)
+    assert few(1024, F32).threads == 64
+    # rows wider than the registers and the fused add keep their tiles
+    assert few(32768) == plan_forward("row", 32768, BF16, BF16, "llama", False, True,
+                                      arch="sm_90a", pdl=True)
+    assert few(4096, residual=True).threads == 256
 
 
 def test_auto_entry_follows_the_row_count():
     """The entry cache sees M only through auto's rule: a few-rows call and a many-rows call of
     the same width get different plans, two many-rows calls share one."""
     from rmsnorm_lab.cute import runner
-    from rmsnorm_lab.cute.plan import AUTO_PERSISTENT_MAX_ROWS as most
+    from rmsnorm_lab.cute.plan import AUTO_FEW_ROWS_MAX as most
     w = torch.randn(4096, dtype=BF16)
     few = runner.entry_for(torch.randn(most, 4096, dtype=BF16), w, "llama", False, "auto", True)
     many = runner.entry_for(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, "auto",
                             True)
-    assert few.plan.variant == "persistent" and many.plan.variant == "row"
+    assert few.plan.variant == many.plan.variant == "row"
+    assert few.plan.threads < many.plan.threads
     assert runner.entry_for(torch.randn(9000, 4096, dtype=BF16), w, "llama", False,
                             "auto", True) is many
     row = runner.entry_for(torch.randn(8, 4096, dtype=BF16), w, "llama", False, "row", True)
@@ -224,11 +244,13 @@ def test_pdl_only_where_measured_to_pay_and_only_when_asked():
     assert not pdl("warp", 1024)                   # lost in the forward sweep
     assert not pdl("row", 4096, asked=False)       # settings.pdl off
     assert not pdl("persistent", 4096)             # lost on the persistent grid
-    assert not pdl("row", 1024)                    # 64-thread CTAs lost
+    assert not pdl("row", 1024)                    # 64-thread CTAs lost at many rows
     assert not pdl("fallback", 4096)               # not measured
     assert not pdl("row", 4096, arch="sm_100a")    # not measured on Blackwell
     assert not pdl("row", 4096, arch=None)         # target unknown
     assert uses_pdl("row", 128, "sm_90a") and not uses_pdl("row", 64, "sm_90a")
+    assert uses_pdl("row", 32, "sm_90a", few_rows=True)  # the few-rows tile
+    assert not uses_pdl("row", 128, "sm_100a", few_rows=True)
 
 
 def test_compile_target_for_every_architecture_torch_reports():

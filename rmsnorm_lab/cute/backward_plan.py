@@ -44,7 +44,7 @@ import torch
 from ..registry import BACKWARD_MODES
 from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
                    MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
-                   _ELEM_BYTES, chunked, clusters_pay, elems_in_registers, persistent_grid,
+                   _ELEM_BYTES, chunked, elems_in_registers, persistent_grid,
                    resident_ctas, row_threads, staged_fit)
 
 KINDS = ("fused", "dx", "dw")
@@ -361,10 +361,32 @@ def backward_uses_pdl(arch: Optional[str]) -> bool:
     return arch in PDL_ARCHS
 
 
+# A row that the fused plan takes in at least this many column chunks goes to a cluster under
+# `auto`: each chunk past the first re-reads the row, mostly from L2, against one exchange per row
+# in a cluster. On the H200 (bf16) the cluster won from 3 chunks (N=32768) and lost at 2
+# (N=16384) (results/h200/bwd-wide-9aa30e6.csv). The forward's `auto` takes no cluster: its
+# chunked row beat it at every width measured (plan.py, WIDE_THREADS).
+AUTO_CLUSTER_MIN_CHUNKS = 3
+
+
+def clusters_pay(chunks, cluster_plan) -> bool:
+    """Whether ``auto`` takes the cluster plan: ``chunks()`` is the fused plan's column chunks
+    (raising NotEligible where there is no fused plan); ``cluster_plan()`` raises where the row
+    has no cluster plan."""
+    try:
+        cluster_plan()
+    except NotEligible:
+        return False
+    try:
+        return chunks() >= AUTO_CLUSTER_MIN_CHUNKS
+    except NotEligible:
+        return True
+
+
 def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
               casting_mode: str, aligned: bool, dh: bool = False,
               arch: Optional[str] = None) -> str:
-    """``cluster`` where ``plan.clusters_pay`` (rows the fused plan takes in many column chunks,
+    """``cluster`` where ``clusters_pay`` (rows the fused plan takes in many column chunks,
     or cannot take, on an architecture with clusters); ``staged`` where the fused plan takes the
     row in column chunks and two rows of x and dy fit shared memory (the row then comes from DRAM
     once, where the chunks read it a second time, mostly from L2: 413 against 478 µs at
@@ -378,7 +400,6 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
     if w_dtype is None:
         return "split"
     if arch in CLUSTER_ARCHS and not dh and clusters_pay(
-            "bwd",
             lambda: plan_backward("fused", N, x_dtype, w_dtype, casting_mode, aligned).chunks,
             lambda: plan_cluster_backward(N, x_dtype, w_dtype, casting_mode, aligned,
                                           arch=arch)):

@@ -86,17 +86,20 @@ class ForwardPlan(RowTilePlan):
     def stream_y(self) -> bool:
         """Store y evict-first (``st.global.cs``)? For rows too wide for the registers, whose
         second pass reads the row back from L2 while y streams past it: column chunks, not the
-        two-pass tile (a launch bound; its rows in flight fit L2), not staged in shared memory.
+        two-pass tile of 16 KB rows (its rows in flight fit L2), not staged in shared memory.
         On the H200 (32768 bf16): 136.7 against 137.6 µs at 4096 rows, 527.9 against 533.8 at
         16384; on the two-pass tile it cost 1%
         (results/h200/logs/fwd-streaming-stores-probe-b15ec6908597.jsonl)."""
-        return self.chunks > 1 and not self.min_ctas_per_sm and not self.stages
+        return (self.chunks > 1 and not self.stages
+                and self.N > self.vec * MAX_THREADS * MAX_COPIES_PER_CHUNK)
 
     @property
     def l2_hints(self) -> bool:
-        """Load x with L2 eviction priorities? Where a chunked row's second pass re-reads it
-        (as ``stream_y``, without a residual): the chunks the second pass re-reads evict last in
-        the first pass, every other load of x evicts first."""
+        """Load x with L2 eviction priorities? Where ``stream_y``, without a residual: the
+        chunks the second pass re-reads evict last in the first pass, every other load of x
+        evicts first, as torch.compile's kernel loads them. On the H200 (bf16, 4096 rows):
+        32768 134.0 against 136.8 µs, 49152 200.2 against 213.6
+        (results/h200/logs/fwd-l2-hints-probe-1da54f2b1a02.jsonl)."""
         return self.stream_y and not self.residual
 
     @property
@@ -138,26 +141,31 @@ class ForwardPlan(RowTilePlan):
         return max(1, min(tiles, cap)) if cap else tiles
 
 
-# Rows of exactly this many 16-byte copies (16 KB: N=8192 in bf16 or fp16) take a two-pass tile
-# on the row variant: 512 threads x 1 copy x 2 column chunks, each chunk's loads issued before the
-# previous chunk is used, and a launch bound of 4 CTAs per SM (ptxas then holds the kernel to 32
-# registers: 64 warps per SM). That is the shape of torch.compile's kernel at this width, and it
-# beats the one-pass tile there (which holds the whole row in registers, at half the warps per
-# SM); the launch bound is what makes it pay: without it ptxas takes more registers and fewer CTAs
-# fit. Other widths keep the one-pass tile, which stayed faster at N=4096 and N=16384
-# (results/h200/logs/fwd-knobs-probe-24ef327.jsonl, fwd-knobs2-probe-24ef327.jsonl).
+# Two tiles of the row variant take one 16-byte copy a thread a column chunk, each chunk's loads
+# issued before the previous chunk is used, under a launch bound that holds ptxas to 32 registers:
+# 64 warps an SM, the shape of torch.compile's kernels at these widths. Without the bound ptxas
+# takes more registers and fewer CTAs fit.
+# * Rows of exactly TWO_PASS_ROW_COPIES copies (16 KB: N=8192 bf16): 512 threads x 2 chunks,
+#   4 CTAs an SM. The one-pass tile stayed faster at N=4096 and N=16384
+#   (results/h200/logs/fwd-knobs-probe-24ef327.jsonl, fwd-knobs2-probe-24ef327.jsonl).
+# * Rows wider than the registers (``stream_y``): 1024 threads x as many chunks as the row needs,
+#   2 CTAs an SM, against 256 threads x 8 copies a chunk: at 4096 rows bf16 on the H200 24576
+#   97.6 against 100.6 µs, 32768 128.9 against 133.6, 65536 275.1 against 304.0 (and the
+#   cluster's 282.0) (results/h200/logs/fwd-wide-512-threads-probe-1da54f2b1a02.jsonl).
 TWO_PASS_ROW_COPIES = 1024
 TWO_PASS_THREADS = 512
 TWO_PASS_CTAS_PER_SM = 4
-# Measured on Hopper only; for sm_100a ptxas spills under the same launch bound.
+WIDE_THREADS = 1024
+WIDE_CTAS_PER_SM = 2
+# Measured on Hopper only; for sm_100a ptxas spills under the same launch bounds.
 TWO_PASS_ARCHS = ("sm_90a",)
 
 
 def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str) -> bool:
-    """Does ptxas fit the two-pass tile in the 32 registers its launch bound allows, without
-    spilling? Yes for a weight no wider than x (or none) in the llama and gemma modes; an fp32
-    weight on bf16 x, and the none mode's extra roundings, made it spill (28 and 24 bytes,
-    ptxas -v, sm_90a: results/NOTES.md; tests/test_cute_compile.py compiles every case)."""
+    """Does ptxas fit the tiles of one copy a chunk in the 32 registers their launch bounds
+    allow, without spilling? Yes for a weight no wider than x (or none) in the llama and gemma
+    modes; an fp32 weight on bf16 x, and the none mode's extra roundings, made them spill
+    (ptxas -v, sm_90a: results/NOTES.md; tests/test_cute_compile.py compiles every case)."""
     narrow_weight = w_dtype is None or _ELEM_BYTES[w_dtype] <= _ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 
@@ -176,10 +184,11 @@ PDL_VARIANTS = ("row",)
 PDL_MIN_THREADS = 128
 
 
-def uses_pdl(variant: str, threads: int, arch: Optional[str]) -> bool:
+def uses_pdl(variant: str, threads: int, arch: Optional[str], few_rows: bool = False) -> bool:
     """Does a forward kernel of ``variant`` with CTAs of ``threads`` launch with PDL on ``arch``
-    (when ``settings.pdl`` allows it)?"""
-    return arch in PDL_ARCHS and variant in PDL_VARIANTS and threads >= PDL_MIN_THREADS
+    (when ``settings.pdl`` allows it)? The few-rows tile (``plan_forward``) always does."""
+    return (arch in PDL_ARCHS and variant in PDL_VARIANTS
+            and (few_rows or threads >= PDL_MIN_THREADS))
 
 
 def check_int32_addressable(M: int, row_stride: int, N: int) -> None:
@@ -208,10 +217,10 @@ def elems_in_registers(threads: int, x_bytes: int, w_bytes: int = 0) -> int:
     return regs * 4 // (x_bytes + w_bytes)
 
 
-def row_threads(n_vecs: int) -> int:
-    """Threads per row of a one-row CTA: COPIES_PER_THREAD copies each where the row allows, a
-    power of two from one warp to MAX_THREADS (forward and backward alike)."""
-    return min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // COPIES_PER_THREAD))))
+def row_threads(n_vecs: int, copies: int = COPIES_PER_THREAD) -> int:
+    """Threads per row of a one-row CTA: ``copies`` copies each where the row allows, a power of
+    two from one warp to MAX_THREADS (forward and backward alike)."""
+    return min(MAX_THREADS, max(32, _pow2_ceil(-(-n_vecs // copies))))
 
 
 def chunked(vecs_per_thread: int, max_vecs: int):
@@ -235,13 +244,15 @@ def _row_mapping(n_vecs: int, max_vecs_of):
 def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
                  casting_mode: str, store_rstd: bool, aligned: bool,
                  arch: Optional[str] = None, pdl: bool = False,
-                 residual: bool = False) -> ForwardPlan:
+                 residual: bool = False, few_rows: bool = False) -> ForwardPlan:
     """The plan of ``variant`` for rows of N; ``arch`` (e.g. ``sm_90a``) is the target the plan
     will be compiled for, where a tile depends on it (the two-pass tile, PDL); None: any target.
     ``pdl``: launch with PDL where ``uses_pdl`` says it pays (the caller passes ``settings.pdl``).
     ``residual``: the fused residual add, which holds a residual chunk beside x's while it adds
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
-    the 16 KB two-pass tile (both measured without it).
+    the tiles of one copy a chunk (all measured without it). ``few_rows``: ``auto`` at few rows
+    (AUTO_FEW_ROWS_MAX), where a row that fits the registers takes FEW_ROWS_COPIES_PER_THREAD
+    copies a thread, launched with PDL.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -290,10 +301,18 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
                            pdl=pdl and uses_pdl(variant, lanes * rows, arch), **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
-    if (variant == "row" and n_vecs == TWO_PASS_ROW_COPIES and not residual
-            and arch in TWO_PASS_ARCHS and two_pass_fits(x_dtype, w_dtype, casting_mode)):
-        threads, vecs_per_thread = TWO_PASS_THREADS, 1
-        chunks, min_ctas_per_sm = n_vecs // TWO_PASS_THREADS, TWO_PASS_CTAS_PER_SM
+    few_rows = few_rows and variant == "row" and chunks == 1 and not residual
+    if few_rows:
+        threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
+        vecs_per_thread = -(-n_vecs // threads)
+    elif (variant == "row" and not residual and arch in TWO_PASS_ARCHS
+            and two_pass_fits(x_dtype, w_dtype, casting_mode)):
+        if n_vecs == TWO_PASS_ROW_COPIES:
+            threads, vecs_per_thread = TWO_PASS_THREADS, 1
+            chunks, min_ctas_per_sm = n_vecs // TWO_PASS_THREADS, TWO_PASS_CTAS_PER_SM
+        elif chunks > 1:
+            threads, vecs_per_thread = WIDE_THREADS, 1
+            chunks, min_ctas_per_sm = -(-n_vecs // WIDE_THREADS), WIDE_CTAS_PER_SM
     ctas_per_sm = 0
     prefetch = False
     if variant == "persistent":
@@ -307,7 +326,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     return ForwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                        chunks=chunks, ctas_per_sm=ctas_per_sm, prefetch=prefetch,
                        min_ctas_per_sm=min_ctas_per_sm,
-                       pdl=pdl and uses_pdl(variant, threads, arch), **common)
+                       pdl=pdl and uses_pdl(variant, threads, arch, few_rows), **common)
 
 
 # The cluster variant: CTAs of MAX_THREADS threads per cluster, at most the portable cluster size
@@ -332,29 +351,6 @@ def persistent_grid(sm_count: int, ctas_per_sm: int, cluster_n: int = 1) -> int:
     if cluster_n > 1:
         return CLUSTER_GRID_WAVES * max(1, sm_count * ctas_per_sm // cluster_n)
     return max(1, sm_count * ctas_per_sm)
-
-
-# A row that one CTA takes in at least this many column chunks goes to a cluster under `auto`,
-# per op: each chunk past the first re-reads the row, mostly from L2, against one exchange per
-# row in a cluster. On the H200 (bf16) the backward's cluster won from 3 chunks (N=32768) and lost
-# at 2 (N=16384); the forward's won at 4 (N=65536: 283.0 against the chunked row's 315.1 µs) and
-# lost at 3 (N=49152: 271.4 against 212.4, the chunked row storing y evict-first)
-# (forward at 4096 rows: results/h200/fwd-wide-b15ec69.csv; backward: bwd-wide-9aa30e6.csv).
-AUTO_CLUSTER_MIN_CHUNKS = {"fwd": 4, "bwd": 3}
-
-
-def clusters_pay(op: str, chunks, cluster_plan) -> bool:
-    """Whether ``auto`` takes the cluster plan for ``op`` (fwd, bwd): ``chunks()`` is the chunked
-    plan's column chunks (raising NotEligible where there is no chunked plan); ``cluster_plan()``
-    raises where the row has no cluster plan."""
-    try:
-        cluster_plan()
-    except NotEligible:
-        return False
-    try:
-        return chunks() >= AUTO_CLUSTER_MIN_CHUNKS[op]
-    except NotEligible:
-        return True
 
 
 def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -> ForwardPlan:
@@ -465,38 +461,31 @@ def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int 
 # (results/h200/fwd.csv) warp-per-row won at N=1024 bf16, CTA-per-row at N=2048, and from N=4096
 # up CTA-per-row was fastest or as fast.
 AUTO_WARP_MAX_ROW_BYTES = 2048
-# At most this many rows go to the persistent variant under `auto`: with few rows a CTA per row
-# fills only a few waves, and the persistent grid's next-row prefetch keeps loads in flight
-# instead. In the H200 probe persistent was fastest, or close, up to 2048 rows at every width
-# from N=1024 to 8192, and from about 3072 rows CTA-per-row (or warp-per-row) took over
-# (results/h200/logs/fwd-small-m-probe-c3ab5be.jsonl).
-AUTO_PERSISTENT_MAX_ROWS = 2048
+# At most this many rows are few under `auto`: a row that fits the registers then takes the row
+# variant with FEW_ROWS_COPIES_PER_THREAD copies a thread (fewer threads a row than the usual
+# tile), launched with PDL at any CTA size. On the H200 (bf16, N=1024-8192, 128-2048 rows) it beat
+# the persistent grid with the next row in flight, `auto`'s earlier choice, at 14 of 16 shapes
+# (1024×4096: 5.02 against 5.28 µs; 256×2048: 1.98 against 2.19), and lost at 1024×8192 (9.27
+# against 8.93) and level at 2048×1024; from 3072 rows the usual tiles were as fast or faster
+# at N=1024, 2048 and 8192 (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl).
+AUTO_FEW_ROWS_MAX = 2048
+FEW_ROWS_COPIES_PER_THREAD = 4
 
 
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
                  w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None,
                  residual: bool = False) -> str:
     """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
-    (results/h200/fwd.csv, fwd-wide.csv): a cluster where ``clusters_pay`` (rows of many
-    column chunks, on an architecture with clusters), else persistent for at most
-    AUTO_PERSISTENT_MAX_ROWS rows where its CTAs hold the next row in flight (``prefetch``: the
-    row fits their registers twice), else warp-per-row for rows of at most
-    AUTO_WARP_MAX_ROW_BYTES, else CTA-per-row. Persistent trailed CTA-per-row at every larger
-    shape of the sweep (results/h200/logs/fwd-persistent-sweep-6261604.jsonl), and without the
-    prefetch at few rows too (1024×32768 bf16 on the H200: 41.1 against 39.0 µs,
-    results/h200/fwd-wide-6455ffc.csv). ``residual``: the fused add's plans, which have neither
-    a cluster nor the prefetch, so the fused add takes neither of those two."""
+    (results/h200/fwd.csv, fwd-wide.csv): the row variant at few rows (AUTO_FEW_ROWS_MAX; the
+    caller plans it with ``few_rows``), else warp-per-row for rows of at most
+    AUTO_WARP_MAX_ROW_BYTES, else the row variant, whose rows wider than the registers go in
+    column chunks. Neither the persistent grid nor the cluster: the first trailed CTA-per-row
+    from 3072 rows (results/h200/logs/fwd-persistent-sweep-6261604.jsonl) and the few-rows tile
+    below; the second trailed the chunked row at every width measured (WIDE_THREADS).
+    ``residual``: the fused add's plans, which keep warp-per-row at few rows too."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
-
-    def plan(variant: str, target=None) -> ForwardPlan:
-        return plan_forward(variant, N, x_dtype, w_dtype, "llama", False, True, target,
-                            residual=residual)
-
-    if arch in CLUSTER_ARCHS and clusters_pay("fwd", lambda: plan("row").chunks,
-                                              lambda: plan("cluster", arch)):
-        return "cluster"
-    if M <= AUTO_PERSISTENT_MAX_ROWS and plan("persistent", arch).prefetch:
-        return "persistent"
+    if M <= AUTO_FEW_ROWS_MAX and not residual:
+        return "row"
     return "warp" if N * elem <= AUTO_WARP_MAX_ROW_BYTES else "row"

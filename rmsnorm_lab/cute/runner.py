@@ -31,7 +31,7 @@ from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
 from .forward import (TORCH_TO_CUTE, RMSNormClusterForward, RMSNormForward,
                       RMSNormFusedAddForward)
 from .forward_staged import RMSNormStagedForward
-from .plan import (AUTO_PERSISTENT_MAX_ROWS, INT32_LIMIT, ForwardPlan, auto_variant,
+from .plan import (AUTO_FEW_ROWS_MAX, INT32_LIMIT, ForwardPlan, auto_variant,
                    check_int32_addressable, plan_forward)
 
 
@@ -152,7 +152,7 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
         strides |= residual.stride(0)
     aligned = (ptrs & 15) == 0 and (strides * x2.element_size()) & 15 == 0
     w_dtype = weight.dtype if weight is not None else None
-    few_rows = variant == "auto" and M <= AUTO_PERSISTENT_MAX_ROWS  # auto's only use of M
+    few_rows = variant == "auto" and M <= AUTO_FEW_ROWS_MAX  # auto's only use of M
     key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
            few_rows, pdl, residual is not None)
     entry = _ENTRIES.get(key)
@@ -162,7 +162,7 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
                   if variant == "auto" else variant)
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
                             arch=target_arch(x2.device), pdl=pdl,
-                            residual=residual is not None)
+                            residual=residual is not None, few_rows=few_rows)
         entry = _ENTRIES[key] = _Entry(plan, x2.device)
     return entry
 

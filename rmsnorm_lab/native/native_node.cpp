@@ -326,7 +326,7 @@ class CallMemo {
   }
 
   int64_t capacity_;
-  int64_t few_rows_max_;  // M <= this is part of the key (cute/plan.py AUTO_PERSISTENT_MAX_ROWS)
+  int64_t few_rows_max_;  // M <= this is part of the key (cute/plan.py AUTO_FEW_ROWS_MAX)
   std::unordered_map<CallKey, std::shared_ptr<const Launch>, CallKeyHash> launches_;
 };
 
