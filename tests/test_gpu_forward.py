@@ -149,22 +149,26 @@ def test_capture_in_cuda_graph_on_side_stream(side_stream_graph_replay):
     side_stream_graph_replay(lambda: rms_norm(x, w, backend="cute"))
 
 
-@pytest.mark.parametrize("variant,N", [("row", 4096), ("row", 8192), ("warp", 1024)])
+@pytest.mark.parametrize("variant,M,N", [("row", 16384, 4096), ("row", 16384, 8192),
+                                         ("warp", 16384, 1024), ("auto", 1024, 2048),
+                                         ("auto", 7, 4096)])
 @pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "graph"])
-def test_chained_launches_read_complete_outputs(variant, N, in_graph, capture_on_side_stream):
+def test_chained_launches_read_complete_outputs(variant, M, N, in_graph,
+                                                capture_on_side_stream):
     """With programmatic dependent launch a kernel's CTAs may be resident before the kernel it
     reads from has finished. A chain of forwards, each reading the output of the one before,
     launched back to back: every step must match the reference on the input it actually read
-    (outputs start as NaN, so a read that came early shows up)."""
+    (outputs start as NaN, so a read that came early shows up). ``auto`` at few rows: the
+    few-rows tile of 64 and 128 threads, which launches with PDL."""
     from rmsnorm_lab.cute import runner
     from rmsnorm_lab.cute.compile import target_arch
     from rmsnorm_lab.cute.plan import PDL_ARCHS
 
-    M, steps = 16384, 8
+    steps = 8
     x = fresh((M, N), torch.bfloat16)
     w = (1 + 0.1 * fresh((N,), torch.float32)).to(torch.bfloat16)
     with settings.override(forward_variant=variant, pdl=True):
-        if target_arch(x.device) in PDL_ARCHS and variant == "row":
+        if target_arch(x.device) in PDL_ARCHS and variant in ("row", "auto"):
             assert runner.entry_for(x, w, "llama", False, variant, True).plan.pdl
 
         def chain():
@@ -191,13 +195,15 @@ def test_chained_launches_read_complete_outputs(variant, N, in_graph, capture_on
 
 # Rows too wide for one CTA's registers. cluster: 2, 4 and 8 CTAs per row on a persistent grid
 # (1000 rows are strips of 15 or 16 rows per cluster, each row's sums in one of two slot sets
-# taken in turn); staged: the row whole in shared memory (64 KB at 32768 bf16, 128 KB at 65536).
-# A single row, an odd row count, leading dims, every dtype, with and without a weight.
+# taken in turn); staged: the row whole in shared memory (64 KB at 32768 bf16, 128 KB at 65536);
+# row: column chunks (on Hopper one copy a thread a chunk, 4 to 16 chunks, x loaded with L2
+# priorities). A single row, an odd row count, leading dims, every dtype, with and without a
+# weight.
 @pytest.mark.parametrize("with_weight", [True, False], ids=["w", "no-w"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 32768), (3, 32768), (1000, 32768), (2, 5, 65536),
                                    (17, 131072)], ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("variant", ["cluster", "staged"])
+@pytest.mark.parametrize("variant", ["cluster", "staged", "row"])
 def test_wide_rows_and_rstd_match_reference(variant, shape, dtype, with_weight):
     from rmsnorm_lab import dispatch
     N = shape[-1]
