@@ -25,7 +25,7 @@ def native():
 
 @pytest.fixture
 def memo(native):
-    m = native.CallMemo(16, 2048)
+    m = native.CallMemo(16, 2048, 511)
     m.settings = 7
     return m
 
@@ -84,11 +84,12 @@ def test_every_input_of_a_plan_is_in_the_key(native, memo):
 
 
 def test_the_row_count_is_not_in_the_key(native, memo):
-    """A Launch serves every M on the same side of the plan's one M threshold: calls whose
-    leading shape changes every call (packed batches, serving) stay in C++."""
+    """A Launch serves every M of the same row class (the plan's M thresholds, 511 and 2048 in
+    this memo): calls whose leading shape changes every call (packed batches, serving) stay in
+    C++; a row count of another class is planned apart."""
     w = torch.randn(8, requires_grad=True)
-    k, _ = planned(native, memo, torch.randn(6, 8, requires_grad=True), w)
-    for shape in ((1, 8), (3, 8), (2, 5, 8), (2048, 8)):
+    k, _ = planned(native, memo, torch.randn(600, 8, requires_grad=True), w)
+    for shape in ((512, 8), (1000, 8), (2, 300, 8), (2048, 8)):
         x = torch.randn(shape, requires_grad=True)
         y = memo.call(x, w, EPS, 0.0, "llama")
         assert y is not None and y.shape == x.shape, shape
@@ -97,8 +98,13 @@ def test_the_row_count_is_not_in_the_key(native, memo):
         torch.testing.assert_close(y.double(), y64, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(x.grad.double(), dx64, rtol=1e-5, atol=1e-5)
     rows = [c["x"]["shape"][0] for c in k.calls("forward")]
-    assert rows == [1, 3, 10, 2048]
-    assert [c["count"] for c in k.calls("backward")] == [1, 2, 2, 2]  # strips: min(2, M)
+    assert rows == [512, 1000, 600, 2048]
+    assert [c["count"] for c in k.calls("backward")] == [2, 2, 2, 2]  # strips: min(2, M)
+    for m in (1, 511, 2049):  # the fewest rows, many rows: other classes
+        assert memo.call(torch.randn(m, 8, requires_grad=True), w, EPS, 0.0, "llama") is None
+    few, _ = planned(native, memo, torch.randn(300, 8, requires_grad=True), w)
+    memo.call(torch.randn(1, 8, requires_grad=True), w, EPS, 0.0, "llama").sum().backward()
+    assert [c["count"] for c in few.calls("backward")] == [1]
     sliced = torch.randn(6, 16)[:, :8]  # a 2-D row-strided view: its row stride is in the key
     planned(native, memo, sliced.requires_grad_(), w)
     assert memo.find(torch.randn(40, 16)[:, :8].requires_grad_(), w, EPS, 0.0, "llama")

@@ -151,15 +151,15 @@ def test_capture_in_cuda_graph_on_side_stream(side_stream_graph_replay):
 
 @pytest.mark.parametrize("variant,M,N", [("row", 16384, 4096), ("row", 16384, 8192),
                                          ("warp", 16384, 1024), ("auto", 1024, 2048),
-                                         ("auto", 7, 4096)])
+                                         ("auto", 300, 1024), ("auto", 7, 4096)])
 @pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "graph"])
 def test_chained_launches_read_complete_outputs(variant, M, N, in_graph,
                                                 capture_on_side_stream):
     """With programmatic dependent launch a kernel's CTAs may be resident before the kernel it
     reads from has finished. A chain of forwards, each reading the output of the one before,
     launched back to back: every step must match the reference on the input it actually read
-    (outputs start as NaN, so a read that came early shows up). ``auto`` at few rows: the
-    few-rows tile of 64 and 128 threads, which launches with PDL."""
+    (outputs start as NaN, so a read that came early shows up). ``auto`` at few rows: CTAs of
+    64, 64 and 256 threads, every one launched with PDL."""
     from rmsnorm_lab.cute import runner
     from rmsnorm_lab.cute.compile import target_arch
     from rmsnorm_lab.cute.plan import PDL_ARCHS

@@ -380,7 +380,7 @@ def test_fused_add_residual_alone_requiring_grad_is_a_training_call(native):
     k = StandIns()
     fns = functions(k)
     x, r, w = torch.randn(3, 8), torch.randn(3, 8, requires_grad=True), torch.randn(8)
-    memo = native.CallMemo(8, 2048)
+    memo = native.CallMemo(8, 2048, 511)
     training = make_launch(native, fns, x, True, residual=True)
     memo.insert(x, w, EPS, 0.0, "llama", training, memo.settings, r)
     assert memo.find(x, w, EPS, 0.0, "llama", r) is training
@@ -396,7 +396,7 @@ def test_fused_add_memo_refuses_a_residual_laid_out_otherwise(native):
     fns = functions(k)
     x, w = torch.randn(4, 8), torch.randn(8)
     r = torch.randn(8, 4).t()  # x's shape, other strides
-    memo = native.CallMemo(8, 2048)
+    memo = native.CallMemo(8, 2048, 511)
     launch = make_launch(native, fns, x, True, residual=True, training=False)
     assert not memo.insert(x, w, EPS, 0.0, "llama", launch, memo.settings, r)
     assert memo.call_add(x, r, w, EPS, 0.0, "llama") is None

@@ -181,28 +181,35 @@ def test_a_cluster_grid_holds_as_many_clusters_as_the_sms_hold_ctas():
     assert plan("row", 4096).grid_cap(132) == 0 and p.grid_cap(132) == 132 * p.ctas_per_sm
 
 
-def test_auto_takes_the_few_rows_tile_for_few_rows():
-    from rmsnorm_lab.cute.plan import AUTO_FEW_ROWS_MAX as most, FEW_ROWS_COPIES_PER_THREAD
+def test_auto_takes_the_few_rows_tiles_for_few_rows():
+    from rmsnorm_lab.cute.plan import (AUTO_FEW_ROWS_MAX as most, AUTO_FEWEST_ROWS_MAX as fewest,
+                                       FEW_ROWS_COPIES_PER_THREAD, row_class)
+    assert [row_class(m) for m in (1, fewest, fewest + 1, most, most + 1, 65536)] == \
+        [2, 2, 1, 1, 0, 0]
     for n in (1024, 4096, 8192, 32768):
-        assert auto_variant(n, True, BF16, 1) == "row"
-        assert auto_variant(n, True, BF16, most) == "row"
+        for m in (1, fewest + 1, most):
+            assert auto_variant(n, True, BF16, m) == "row"
     assert auto_variant(4096, True, BF16, most + 1) == "row"
     assert auto_variant(1024, True, BF16, most + 1) == "warp"
 
-    def few(N, dtype=BF16, **kw):
+    def few(N, rows, dtype=BF16, **kw):
         return plan_forward("row", N, dtype, dtype, "llama", False, True, arch="sm_90a",
-                            pdl=True, few_rows=True, **kw)
-    # FEW_ROWS_COPIES_PER_THREAD copies a thread, one row a CTA, PDL at every CTA size
-    for N, threads in ((1024, 32), (2048, 64), (4096, 128), (8192, 256), (16384, 256)):
-        p = few(N)
-        assert (p.threads, p.rows_per_cta, p.chunks, p.pdl) == (threads, 1, 1, True)
-        assert p.threads * p.vecs_per_thread * p.vec == N
-        assert p.vecs_per_thread == max(FEW_ROWS_COPIES_PER_THREAD, N // 8 // 256)
-    assert few(1024, F32).threads == 64
+                            pdl=True, row_class=rows, **kw)
+    # class 1: FEW_ROWS_COPIES_PER_THREAD copies a thread; class 2: the usual tile (2 copies,
+    # as many as 256 threads allow); one row a CTA, PDL at every CTA size
+    for N, threads, usual in ((1024, 32, 64), (2048, 64, 128), (4096, 128, 256),
+                              (8192, 256, 256), (16384, 256, 256)):
+        for rows, want in ((1, threads), (2, usual)):
+            p = few(N, rows)
+            assert (p.threads, p.rows_per_cta, p.chunks, p.pdl) == (want, 1, 1, True)
+            assert p.threads * p.vecs_per_thread * p.vec == N
+        assert few(N, 1).vecs_per_thread == max(FEW_ROWS_COPIES_PER_THREAD, N // 8 // 256)
+    assert few(1024, 1, F32).threads == 64
     # rows wider than the registers and the fused add keep their tiles
-    assert few(32768) == plan_forward("row", 32768, BF16, BF16, "llama", False, True,
-                                      arch="sm_90a", pdl=True)
-    assert few(4096, residual=True).threads == 256
+    for rows in (1, 2):
+        assert few(32768, rows) == plan_forward("row", 32768, BF16, BF16, "llama", False, True,
+                                                arch="sm_90a", pdl=True)
+        assert few(4096, rows, residual=True).threads == 256
 
 
 def test_auto_entry_follows_the_row_count():
@@ -249,7 +256,7 @@ def test_pdl_only_where_measured_to_pay_and_only_when_asked():
     assert not pdl("row", 4096, arch="sm_100a")    # not measured on Blackwell
     assert not pdl("row", 4096, arch=None)         # target unknown
     assert uses_pdl("row", 128, "sm_90a") and not uses_pdl("row", 64, "sm_90a")
-    assert uses_pdl("row", 32, "sm_90a", few_rows=True)  # the few-rows tile
+    assert uses_pdl("row", 32, "sm_90a", few_rows=True)  # auto at few rows
     assert not uses_pdl("row", 128, "sm_100a", few_rows=True)
 
 

@@ -186,7 +186,7 @@ PDL_MIN_THREADS = 128
 
 def uses_pdl(variant: str, threads: int, arch: Optional[str], few_rows: bool = False) -> bool:
     """Does a forward kernel of ``variant`` with CTAs of ``threads`` launch with PDL on ``arch``
-    (when ``settings.pdl`` allows it)? The few-rows tile (``plan_forward``) always does."""
+    (when ``settings.pdl`` allows it)? ``auto``'s at few rows (``row_class``) always does."""
     return (arch in PDL_ARCHS and variant in PDL_VARIANTS
             and (few_rows or threads >= PDL_MIN_THREADS))
 
@@ -244,15 +244,14 @@ def _row_mapping(n_vecs: int, max_vecs_of):
 def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
                  casting_mode: str, store_rstd: bool, aligned: bool,
                  arch: Optional[str] = None, pdl: bool = False,
-                 residual: bool = False, few_rows: bool = False) -> ForwardPlan:
+                 residual: bool = False, row_class: int = 0) -> ForwardPlan:
     """The plan of ``variant`` for rows of N; ``arch`` (e.g. ``sm_90a``) is the target the plan
     will be compiled for, where a tile depends on it (the two-pass tile, PDL); None: any target.
     ``pdl``: launch with PDL where ``uses_pdl`` says it pays (the caller passes ``settings.pdl``).
     ``residual``: the fused residual add, which holds a residual chunk beside x's while it adds
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
-    the tiles of one copy a chunk (all measured without it). ``few_rows``: ``auto`` at few rows
-    (AUTO_FEW_ROWS_MAX), where a row that fits the registers takes FEW_ROWS_COPIES_PER_THREAD
-    copies a thread, launched with PDL.
+    the tiles of one copy a chunk (all measured without it). ``row_class``: ``auto``'s class of
+    the row count, whose few-rows tiles are described at AUTO_FEW_ROWS_MAX.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -301,10 +300,11 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
                            pdl=pdl and uses_pdl(variant, lanes * rows, arch), **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
-    few_rows = few_rows and variant == "row" and chunks == 1 and not residual
+    few_rows = row_class > 0 and variant == "row" and chunks == 1 and not residual
     if few_rows:
-        threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
-        vecs_per_thread = -(-n_vecs // threads)
+        if row_class == 1:
+            threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
+            vecs_per_thread = -(-n_vecs // threads)
     elif (variant == "row" and not residual and arch in TWO_PASS_ARCHS
             and two_pass_fits(x_dtype, w_dtype, casting_mode)):
         if n_vecs == TWO_PASS_ROW_COPIES:
@@ -461,31 +461,39 @@ def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int 
 # (results/h200/fwd.csv) warp-per-row won at N=1024 bf16, CTA-per-row at N=2048, and from N=4096
 # up CTA-per-row was fastest or as fast.
 AUTO_WARP_MAX_ROW_BYTES = 2048
-# At most this many rows are few under `auto`: a row that fits the registers then takes the row
-# variant with FEW_ROWS_COPIES_PER_THREAD copies a thread (fewer threads a row than the usual
-# tile), launched with PDL at any CTA size. On the H200 (bf16, N=1024-8192, 128-2048 rows) it beat
-# the persistent grid with the next row in flight, `auto`'s earlier choice, at 14 of 16 shapes
-# (1024×4096: 5.02 against 5.28 µs; 256×2048: 1.98 against 2.19), and lost at 1024×8192 (9.27
-# against 8.93) and level at 2048×1024; from 3072 rows the usual tiles were as fast or faster
-# at N=1024, 2048 and 8192 (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl).
+# `auto` sees M only as a class of row counts (``row_class``): many rows (0), few (1: at most
+# AUTO_FEW_ROWS_MAX) or fewest (2: at most AUTO_FEWEST_ROWS_MAX). At few rows a row that fits the
+# registers takes the row variant launched with PDL at any CTA size, in class 1 with
+# FEW_ROWS_COPIES_PER_THREAD copies a thread (fewer threads a row than the usual tile), in class 2
+# with the usual tile. On the H200 (bf16, N=1024-8192; graph replay of back-to-back calls, where
+# each call's CTAs start while the previous one drains) four copies beat two from 512 rows up
+# (1024×4096: 5.02 against 5.62 µs) and two beat four at 128 and 256 rows (128×4096: 2.09
+# against 2.33); the persistent grid with the next row in flight won only at 1024×8192 (8.93
+# against 9.27); from 3072 rows the usual tiles were as fast or faster
+# (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl, fwd-few-rows.csv).
 AUTO_FEW_ROWS_MAX = 2048
+AUTO_FEWEST_ROWS_MAX = 511
 FEW_ROWS_COPIES_PER_THREAD = 4
+
+
+def row_class(M: int) -> int:
+    """0 many rows, 1 few, 2 the fewest: all that ``auto``'s plans read of the row count."""
+    return int(M <= AUTO_FEW_ROWS_MAX) + int(M <= AUTO_FEWEST_ROWS_MAX)
 
 
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
                  w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None,
                  residual: bool = False) -> str:
-    """The variant ``auto`` launches for M rows of N, from the H200 forward sweeps
-    (results/h200/fwd.csv, fwd-wide.csv): the row variant at few rows (AUTO_FEW_ROWS_MAX; the
-    caller plans it with ``few_rows``), else warp-per-row for rows of at most
-    AUTO_WARP_MAX_ROW_BYTES, else the row variant, whose rows wider than the registers go in
-    column chunks. Neither the persistent grid nor the cluster: the first trailed CTA-per-row
-    from 3072 rows (results/h200/logs/fwd-persistent-sweep-6261604.jsonl) and the few-rows tile
-    below; the second trailed the chunked row at every width measured (WIDE_THREADS).
-    ``residual``: the fused add's plans, which keep warp-per-row at few rows too."""
+    """The variant ``auto`` launches for M rows of N (the caller plans it with ``row_class(M)``):
+    the row variant at few rows, else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES,
+    else the row variant, in column chunks where the row is wider than the registers. Never the
+    persistent grid (behind CTA-per-row from 3072 rows, results/h200/logs/fwd-persistent-sweep-
+    6261604.jsonl, and behind the few-rows tiles above) nor the cluster (behind the chunked row
+    at every width measured, WIDE_THREADS). ``residual``: the fused add keeps warp-per-row at
+    few rows too."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"
-    if M <= AUTO_FEW_ROWS_MAX and not residual:
+    if row_class(M) and not residual:
         return "row"
     return "warp" if N * elem <= AUTO_WARP_MAX_ROW_BYTES else "row"

@@ -31,8 +31,8 @@ from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
 from .forward import (TORCH_TO_CUTE, RMSNormClusterForward, RMSNormForward,
                       RMSNormFusedAddForward)
 from .forward_staged import RMSNormStagedForward
-from .plan import (AUTO_FEW_ROWS_MAX, INT32_LIMIT, ForwardPlan, auto_variant,
-                   check_int32_addressable, plan_forward)
+from .plan import (INT32_LIMIT, ForwardPlan, auto_variant, check_int32_addressable,
+                   plan_forward, row_class)
 
 
 _COMPILED: Dict[Tuple, object] = {}
@@ -152,9 +152,9 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
         strides |= residual.stride(0)
     aligned = (ptrs & 15) == 0 and (strides * x2.element_size()) & 15 == 0
     w_dtype = weight.dtype if weight is not None else None
-    few_rows = variant == "auto" and M <= AUTO_FEW_ROWS_MAX  # auto's only use of M
+    rows = row_class(M) if variant == "auto" else 0  # auto's only use of M
     key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
-           few_rows, pdl, residual is not None)
+           rows, pdl, residual is not None)
     entry = _ENTRIES.get(key)
     if entry is None:
         chosen = (auto_variant(N, aligned, x2.dtype, M, w_dtype, target_arch(x2.device),
@@ -162,7 +162,7 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
                   if variant == "auto" else variant)
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
                             arch=target_arch(x2.device), pdl=pdl,
-                            residual=residual is not None, few_rows=few_rows)
+                            residual=residual is not None, row_class=rows)
         entry = _ENTRIES[key] = _Entry(plan, x2.device)
     return entry
 

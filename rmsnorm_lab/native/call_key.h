@@ -35,7 +35,7 @@ struct CallKey {
   int64_t sizes[kMaxDims] = {};  // kExact only
   int64_t strides[kMaxDims] = {};
   int32_t dims = 0;
-  bool few_rows = false;
+  int8_t row_class = 0;   // cute/plan.py row_class: 0 many rows, 1 few, 2 fewest
   int32_t x_dtype = 0;
   int32_t x_device = 0;   // device type * 256 + index
   int32_t w_dtype = -1;   // -1: no weight
@@ -50,7 +50,7 @@ struct CallKey {
 
   bool operator==(const CallKey& o) const {
     return settings == o.settings && layout == o.layout && n == o.n &&
-           row_stride == o.row_stride && dims == o.dims && few_rows == o.few_rows &&
+           row_stride == o.row_stride && dims == o.dims && row_class == o.row_class &&
            x_dtype == o.x_dtype && x_device == o.x_device && w_dtype == o.w_dtype &&
            w_device == o.w_device && w_size == o.w_size && w_stride == o.w_stride &&
            aligned == o.aligned && training == o.training && residual == o.residual &&
@@ -66,7 +66,7 @@ struct CallKeyHash {
     size_t h = std::hash<std::string>()(k.casting_mode);
     auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
     for (int32_t i = 0; i < k.dims; ++i) mix(k.sizes[i]), mix(k.strides[i]);
-    mix(k.layout), mix(k.n), mix(k.row_stride), mix(k.few_rows), mix(k.x_dtype);
+    mix(k.layout), mix(k.n), mix(k.row_stride), mix(k.row_class), mix(k.x_dtype);
     mix(k.x_device), mix(k.w_dtype), mix(k.aligned), mix(k.training), mix(k.residual);
     mix(static_cast<uint64_t>(k.settings));
     return h;
@@ -94,7 +94,8 @@ inline bool plain(const at::Tensor& t) {
 // serves: not plain tensors, an active dispatch mode or autocast, eps or offset not a Python
 // number, mode not a str, an empty x, or rows past the kernels' 32-bit indices.
 inline bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::handle offset,
-              py::handle mode, int64_t few_rows_max, CallKey* key) {
+              py::handle mode, int64_t few_rows_max, int64_t fewest_rows_max,
+              CallKey* key) {
   if (!THPVariable_Check(x_obj.ptr())) return false;
   const at::Tensor& x = THPVariable_Unpack(x_obj.ptr());
   const int64_t dims = x.dim();
@@ -122,7 +123,7 @@ inline bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::han
     std::copy_n(x.strides().data(), dims, key->strides);
   }
   if (m * std::max(key->row_stride, n) >= (int64_t{1} << 31)) return false;
-  key->few_rows = m <= few_rows_max;
+  key->row_class = static_cast<int8_t>((m <= few_rows_max) + (m <= fewest_rows_max));
   key->x_dtype = static_cast<int32_t>(x.scalar_type());
   key->x_device = device_code(x);
   auto ptrs = reinterpret_cast<uintptr_t>(x.data_ptr());

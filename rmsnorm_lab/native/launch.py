@@ -32,7 +32,7 @@ import torch
 from ..common.rows import INT32_LIMIT, as_rows, check_weight
 from ..cute import backward_runner, runner
 from ..cute.backward_runner import RowsRule
-from ..cute.plan import AUTO_FEW_ROWS_MAX, check_int32_addressable
+from ..cute.plan import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX, check_int32_addressable
 from ..registry import nvtx_argb
 from ..settings import on_change, settings
 
@@ -176,8 +176,8 @@ def memo(native, residual: bool = False):
         return found
     with _memo_lock:
         if residual not in _memos:
-            # the one use of M a plan makes: ``auto``'s tile for few rows
-            memo = native.CallMemo(LAUNCHES_CAP, AUTO_FEW_ROWS_MAX)
+            # the one use of M a plan makes: ``auto``'s row class (cute/plan.py row_class)
+            memo = native.CallMemo(LAUNCHES_CAP, AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)
             memo.settings = settings_code()
 
             def follow_settings():

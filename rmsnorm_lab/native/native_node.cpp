@@ -249,8 +249,8 @@ std::tuple<at::Tensor, at::Tensor> apply_add(const at::Tensor& x, const at::Tens
 // hit needs no further checks. Python threads reach it holding the GIL, one at a time.
 class CallMemo {
  public:
-  CallMemo(int64_t capacity, int64_t few_rows_max)
-      : capacity_(capacity), few_rows_max_(few_rows_max) {}
+  CallMemo(int64_t capacity, int64_t few_rows_max, int64_t fewest_rows_max)
+      : capacity_(capacity), few_rows_max_(few_rows_max), fewest_rows_max_(fewest_rows_max) {}
 
   // `r`: the fused add's residual (None for rms_norm), served only when laid out as x.
   std::shared_ptr<const Launch> find(py::handle x, py::handle w, py::handle eps,
@@ -310,7 +310,7 @@ class CallMemo {
   // strides, dtype and device, and as aligned), whose requiring grad makes the call training.
   bool key_of(py::handle x, py::handle r, py::handle w, py::handle eps, py::handle offset,
               py::handle mode, CallKey* key) const {
-    if (!call_key(x, w, eps, offset, mode, few_rows_max_, key)) return false;
+    if (!call_key(x, w, eps, offset, mode, few_rows_max_, fewest_rows_max_, key)) return false;
     if (r.is_none()) return true;
     if (!THPVariable_Check(r.ptr())) return false;
     const at::Tensor& xt = THPVariable_Unpack(x.ptr());
@@ -326,7 +326,9 @@ class CallMemo {
   }
 
   int64_t capacity_;
-  int64_t few_rows_max_;  // M <= this is part of the key (cute/plan.py AUTO_FEW_ROWS_MAX)
+  // M's row class is part of the key (cute/plan.py AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)
+  int64_t few_rows_max_;
+  int64_t fewest_rows_max_;
   std::unordered_map<CallKey, std::shared_ptr<const Launch>, CallKeyHash> launches_;
 };
 
@@ -353,7 +355,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "grad (and grad mode is on; a training launch only)",
         py::arg("x"), py::arg("weight"), py::arg("launch"));
   py::class_<CallMemo>(m, "CallMemo")
-      .def(py::init<int64_t, int64_t>(), py::arg("capacity"), py::arg("few_rows_max"))
+      .def(py::init<int64_t, int64_t, int64_t>(), py::arg("capacity"), py::arg("few_rows_max"),
+           py::arg("fewest_rows_max"))
       .def("find", &CallMemo::find, "the Launch planned for this call, or None", py::arg("x"),
            py::arg("weight"), py::arg("eps"), py::arg("offset"), py::arg("casting_mode"),
            py::arg("residual") = py::none())
