@@ -422,9 +422,10 @@ def test_crossover_compares_each_implementation_with_its_own_kernel(df):
         dev = crossover.kernel_times(df, r["kernel"], "h200")
         c = crossover.crossover_M(dev["M"], dev["p50"], r["host µs"])
         assert (c.M, c.bound) == (r["crossover M"], r["bound"])
-    # the same numbers from the host benchmark's file and the sweep alone (notebook 03's data)
+    # the same numbers from the host benchmark's file and the forward sweeps alone (notebook
+    # 03's data)
     h200 = RESULTS / "h200"
-    own = pd.concat([results.load(h200 / "host.csv"), results.load(h200 / "fwd.csv")])
+    own = pd.concat([results.load(h200 / f) for f in ("host.csv", "fwd.csv", "fwd-few-rows.csv")])
     pd.testing.assert_frame_equal(crossover.crossover_table(own, impls, "h200"), t)
     # and in notebook 04's table, the measured column
     xt = model.crossover_table(df)

@@ -82,7 +82,13 @@ def test_cross_gpu_figures_have_titles_the_ridge_label_inside_and_coinciding_cur
     measured = [ln for ln in axes[0].get_lines() if ln.get_linestyle() == "-"]
     assert len({ln.get_marker() for ln in measured}) == len(measured) > 1
     notes = " ".join(t.get_text() for t in axes[0].texts)
-    assert "within" in notes and "no kernel time" in notes
+    assert "within" in notes
+    # sizes left of the first kernel time from DRAM are greyed out and say so; none when the
+    # sweeps start at the axis' first size
+    for first, note in ((1024, True), (128, False)):
+        ax = Figure().subplots()
+        gpus._unmeasured_span(ax, [128, 256, 512, 1024, 2048], first)
+        assert any("no kernel time" in t.get_text() for t in ax.texts) == note
 
 
 def test_model_vs_torch_names_the_gpu_and_keeps_its_labels_inside():
