@@ -131,18 +131,17 @@ def test_auto_falls_back_for_unaligned_or_odd_widths():
 def test_auto_takes_the_chunked_row_for_wide_rows_never_a_cluster_nor_staged():
     for N in (1024, 4096, 16384, 32768, 49152, 65536, 131072):
         for M in (1, 4096, 65536):
-            for arch in ("sm_90a", "sm_100a", "sm_80", None):
-                assert auto_variant(N, True, BF16, M, BF16, arch) not in ("cluster", "staged")
+            assert auto_variant(N, True, BF16, M) not in ("cluster", "staged")
     for N, dtype in ((32768, BF16), (49152, BF16), (65536, BF16), (24576, F32)):
-        assert auto_variant(N, True, dtype, 4096, dtype, "sm_90a") == "row"
-    assert auto_variant(65536, False, BF16, 16384, BF16, "sm_90a") == "fallback"
+        assert auto_variant(N, True, dtype, 4096) == "row"
+    assert auto_variant(65536, False, BF16, 16384) == "fallback"
 
 
 def test_auto_variant_fused_add_keeps_warp_per_row_at_few_rows():
-    assert auto_variant(4096, True, BF16, 1024, BF16, "sm_90a", residual=True) == "row"
-    assert auto_variant(65536, True, BF16, 4096, BF16, "sm_90a", residual=True) == "row"
-    assert auto_variant(128, True, BF16, 65536, BF16, "sm_90a", residual=True) == "warp"
-    assert auto_variant(1024, True, BF16, 1024, BF16, "sm_90a", residual=True) == "warp"
+    assert auto_variant(4096, True, BF16, 1024, residual=True) == "row"
+    assert auto_variant(65536, True, BF16, 4096, residual=True) == "row"
+    assert auto_variant(128, True, BF16, 65536, residual=True) == "warp"
+    assert auto_variant(1024, True, BF16, 1024, residual=True) == "warp"
 
 
 def test_staged_rows_are_wide_rows_ringed_through_shared_memory():

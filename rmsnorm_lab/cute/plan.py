@@ -186,7 +186,8 @@ PDL_MIN_THREADS = 128
 
 def uses_pdl(variant: str, threads: int, arch: Optional[str], few_rows: bool = False) -> bool:
     """Does a forward kernel of ``variant`` with CTAs of ``threads`` launch with PDL on ``arch``
-    (when ``settings.pdl`` allows it)? ``auto``'s at few rows (``row_class``) always does."""
+    (when ``settings.pdl`` allows it)? ``few_rows``: ``auto``'s row kernel at few rows
+    (``row_class``), which always does."""
     return (arch in PDL_ARCHS and variant in PDL_VARIANTS
             and (few_rows or threads >= PDL_MIN_THREADS))
 
@@ -482,7 +483,6 @@ def row_class(M: int) -> int:
 
 
 def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
-                 w_dtype: Optional[torch.dtype] = None, arch: Optional[str] = None,
                  residual: bool = False) -> str:
     """The variant ``auto`` launches for M rows of N (the caller plans it with ``row_class(M)``):
     the row variant at few rows, else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES,

@@ -157,8 +157,7 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
            rows, pdl, residual is not None)
     entry = _ENTRIES.get(key)
     if entry is None:
-        chosen = (auto_variant(N, aligned, x2.dtype, M, w_dtype, target_arch(x2.device),
-                               residual=residual is not None)
+        chosen = (auto_variant(N, aligned, x2.dtype, M, residual=residual is not None)
                   if variant == "auto" else variant)
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
                             arch=target_arch(x2.device), pdl=pdl,
