@@ -3,7 +3,7 @@ rows split over a thread-block cluster.
 
 * ``row``        one CTA per row; the row lives in registers between the reduction and the store.
 * ``persistent`` the same tile, but the grid is sized from the SM count and each CTA loops over
-                 rows (the shifted weight stays in registers across rows).
+                 rows (the weight stays in registers across rows).
 * ``warp``       one warp per row, several rows per CTA: the reduction is shuffles only, with no
                  shared memory and no CTA barrier.
 * ``fallback``   one element per copy with column predication: any width, any alignment.
@@ -102,8 +102,8 @@ class RMSNormForward(RowTiles):
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = SLOTS * p.rows_per_cta * self.warps_per_row * 4
-        # A launch bound makes ptxas fit min_ctas_per_sm CTAs on an SM (the two-pass tile: 32
-        # registers); carveout 0 leaves the SM's memory to L1, where the weight's re-reads hit
+        # A launch bound makes ptxas fit min_ctas_per_sm CTAs on an SM (the tiles of one copy a
+        # chunk: 32 registers); carveout 0 leaves the SM's memory to L1, where the weight's re-reads hit
         # (the kernel needs a few bytes of shared memory).
         bounds = {}
         if cutlass.const_expr(p.min_ctas_per_sm > 0):

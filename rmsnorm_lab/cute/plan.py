@@ -23,9 +23,9 @@ import torch
 from ..common.rows import INT32_LIMIT
 from ..registry import FORWARD_VARIANTS as VARIANTS
 COPY_BYTES = 16
-# Threads per row for the row/persistent variants: about 2 copies in flight per thread, at most
-# 256 threads. More threads with fewer copies each beat fewer threads with more copies, up to 256:
-# CTAs of 512 and 1024 threads lost (results/h200/logs/dev-probe2-d916d49.txt).
+# Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
+# at most 256 threads; one-pass CTAs of 512 and 1024 threads lost (results/h200/logs/
+# dev-probe2-d916d49.txt). The tiles of one copy a chunk (below) are another matter.
 MAX_THREADS = 256
 COPIES_PER_THREAD = 2
 # At most this many 16-byte copies per thread per chunk on the row path: the register model's
@@ -175,10 +175,10 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # they wait (griddepcontrol.wait) before touching global memory, and each triggers its own
 # dependents at once. What it saves is the gap between one grid's end and the next one's start,
 # which pays in back-to-back launches of the row kernel with CTAs of 128 threads or more. It lost
-# on the persistent grid (every CTA is resident from the start), on 64-thread row CTAs and on
-# warp-per-row, so those launch plainly (results/h200/logs/fwd-pdl-probe-8f7f65d410e1.jsonl;
-# warp-per-row in the sweep, results/h200/fwd-d1797d7.csv).
-# Measured on Hopper only.
+# on the persistent grid (every CTA is resident from the start), on 64-thread row CTAs at many
+# rows and on warp-per-row, so those launch plainly (results/h200/logs/fwd-pdl-probe-
+# 8f7f65d410e1.jsonl; warp-per-row: results/h200/fwd-d1797d7.csv). At few rows (``row_class``)
+# `auto`'s row kernel launches with PDL at any CTA size. Measured on Hopper only.
 PDL_ARCHS = ("sm_90a",)
 PDL_VARIANTS = ("row",)
 PDL_MIN_THREADS = 128
@@ -438,8 +438,8 @@ def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:
     """Do the chunked passes load chunk c+1 while chunk c is used? Where ptxas keeps the second
     register copy within the CTAs already resident: over 4 or 8 chunks, and on the two-pass tile
-    of one copy per chunk, pipelining won. Over 2 chunks of several copies (4096x32768: 8 copies)
-    ptxas kept both chunks live across the passes, which left room for one CTA per SM instead of
+    of one copy per chunk, pipelining won. Over 2 chunks of several copies (32768 bf16 at 256
+    threads: 8 copies) ptxas kept both chunks live across the passes, which left room for one CTA per SM instead of
     two, and it lost; such rows keep the plain chunk loop
     (results/h200/logs/fwd-tiles16k-probe-bea1ea6.jsonl)."""
     return chunks > 2 or (chunks == 2 and vecs_per_thread == 1)
@@ -468,11 +468,11 @@ AUTO_WARP_MAX_ROW_BYTES = 2048
 # FEW_ROWS_COPIES_PER_THREAD copies a thread (fewer threads a row than the usual tile), in class 2
 # with the usual tile. On the H200 (bf16, N=1024-8192; graph replay of back-to-back calls, where
 # each call's CTAs start while the previous one drains) four copies beat two from 512 rows up
-# (1024×4096: 5.02 against 5.62 µs) and two beat four at 128 and 256 rows (128×4096: 2.09
-# against 2.33); the persistent grid with the next row in flight won only at 1024×8192 (8.93
-# against 9.27); from 3072 rows the usual tiles were as fast or faster
-# (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl, fwd-few-rows.csv).
-AUTO_FEW_ROWS_MAX = 2048
+# (1024×4096: 5.02 against 5.62 µs; at 3072 rows too, at every width) and two beat four at 128
+# and 256 rows (128×4096: 2.09 against 2.33); the persistent grid with the next row in flight won
+# at 1024×8192 (8.86 against 9.27) and tied at 2048×1024; at 4096 rows the usual tiles were as
+# fast or faster but at N=4096 (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl).
+AUTO_FEW_ROWS_MAX = 3072
 AUTO_FEWEST_ROWS_MAX = 511
 FEW_ROWS_COPIES_PER_THREAD = 4
 
@@ -488,7 +488,7 @@ def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
     the row variant at few rows, else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES,
     else the row variant, in column chunks where the row is wider than the registers. Never the
     persistent grid (behind CTA-per-row from 3072 rows, results/h200/logs/fwd-persistent-sweep-
-    6261604.jsonl, and behind the few-rows tiles above) nor the cluster (behind the chunked row
+    6261604.jsonl, and behind the few-rows tiles above but at one shape) nor the cluster (behind the chunked row
     at every width measured, WIDE_THREADS). ``residual``: the fused add keeps warp-per-row at
     few rows too."""
     elem = _ELEM_BYTES[x_dtype]

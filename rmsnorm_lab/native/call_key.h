@@ -16,8 +16,9 @@ namespace rmsnorm_lab {
 // ------------------------------------------------------------------------------- call memo
 // Everything a Launch was decided from, read off the call's arguments: the row width and how x
 // is laid out as rows, dtypes and devices of x and the weight, the 16-byte alignment of their
-// pointers, the casting mode, eps and offset, whether the row count is at most the one threshold
-// a plan reads (auto's persistent grid), and a code of the settings the plan read
+// pointers, the casting mode, eps and offset, the class of the row count (the two thresholds a
+// plan reads: auto's few-rows tiles, cute/plan.py row_class), and a code of the settings the plan
+// read
 // (native/launch.py, Snapshot), which Python updates on every settings change. The row count
 // itself is not in the key: a Launch's grids follow it (RowsRule), so calls whose M changes
 // every call (packed batches, serving) all find one Launch.
