@@ -286,7 +286,8 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
     if xs:
         _log2_x(ax, xs)
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    # 3 too: a decade's 1-2-5 can leave the few-rows end of the curves without a label
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
     _plain_log(ax.yaxis)
     ax.set_xlabel(f"M (rows), N={HOST_SHAPE[1]} bf16")
     ax.set_ylabel(f"µs per call ({workload}; log scale)")
