@@ -84,9 +84,9 @@ def test_every_input_of_a_plan_is_in_the_key(native, memo):
 
 
 def test_the_row_count_is_not_in_the_key(native, memo):
-    """A Launch serves every M of the same row class (the plan's M thresholds, 511 and 2048 in
-    this memo): calls whose leading shape changes every call (packed batches, serving) stay in
-    C++; a row count of another class is planned apart."""
+    """A Launch serves every M of the same row class (this memo is built with the thresholds
+    511 and 2048): calls whose leading shape changes every call (packed batches, serving) stay
+    in C++; a row count of another class is planned apart."""
     w = torch.randn(8, requires_grad=True)
     k, _ = planned(native, memo, torch.randn(600, 8, requires_grad=True), w)
     for shape in ((512, 8), (1000, 8), (2, 300, 8), (2048, 8)):
