@@ -31,7 +31,7 @@ from . import cluster_sum
 from .pdl import wait_for_previous_grid
 from .plan import ForwardPlan
 from .reduce import SLOTS, row_sum
-from .tiles import L2_EVICT_FIRST, L2_EVICT_LAST, RowTiles, strip_rows
+from .tiles import EVICT, RowTiles, strip_rows
 
 TORCH_TO_CUTE = {
     torch.float32: cutlass.Float32,
@@ -103,8 +103,8 @@ class RMSNormForward(RowTiles):
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = SLOTS * p.rows_per_cta * self.warps_per_row * 4
         # A launch bound makes ptxas fit min_ctas_per_sm CTAs on an SM (the tiles of one copy a
-        # chunk: 32 registers); carveout 0 leaves the SM's memory to L1, where the weight's re-reads hit
-        # (the kernel needs a few bytes of shared memory).
+        # chunk: 32 registers); carveout 0 leaves the SM's memory to L1, where the weight's
+        # re-reads hit (the kernel needs a few bytes of shared memory).
         bounds = {}
         if cutlass.const_expr(p.min_ctas_per_sm > 0):
             bounds = dict(min_blocks_per_mp=p.min_ctas_per_sm, preferred_smem_carveout=0)
@@ -301,9 +301,8 @@ class RMSNormForward(RowTiles):
             if cutlass.const_expr(evict is None or not self.plan.l2_hints):
                 cute.copy(tiled_x, tXgX, tXrX, pred=pred)
             else:
-                last = evict == "last"
-                cute.copy(self.make_hinted_load(tiler, last), tXgX, tXrX, pred=pred,
-                          cache_policy=cutlass.Int64(L2_EVICT_LAST if last else L2_EVICT_FIRST))
+                cute.copy(self.make_tiled_copy(tiler, evict), tXgX, tXrX, pred=pred,
+                          cache_policy=cutlass.Int64(EVICT[evict][1]))
 
 
 class RMSNormFusedAddForward(RMSNormForward):

@@ -113,12 +113,6 @@ class ForwardPlan(RowTilePlan):
         return self.chunks == 1 and self.persistent
 
     @property
-    def keeps_last_chunk(self) -> bool:
-        """Does the second pass keep a chunk of the first in registers? Every chunked row's
-        does: it starts from the last chunk and re-reads only the others."""
-        return self.chunks > 1
-
-    @property
     def persistent(self) -> bool:
         return self.variant in ("persistent", "cluster", "staged")
 
@@ -439,8 +433,8 @@ def pipelines(chunks: int, vecs_per_thread: int) -> bool:
     """Do the chunked passes load chunk c+1 while chunk c is used? Where ptxas keeps the second
     register copy within the CTAs already resident: over 4 or 8 chunks, and on the two-pass tile
     of one copy per chunk, pipelining won. Over 2 chunks of several copies (32768 bf16 at 256
-    threads: 8 copies) ptxas kept both chunks live across the passes, which left room for one CTA per SM instead of
-    two, and it lost; such rows keep the plain chunk loop
+    threads: 8 copies) ptxas kept both chunks live across the passes, which left room for one
+    CTA per SM instead of two, and it lost; such rows keep the plain chunk loop
     (results/h200/logs/fwd-tiles16k-probe-bea1ea6.jsonl)."""
     return chunks > 2 or (chunks == 2 and vecs_per_thread == 1)
 
@@ -488,9 +482,9 @@ def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
     the row variant at few rows, else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES,
     else the row variant, in column chunks where the row is wider than the registers. Never the
     persistent grid (behind CTA-per-row from 3072 rows, results/h200/logs/fwd-persistent-sweep-
-    6261604.jsonl, and behind the few-rows tiles above but at one shape) nor the cluster (behind the chunked row
-    at every width measured, WIDE_THREADS). ``residual``: the fused add keeps warp-per-row at
-    few rows too."""
+    6261604.jsonl, and behind the few-rows tiles above but at one shape) nor the cluster
+    (behind the chunked row at every width measured, WIDE_THREADS). ``residual``: the fused
+    add keeps warp-per-row at few rows too."""
     elem = _ELEM_BYTES[x_dtype]
     if not aligned or N % (COPY_BYTES // elem):
         return "fallback"

@@ -6,10 +6,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-# 64-bit L2 cache policies for ``.L2::cache_hint`` accesses, as ``createpolicy.fractional`` with
-# fraction 1.0 makes them (the values of CUTLASS's ``CacheHintSm90``).
-L2_EVICT_FIRST = 0x12F0000000000000
-L2_EVICT_LAST = 0x14F0000000000000
+# A load's eviction priority ("first", "last"): its L1 priority, and its 64-bit L2 policy for
+# ``.L2::cache_hint``, as ``createpolicy.fractional`` with fraction 1.0 makes it (the values of
+# CUTLASS's ``CacheHintSm90``).
+EVICT = {"first": (cute.nvgpu.CacheEvictionPriority.EVICT_FIRST, 0x12F0000000000000),
+         "last": (cute.nvgpu.CacheEvictionPriority.EVICT_LAST, 0x14F0000000000000)}
 
 
 def strip_rows(M, strip, n_strips):
@@ -25,22 +26,18 @@ class RowTiles:
     """Mixin: ``self.plan`` describes the tile and ``self.x_type`` its elements; these build its
     layout, copies, predicates and the weight's registers."""
 
-    def make_tiled_copy(self, tiler):
+    def make_tiled_copy(self, tiler, evict=None):
         """The tile's copy, global memory <-> registers: ``plan.vec`` elements (16 bytes on the
-        vector path) per thread per copy, threads laid out by ``tv_layout``."""
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
-                                   num_bits_per_copy=self.plan.vec * self.x_type.width)
-        return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
-
-    def make_hinted_load(self, tiler, evict_last: bool):
-        """The tile's global -> register copy as ``make_tiled_copy`` partitions it, with an L1
-        eviction priority; its L2 priority comes with each copy (``l2_policy``), as
-        ``ld.global.L1::evict_*.L2::cache_hint``."""
-        priority = (cute.nvgpu.CacheEvictionPriority.EVICT_LAST if evict_last
-                    else cute.nvgpu.CacheEvictionPriority.EVICT_FIRST)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.x_type,
-                                   num_bits_per_copy=self.plan.vec * self.x_type.width,
-                                   l1c_evict_priority=priority)
+        vector path) per thread per copy, threads laid out by ``tv_layout``. ``evict`` (a key of
+        EVICT): a load with that L1 priority, whose L2 policy each ``cute.copy`` passes as
+        ``cache_policy`` (``ld.global.L1::evict_*.L2::cache_hint``)."""
+        bits = self.plan.vec * self.x_type.width
+        if evict is None:
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
+                                       num_bits_per_copy=bits)
+        else:
+            atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.x_type, num_bits_per_copy=bits,
+                                       l1c_evict_priority=EVICT[evict][0])
         return cute.make_tiled_copy(atom, self.tv_layout(), tiler)
 
     def make_async_copy(self, tiler):
