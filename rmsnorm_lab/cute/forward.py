@@ -150,6 +150,11 @@ class RMSNormForward(RowTiles):
         if cutlass.const_expr(self.w_type is not None and p.weight_up_front):
             tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
 
+        if cutlass.const_expr(p.tiles_per_cta > 1):
+            self.tile_group(mX, mW, mY, mRstd, mR, mH, eps, offset, tiled_x, thr_x, tiler, tXcX,
+                            tXrX, bidx * p.tiles_per_cta, row_in_cta, lane)
+            return
+
         num_tiles = cute.ceil_div(M, p.rows_per_cta)
         # Pipelined chunks: a second register copy takes chunk c+1's loads while chunk c is
         # used, so each chunk does not pay a full memory latency of its own.
@@ -226,6 +231,40 @@ class RMSNormForward(RowTiles):
                     self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, tXrX, rstd,
                                      chunk_w, offset, row_ok)
 
+    @cute.jit
+    def tile_group(self, mX, mW, mY, mRstd, mR, mH, eps: Float32, offset: Float32, tiled_x,
+                   thr_x, tiler, tXcX, tXrX, first: Int32, row_in_cta: Int32, lane: Int32):
+        """Tiles ``first`` .. ``first + tiles_per_cta - 1`` (rows a warp or less wide, one chunk):
+        every tile's loads (x's, and the residual's) are issued into registers of their own
+        before the first tile is reduced, so a thread has as many 16-byte loads in flight as it
+        has tiles. A tile of short rows gives a thread one copy, too little to cover DRAM
+        latency."""
+        p = self.plan
+        M = mX.shape[0]
+        tiles = p.tiles_per_cta
+        bufs = [tXrX] + [cute.make_fragment_like(tXrX) for _ in range(tiles - 1)]
+        res = [cute.make_fragment_like(tXrX) for _ in range(tiles if p.residual else 0)]
+        for m, regs in ((mX, bufs), (mR, res)):
+            for j in cutlass.range_constexpr(len(regs)):
+                self.load_chunk(tiled_x, thr_x, m, tiler, first + j, 0, tXcX, regs[j],
+                                (first + j) * p.rows_per_cta + row_in_cta < M)
+        tWrW = None
+        if cutlass.const_expr(self.w_type is not None):
+            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
+        for j in cutlass.range_constexpr(tiles):
+            row = (first + j) * p.rows_per_cta + row_in_cta
+            if cutlass.const_expr(p.residual):
+                self.store_h(tiled_x, thr_x, mH, tiler, first + j, 0, tXcX, bufs[j], res[j],
+                             row < M)
+            ss = row_sum(self.sum_of_squares(bufs[j]), None, 0, row_in_cta, 0, lane, 1,
+                         p.threads_per_row)
+            rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
+            if cutlass.const_expr(p.store_rstd):
+                if row < M and lane % p.threads_per_row == 0:
+                    mRstd[row] = rstd
+            self.store_chunk(tiled_x, thr_x, mY, tiler, first + j, 0, tXcX, bufs[j], rstd, tWrW,
+                             offset, row < M)
+
     def first_pass_evict(self, c: int) -> str:
         """Chunk c's eviction priority in the first pass: the chunks the second pass re-reads
         stay in L2 ("last"); the last chunk, kept in registers, is not read again ("first")."""
@@ -238,6 +277,12 @@ class RMSNormForward(RowTiles):
         x's dtype, as the model's own add), stored to h."""
         tXrR = cute.make_fragment_like(tXrX)
         self.load_chunk(tiled_x, thr_x, mR, tiler, tile, c, tXcX, tXrR, row_ok)
+        self.store_h(tiled_x, thr_x, mH, tiler, tile, c, tXcX, tXrX, tXrR, row_ok)
+
+    @cute.jit
+    def store_h(self, tiled_x, thr_x, mH, tiler, tile, c: cutlass.Constexpr[int], tXcX, tXrX,
+                tXrR, row_ok):
+        """Registers ``tXrX`` <- h = x + residual (``tXrR``), stored to column chunk c of h."""
         tXrX.store((tXrX.load().to(Float32) + tXrR.load().to(Float32)).to(self.x_type))
         if row_ok:
             tXgH = thr_x.partition_D(cute.local_tile(mH, tiler, (tile, c)))

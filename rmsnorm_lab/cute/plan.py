@@ -81,6 +81,13 @@ class ForwardPlan(RowTilePlan):
     cluster_n: int = 1
     #: staged: rows of the CTA's strip in flight in shared memory (0: other variants)
     stages: int = 0
+    #: consecutive tiles a CTA owns, every tile's loads issued before the first is reduced
+    tiles_per_cta: int = 1
+
+    @property
+    def cta_rows(self) -> int:
+        """Rows one CTA of a grid that grows with M covers: its tiles' rows."""
+        return self.rows_per_cta * self.tiles_per_cta
 
     @property
     def stream_y(self) -> bool:
@@ -130,9 +137,10 @@ class ForwardPlan(RowTilePlan):
             if self.persistent else 0
 
     def grid(self, M: int, sm_count: int) -> int:
-        tiles = -(-M // self.rows_per_cta)
         cap = self.grid_cap(sm_count)
-        return max(1, min(tiles, cap)) if cap else tiles
+        if cap:
+            return max(1, min(-(-M // self.rows_per_cta), cap))
+        return -(-M // self.cta_rows)
 
 
 # Two tiles of the row variant take one 16-byte copy a thread a column chunk, each chunk's loads

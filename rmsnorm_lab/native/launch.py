@@ -157,7 +157,7 @@ def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, off
     return LaunchSpec(
         forward=ffi_handle(forward), forward_name=plan.variant,
         forward_argb=nvtx_argb(plan.variant),
-        forward_grid=RowsRule(plan.rows_per_cta, plan.grid_cap(sms)),
+        forward_grid=RowsRule(plan.cta_rows, plan.grid_cap(sms)),
         row_stride=x2.stride(0), weighted=weight is not None, eps=eps, offset=offset,
         nvtx=snap.nvtx, no_weight=fwd.empty_w, no_rstd=fwd.empty_rstd, no_partials=no_partials,
         aligned=aligned, backward=backward, residual=residual is not None)
