@@ -192,3 +192,19 @@ def test_chunked_second_pass_rereads_all_but_the_last_chunk(residual, plan_arch)
     facts = compile_and_inspect(plan, "sm_90a")
     first_pass = plan.chunks * plan.vecs_per_thread * (2 if residual else 1)
     assert facts.global_loads_16B == first_pass + (plan.chunks - 1) * plan.vecs_per_thread
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_short_rows_issue_every_tiles_loads_before_reducing(residual):
+    """Per-head rows (128 bf16, one copy a lane): a CTA owns SHORT_ROW_TILES tiles, and the 16-byte
+    loads of all of them (x, and the residual) come before the first shuffle of a reduction."""
+    from rmsnorm_lab.cute.plan import SHORT_ROW_TILES
+    plan = plan_forward("warp", 128, BF16, BF16, "llama", store_rstd=True, aligned=True,
+                        arch="sm_90a", residual=residual)
+    assert plan.tiles_per_cta == SHORT_ROW_TILES > 1
+    assert plan.grid(1000, 132) == -(-1000 // (plan.rows_per_cta * plan.tiles_per_cta))
+    facts = compile_and_inspect(plan, "sm_90a")
+    body = facts.ptx[:facts.ptx.index("shfl.sync")]
+    loads = len(re.findall(r"ld\.global[.\w]*\.v4", body))
+    assert loads >= plan.tiles_per_cta * (2 if residual else 1)
+    assert facts.local_accesses == 0 and not facts.spill_bytes

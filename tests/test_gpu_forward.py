@@ -86,6 +86,22 @@ def test_rows_narrower_than_a_warp(shape, dtype):
     torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6), rtol=1e-5, atol=0)
 
 
+def test_short_rows_with_a_row_stride():
+    """Per-head rows read from a wider buffer (a slice of a fused QKV projection): a CTA's
+    tiles of rows step by the row stride. A CTA owns two tiles of 8 rows: at 1000 and 8 rows
+    the last CTA's second tile lies wholly past M, at 1001 it holds one row."""
+    from rmsnorm_lab.dispatch import forward
+    for M in (1000, 1001, 8):
+        base = fresh((M, 3 * 128), torch.bfloat16)
+        x = base[:, 128:256]
+        w = fresh((128,), torch.bfloat16)
+        poison_allocator()
+        with settings.override(forward_variant="warp"):
+            y, rstd = forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
+        torch.testing.assert_close(y, reference.rms_norm(x, w, 1e-6), rtol=0, atol=0.02)
+        torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6), rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("variant", ["row", "persistent", "warp", "fallback"])
 def test_rstd_is_stored_in_fp32(variant):
     from rmsnorm_lab.dispatch import forward

@@ -10,7 +10,8 @@ from rmsnorm_lab import reference, rms_norm, settings
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
-SHAPES = [(1, 4096), (3, 1023), (131, 4096), (2, 7, 8192), (4096, 128), (65, 16384)]
+SHAPES = [(1, 4096), (3, 1023), (131, 4096), (2, 7, 8192), (4096, 128), (1001, 64),
+          (65, 16384)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 3e-3}
 

@@ -155,6 +155,15 @@ class ForwardPlan(RowTilePlan):
 #   97.6 against 100.6 µs, 32768 128.9 against 133.6, 65536 275.1 against 304.0 (and the
 #   cluster's 282.0) (results/h200/logs/fwd-wide-512-threads-probe-1da54f2b1a02.jsonl).
 TWO_PASS_ROW_COPIES = 1024
+# Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
+# thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
+# tiles and issues all their loads before it reduces the first. On the H200 (bf16, µs), against
+# one tile of 256 threads: 262144x128 33.96 against 34.75, 65536x256 17.28 against 18.20,
+# 65536x64 5.25 against 5.41, the fused add at 65536x128 17.63 against 18.25. Four and eight
+# tiles lost: their 64-bit row addresses take registers (8 tiles: 86), so fewer CTAs fit
+# (results/h200/logs/fwd-tile-groups-probe-2d69a6d5b700.jsonl).
+SHORT_ROW_THREADS = 128
+SHORT_ROW_TILES = 2
 TWO_PASS_THREADS = 512
 TWO_PASS_CTAS_PER_SM = 4
 WIDE_THREADS = 1024
@@ -298,8 +307,11 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
                               f"{lanes * max_vecs_of(lanes * rows) * vec} elements of "
                               f"{x_dtype}, N={N}")
+        tiles = 1
+        if vecs_per_thread == 1:  # a lane holds one copy of a row (SHORT_ROW_TILES)
+            rows, tiles = SHORT_ROW_THREADS // lanes, SHORT_ROW_TILES
         return ForwardPlan(threads_per_row=lanes, rows_per_cta=rows,
-                           vecs_per_thread=vecs_per_thread, chunks=1,
+                           vecs_per_thread=vecs_per_thread, chunks=1, tiles_per_cta=tiles,
                            pdl=pdl and uses_pdl(variant, lanes * rows, arch), **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0

@@ -20,11 +20,13 @@ from ..dispatch import backward
 from ..registry import BACKWARD_MODES, FORWARD_VARIANTS
 
 # (3, 1023) only admits the forward fallback; (3, 1024) runs every variant on the same tiny grid;
-# (5, 32768): rows too wide for one CTA's registers (cluster, staged).
-FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192), (5, 32768)]
+# (5, 32768): rows too wide for one CTA's registers (cluster, staged); (1001, 128): per-head
+# rows, two tiles a CTA, the last CTA's second tile holding one row.
+FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192), (5, 32768), (1001, 128)]
 FWD_VARIANTS = list(FORWARD_VARIANTS)
-# the fused add's forward: one tile a CTA, and column chunks (its second pass re-reads h)
-ADD_FWD_SHAPES = [(131, 4096), (5, 32768)]
+# the fused add's forward: one tile a CTA, column chunks (its second pass re-reads h), and
+# per-head rows (two tiles a CTA)
+ADD_FWD_SHAPES = [(131, 4096), (5, 32768), (1001, 64)]
 # (131, 16384): chunked fused with dW in shared memory, and a cluster of 4; (3, 32768): of 8
 BWD_SHAPES = [(131, 4096), (1000, 8192), (131, 16384), (3, 32768)]
 BWD_MODES = list(BACKWARD_MODES)
