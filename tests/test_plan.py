@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from rmsnorm_lab.cute.plan import (COPY_BYTES, NotEligible, auto_variant, elems_in_registers,
-                                   pipelines, plan_forward, uses_pdl)
+from rmsnorm_lab.cute.auto import auto_variant
+from rmsnorm_lab.cute.plan import (COPY_BYTES, NotEligible, elems_in_registers, pipelines,
+                                   plan_forward, uses_pdl)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 
@@ -181,8 +182,9 @@ def test_a_cluster_grid_holds_as_many_clusters_as_the_sms_hold_ctas():
 
 
 def test_auto_takes_the_few_rows_tiles_for_few_rows():
-    from rmsnorm_lab.cute.plan import (AUTO_FEW_ROWS_MAX as most, AUTO_FEWEST_ROWS_MAX as fewest,
-                                       FEW_ROWS_COPIES_PER_THREAD, row_class)
+    from rmsnorm_lab.cute.auto import (AUTO_FEW_ROWS_MAX as most, AUTO_FEWEST_ROWS_MAX as fewest,
+                                       row_class)
+    from rmsnorm_lab.cute.plan import FEW_ROWS_COPIES_PER_THREAD
     assert [row_class(m) for m in (1, fewest, fewest + 1, most, most + 1, 65536)] == \
         [2, 2, 1, 1, 0, 0]
     for n in (1024, 4096, 8192, 32768):
@@ -215,7 +217,7 @@ def test_auto_entry_follows_the_row_count():
     """The entry cache sees M only through auto's rule: a few-rows call and a many-rows call of
     the same width get different plans, two many-rows calls share one."""
     from rmsnorm_lab.cute import runner
-    from rmsnorm_lab.cute.plan import AUTO_FEW_ROWS_MAX as most
+    from rmsnorm_lab.cute.auto import AUTO_FEW_ROWS_MAX as most
     w = torch.randn(4096, dtype=BF16)
     few = runner.entry_for(torch.randn(most, 4096, dtype=BF16), w, "llama", False, "auto", True)
     many = runner.entry_for(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, "auto",
@@ -257,6 +259,9 @@ def test_pdl_only_where_measured_to_pay_and_only_when_asked():
     assert uses_pdl("row", 128, "sm_90a") and not uses_pdl("row", 64, "sm_90a")
     assert uses_pdl("row", 32, "sm_90a", few_rows=True)  # auto at few rows
     assert not uses_pdl("row", 128, "sm_100a", few_rows=True)
+    assert uses_pdl("warp", 128, "sm_90a", tiles_per_cta=2)  # short rows' tile groups
+    assert not uses_pdl("warp", 256, "sm_90a") and not uses_pdl("warp", 128, "sm_100a",
+                                                                  tiles_per_cta=2)
 
 
 def test_compile_target_for_every_architecture_torch_reports():

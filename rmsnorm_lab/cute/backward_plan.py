@@ -44,7 +44,7 @@ import torch
 from ..registry import BACKWARD_MODES
 from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
                    MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
-                   _ELEM_BYTES, chunked, elems_in_registers, persistent_grid,
+                   ELEM_BYTES, chunked, elems_in_registers, persistent_grid,
                    resident_ctas, row_threads, staged_fit)
 
 KINDS = ("fused", "dx", "dw")
@@ -176,7 +176,7 @@ def dw_row_groups(M: int, plan: BackwardPlan, sms: int) -> int:
 
 def vector_width(N: int, x_dtype: torch.dtype, aligned: bool) -> int:
     """16-byte copies when the row width and every tensor allow them, otherwise one element."""
-    vec = COPY_BYTES // _ELEM_BYTES[x_dtype]
+    vec = COPY_BYTES // ELEM_BYTES[x_dtype]
     return vec if aligned and N % vec == 0 else 1
 
 
@@ -187,7 +187,7 @@ def _register_bytes(nbytes: int, vec: int) -> int:
 
 
 def _check(N: int, x_dtype: torch.dtype, casting_mode: str):
-    if x_dtype not in _ELEM_BYTES:
+    if x_dtype not in ELEM_BYTES:
         raise NotEligible(f"x dtype {x_dtype} is not supported")
     if N < 1:
         raise NotEligible("N must be positive")
@@ -207,9 +207,9 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
     common = dict(kind=kind, x_dtype=x_dtype, w_dtype=w_dtype, N=N, casting_mode=casting_mode,
                   vec=vec, dh=dh and kind != "dw")
     n_vecs = N // vec
-    elem = _ELEM_BYTES[x_dtype]
+    elem = ELEM_BYTES[x_dtype]
     x_bytes = _register_bytes(elem, vec)
-    w_bytes = _register_bytes(_ELEM_BYTES[w_dtype], vec) if w_dtype is not None else 0
+    w_bytes = _register_bytes(ELEM_BYTES[w_dtype], vec) if w_dtype is not None else 0
     # A chunk holds at most MAX_COPIES_PER_CHUNK 16 bytes' worth of x per thread (the forward's
     # bound, which kept ptxas from spilling); on the fallback the same number of elements.
     cap_elems = MAX_COPIES_PER_CHUNK * COPY_BYTES // elem
@@ -321,8 +321,8 @@ def plan_cluster_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.
     want = -(-n_vecs // (MAX_THREADS * COPIES_PER_THREAD))
     cluster_n = min(MAX_CLUSTER, max(2, 1 << (want - 1).bit_length()))
     vecs_per_thread = -(-n_vecs // (cluster_n * MAX_THREADS))
-    elem = _ELEM_BYTES[x_dtype]
-    w_bytes = _ELEM_BYTES[w_dtype] if w_dtype is not None else 0
+    elem = ELEM_BYTES[x_dtype]
+    w_bytes = ELEM_BYTES[w_dtype] if w_dtype is not None else 0
     per_elem = 2 * elem + w_bytes + (4 if w_dtype is not None else 0) + FP32_LIVE
     if vecs_per_thread * vec > elems_in_registers(MAX_THREADS, per_elem):
         raise NotEligible(f"the row needs more than a cluster of {MAX_CLUSTER} CTAs' registers")
@@ -438,8 +438,8 @@ def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.d
     n_vecs = N // vec
     if n_vecs % MAX_THREADS:
         raise NotEligible(f"the staged backward needs N a multiple of {MAX_THREADS * vec}")
-    elem = _ELEM_BYTES[x_dtype]
-    w_bytes = _ELEM_BYTES[w_dtype] if w_dtype is not None else 0
+    elem = ELEM_BYTES[x_dtype]
+    w_bytes = ELEM_BYTES[w_dtype] if w_dtype is not None else 0
     per_elem = w_bytes + (4 if w_dtype is not None else 0)  # w and the dW accumulator
     elems = n_vecs // MAX_THREADS * vec
     if elems > elems_in_registers(MAX_THREADS, max(per_elem, 1)):

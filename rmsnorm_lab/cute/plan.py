@@ -37,7 +37,7 @@ MAX_COPIES_PER_CHUNK = 8
 # temporaries, the rest hold this thread's x and w elements. ptxas -v confirms no spills for
 # every plan the tests compile (tests/test_cute_compile.py).
 REG_OVERHEAD = 40
-_ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
 
 class NotEligible(ValueError):
@@ -155,11 +155,14 @@ class ForwardPlan(RowTilePlan):
 #   97.6 against 100.6 µs, 32768 128.9 against 133.6, 65536 275.1 against 304.0 (and the
 #   cluster's 282.0) (results/h200/logs/fwd-wide-512-threads-probe-1da54f2b1a02.jsonl).
 TWO_PASS_ROW_COPIES = 1024
+# ``auto``'s few-rows tile of the middle row class (cute/auto.py): copies a thread.
+FEW_ROWS_COPIES_PER_THREAD = 4
 # Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
 # thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
 # tiles and issues all their loads before it reduces the first. On the H200 (bf16, µs), against
 # one tile of 256 threads: 262144x128 33.96 against 34.75, 65536x256 17.28 against 18.20,
-# 65536x64 5.25 against 5.41, the fused add at 65536x128 17.63 against 18.25. Four and eight
+# 65536x64 5.25 against 5.41, the fused add at 65536x128 17.63 against 18.25 (both without PDL,
+# which these tiles take: see PDL_ARCHS). Three, four and eight
 # tiles lost: their 64-bit row addresses take registers (8 tiles: 86), so fewer CTAs fit
 # (results/h200/logs/fwd-tile-groups-probe-2d69a6d5b700.jsonl).
 SHORT_ROW_THREADS = 128
@@ -177,7 +180,7 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
     allow, without spilling? Yes for a weight no wider than x (or none) in the llama and gemma
     modes; an fp32 weight on bf16 x, and the none mode's extra roundings, made them spill
     (ptxas -v, sm_90a: results/NOTES.md; tests/test_cute_compile.py compiles every case)."""
-    narrow_weight = w_dtype is None or _ELEM_BYTES[w_dtype] <= _ELEM_BYTES[x_dtype]
+    narrow_weight = w_dtype is None or ELEM_BYTES[w_dtype] <= ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 
 
@@ -189,18 +192,24 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # on the persistent grid (every CTA is resident from the start), on 64-thread row CTAs at many
 # rows and on warp-per-row, so those launch plainly (results/h200/logs/fwd-pdl-probe-
 # 8f7f65d410e1.jsonl; warp-per-row: results/h200/fwd-d1797d7.csv). At few rows (``row_class``)
-# `auto`'s row kernel launches with PDL at any CTA size. Measured on Hopper only.
+# `auto`'s row kernel launches with PDL at any CTA size, and so do warp-per-row's short-row tiles
+# (SHORT_ROW_TILES): on the H200 65536x128 8.29 against 8.54-8.91 µs, 262144x128 33.12 against
+# 33.71 (results/h200/logs/fwd-tile-groups-more-probe-470229e86a21.jsonl). Measured on Hopper
+# only.
 PDL_ARCHS = ("sm_90a",)
 PDL_VARIANTS = ("row",)
 PDL_MIN_THREADS = 128
 
 
-def uses_pdl(variant: str, threads: int, arch: Optional[str], few_rows: bool = False) -> bool:
+def uses_pdl(variant: str, threads: int, arch: Optional[str], few_rows: bool = False,
+             tiles_per_cta: int = 1) -> bool:
     """Does a forward kernel of ``variant`` with CTAs of ``threads`` launch with PDL on ``arch``
     (when ``settings.pdl`` allows it)? ``few_rows``: ``auto``'s row kernel at few rows
-    (``row_class``), which always does."""
-    return (arch in PDL_ARCHS and variant in PDL_VARIANTS
-            and (few_rows or threads >= PDL_MIN_THREADS))
+    (``row_class``), which always does; so does a CTA of several tiles (``tiles_per_cta``)."""
+    if arch not in PDL_ARCHS:
+        return False
+    return tiles_per_cta > 1 or (variant in PDL_VARIANTS
+                                 and (few_rows or threads >= PDL_MIN_THREADS))
 
 
 def check_int32_addressable(M: int, row_stride: int, N: int) -> None:
@@ -263,15 +272,15 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     ``residual``: the fused residual add, which holds a residual chunk beside x's while it adds
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
     the tiles of one copy a chunk (all measured without it). ``row_class``: ``auto``'s class of
-    the row count, whose few-rows tiles are described at AUTO_FEW_ROWS_MAX.
+    the row count, whose few-rows tiles cute/auto.py describes.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if x_dtype not in _ELEM_BYTES:
+    if x_dtype not in ELEM_BYTES:
         raise NotEligible(f"x dtype {x_dtype} is not supported")
     if N < 1:
         raise NotEligible("N must be positive")
-    elem = _ELEM_BYTES[x_dtype]
+    elem = ELEM_BYTES[x_dtype]
     vec = COPY_BYTES // elem
     if variant != "fallback":
         if N % vec:
@@ -284,7 +293,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     n_vecs = N // vec
     common = dict(variant=variant, x_dtype=x_dtype, w_dtype=w_dtype, N=N,
                   casting_mode=casting_mode, store_rstd=store_rstd, vec=vec, residual=residual)
-    w_bytes = _ELEM_BYTES[w_dtype] if w_dtype is not None else 0
+    w_bytes = ELEM_BYTES[w_dtype] if w_dtype is not None else 0
     x_bytes = elem * (2 if residual else 1)  # x, and the residual while it is added
 
     def max_vecs_of(threads: int) -> int:
@@ -312,7 +321,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             rows, tiles = SHORT_ROW_THREADS // lanes, SHORT_ROW_TILES
         return ForwardPlan(threads_per_row=lanes, rows_per_cta=rows,
                            vecs_per_thread=vecs_per_thread, chunks=1, tiles_per_cta=tiles,
-                           pdl=pdl and uses_pdl(variant, lanes * rows, arch), **common)
+                           pdl=pdl and uses_pdl(variant, lanes * rows, arch, False, tiles),
+                           **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
     few_rows = row_class > 0 and variant == "row" and chunks == 1 and not residual
@@ -388,8 +398,8 @@ def _cluster_plan(n_vecs: int, max_vecs_of, arch: Optional[str], common: dict) -
     vecs_per_thread = -(-n_vecs // (cluster_n * MAX_THREADS))
     # per element: x and the next row's x, and w (the fp32 copies are transient)
     vec = common["vec"]
-    elem = _ELEM_BYTES[common["x_dtype"]]
-    w_bytes = _ELEM_BYTES[common["w_dtype"]] if common["w_dtype"] is not None else 0
+    elem = ELEM_BYTES[common["x_dtype"]]
+    w_bytes = ELEM_BYTES[common["w_dtype"]] if common["w_dtype"] is not None else 0
     if vecs_per_thread * vec > elems_in_registers(MAX_THREADS, 2 * elem, w_bytes):
         raise NotEligible(f"the row needs more than a cluster of {MAX_CLUSTER} CTAs' registers")
     return ForwardPlan(threads_per_row=MAX_THREADS, rows_per_cta=1,
@@ -436,14 +446,14 @@ def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
         raise NotEligible(f"the staged variant needs N a multiple of {MAX_THREADS} copies "
                           f"({MAX_THREADS * common['vec']} elements)")
     elems = n_vecs // MAX_THREADS * common["vec"]  # per thread
-    w_bytes = _ELEM_BYTES[common["w_dtype"]] if common["w_dtype"] is not None else 0
+    w_bytes = ELEM_BYTES[common["w_dtype"]] if common["w_dtype"] is not None else 0
     if elems * w_bytes > elems_in_registers(MAX_THREADS, 1):
         raise NotEligible("w of the row does not fit a CTA's registers")
     row_bytes = n_vecs * COPY_BYTES
     # w, and the thread's x of the row: ptxas hoists the shared-memory reads of the unrolled
     # chunks (at 24576 bf16 it spilled when held to two CTAs an SM); + 16 for the fp32 math
     ctas, stages = staged_fit(resident_ctas(
-        MAX_THREADS, elems * (w_bytes + _ELEM_BYTES[common["x_dtype"]]), extra_regs=16),
+        MAX_THREADS, elems * (w_bytes + ELEM_BYTES[common["x_dtype"]]), extra_regs=16),
         row_bytes, "two rows")
     return ForwardPlan(threads_per_row=MAX_THREADS, rows_per_cta=1, vecs_per_thread=1,
                        chunks=n_vecs // MAX_THREADS, ctas_per_sm=ctas, stages=stages, **common)
@@ -470,44 +480,3 @@ def resident_ctas(threads: int, register_bytes_per_thread: int, extra_regs: int 
     regs = REG_OVERHEAD + extra_regs + -(-register_bytes_per_thread // 4)
     regs = min(255, -(-regs // 8) * 8)
     return max(1, min(65536 // (regs * threads), 2048 // threads, most))
-
-
-# Rows of at most this many bytes go to warp-per-row under `auto`: in the H200 forward sweep
-# (results/h200/fwd.csv) warp-per-row won at N=1024 bf16, CTA-per-row at N=2048, and from N=4096
-# up CTA-per-row was fastest or as fast.
-AUTO_WARP_MAX_ROW_BYTES = 2048
-# `auto` sees M only as a class of row counts (``row_class``): many rows (0), few (1: at most
-# AUTO_FEW_ROWS_MAX) or fewest (2: at most AUTO_FEWEST_ROWS_MAX). At few rows a row that fits the
-# registers takes the row variant launched with PDL at any CTA size, in class 1 with
-# FEW_ROWS_COPIES_PER_THREAD copies a thread (fewer threads a row than the usual tile), in class 2
-# with the usual tile. On the H200 (bf16, N=1024-8192; graph replay of back-to-back calls, where
-# each call's CTAs start while the previous one drains) four copies beat two from 512 rows up
-# (1024×4096: 5.02 against 5.62 µs; at 3072 rows too, at every width) and two beat four at 128
-# and 256 rows (128×4096: 2.09 against 2.33); the persistent grid with the next row in flight won
-# at 1024×8192 (8.86 against 9.27) and tied at 2048×1024; at 4096 rows the usual tiles were as
-# fast or faster but at N=4096 (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl).
-AUTO_FEW_ROWS_MAX = 3072
-AUTO_FEWEST_ROWS_MAX = 511
-FEW_ROWS_COPIES_PER_THREAD = 4
-
-
-def row_class(M: int) -> int:
-    """0 many rows, 1 few, 2 the fewest: all that ``auto``'s plans read of the row count."""
-    return int(M <= AUTO_FEW_ROWS_MAX) + int(M <= AUTO_FEWEST_ROWS_MAX)
-
-
-def auto_variant(N: int, aligned: bool, x_dtype: torch.dtype, M: int,
-                 residual: bool = False) -> str:
-    """The variant ``auto`` launches for M rows of N (the caller plans it with ``row_class(M)``):
-    the row variant at few rows, else warp-per-row for rows of at most AUTO_WARP_MAX_ROW_BYTES,
-    else the row variant, in column chunks where the row is wider than the registers. Never the
-    persistent grid (behind CTA-per-row from 3072 rows, results/h200/logs/fwd-persistent-sweep-
-    6261604.jsonl, and behind the few-rows tiles above but at one shape) nor the cluster
-    (behind the chunked row at every width measured, WIDE_THREADS). ``residual``: the fused
-    add keeps warp-per-row at few rows too."""
-    elem = _ELEM_BYTES[x_dtype]
-    if not aligned or N % (COPY_BYTES // elem):
-        return "fallback"
-    if row_class(M) and not residual:
-        return "row"
-    return "warp" if N * elem <= AUTO_WARP_MAX_ROW_BYTES else "row"

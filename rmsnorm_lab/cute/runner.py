@@ -27,12 +27,12 @@ from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
 from ..common import nvtx
 from ..settings import settings
+from .auto import auto_variant, row_class
 from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
 from .forward import (TORCH_TO_CUTE, RMSNormClusterForward, RMSNormForward,
                       RMSNormFusedAddForward)
 from .forward_staged import RMSNormStagedForward
-from .plan import (INT32_LIMIT, ForwardPlan, auto_variant, check_int32_addressable,
-                   plan_forward, row_class)
+from .plan import INT32_LIMIT, ForwardPlan, check_int32_addressable, plan_forward
 
 
 _COMPILED: Dict[Tuple, object] = {}

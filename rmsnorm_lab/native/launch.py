@@ -31,8 +31,9 @@ import torch
 
 from ..common.rows import INT32_LIMIT, as_rows, check_weight
 from ..cute import backward_runner, runner
+from ..cute.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX
 from ..cute.backward_runner import RowsRule
-from ..cute.plan import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX, check_int32_addressable
+from ..cute.plan import check_int32_addressable
 from ..registry import nvtx_argb
 from ..settings import on_change, settings
 
