@@ -177,7 +177,7 @@ def memo(native, residual: bool = False):
         return found
     with _memo_lock:
         if residual not in _memos:
-            # the one use of M a plan makes: ``auto``'s row class (cute/plan.py row_class)
+            # the one use of M a plan makes: ``auto``'s row class (cute/auto.py row_class)
             memo = native.CallMemo(LAUNCHES_CAP, AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)
             memo.settings = settings_code()
 
