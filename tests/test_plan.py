@@ -278,3 +278,21 @@ def test_y_streams_past_l2_only_for_rows_wider_than_the_registers():
     tile = plan_forward("row", 8192, BF16, BF16, "llama", False, True, arch="sm_90a")
     assert tile.chunks == 2 and tile.min_ctas_per_sm and not tile.stream_y  # the two-pass tile
     assert not plan_forward("row", 4096, BF16, BF16, "llama", False, True, arch="sm_90a").stream_y
+
+
+def test_short_rows_take_several_tiles_a_cta_and_longer_rows_one():
+    """Rows of one copy a lane (per-head widths) take SHORT_ROW_TILES tiles in CTAs of
+    SHORT_ROW_THREADS, and the grid counts CTAs of all their rows; four copies a lane keep one."""
+    from rmsnorm_lab.cute.plan import SHORT_ROW_THREADS, SHORT_ROW_TILES
+    for N, dtype in ((64, BF16), (128, BF16), (256, BF16), (128, F32)):
+        p = plan("warp", N, dtype)
+        assert (p.vecs_per_thread, p.threads, p.tiles_per_cta) == \
+            (1, SHORT_ROW_THREADS, SHORT_ROW_TILES)
+        assert p.cta_rows == p.rows_per_cta * SHORT_ROW_TILES
+        assert p.grid(65536, 132) == 65536 // p.cta_rows
+        assert p.grid(p.cta_rows + 1, 132) == 2
+        assert not p.pdl  # plan() does not ask for PDL
+    long_rows = plan("warp", 1024)
+    assert (long_rows.vecs_per_thread, long_rows.tiles_per_cta) == (4, 1)
+    assert plan_forward("warp", 128, BF16, BF16, "llama", True, True, arch="sm_90a",
+                        pdl=True).pdl

@@ -5,7 +5,8 @@ rows split over a thread-block cluster.
 * ``persistent`` the same tile, but the grid is sized from the SM count and each CTA loops over
                  rows (the weight stays in registers across rows).
 * ``warp``       one warp per row, several rows per CTA: the reduction is shuffles only, with no
-                 shared memory and no CTA barrier.
+                 shared memory and no CTA barrier. Rows of one copy a lane come several tiles
+                 to a CTA, every tile's loads issued before the first is reduced.
 * ``fallback``   one element per copy with column predication: any width, any alignment.
 * ``cluster``    (``RMSNormClusterForward``) a row too wide for one CTA's registers over the CTAs
                  of a cluster, their partial sums exchanged through distributed shared memory.

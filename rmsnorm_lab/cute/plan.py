@@ -143,6 +143,21 @@ class ForwardPlan(RowTilePlan):
         return -(-M // self.cta_rows)
 
 
+# ``auto``'s few-rows tile of the middle row class (cute/auto.py): copies a thread.
+FEW_ROWS_COPIES_PER_THREAD = 4
+# Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
+# thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
+# tiles and issues all their loads before it reduces the first. On the H200 (bf16, µs, without
+# the PDL these tiles launch with: see PDL_ARCHS), against one tile of 256 threads: 262144x128
+# 33.96 against 34.75, 65536x256 17.28 against 18.20, 65536x64 5.25 against 5.41, the fused add
+# at 65536x128 17.63 against 18.25. Three, four and eight tiles lost: each tile's 64-bit row
+# address takes registers of its own (eight tiles: 86), so fewer CTAs fit an SM
+# (results/h200/logs/fwd-tile-groups-probe-2d69a6d5b700.jsonl,
+# fwd-tile-groups-more-probe-470229e86a21.jsonl).
+SHORT_ROW_THREADS = 128
+SHORT_ROW_TILES = 2
+
+
 # Two tiles of the row variant take one 16-byte copy a thread a column chunk, each chunk's loads
 # issued before the previous chunk is used, under a launch bound that holds ptxas to 32 registers:
 # 64 warps an SM, the shape of torch.compile's kernels at these widths. Without the bound ptxas
@@ -155,18 +170,6 @@ class ForwardPlan(RowTilePlan):
 #   97.6 against 100.6 µs, 32768 128.9 against 133.6, 65536 275.1 against 304.0 (and the
 #   cluster's 282.0) (results/h200/logs/fwd-wide-512-threads-probe-1da54f2b1a02.jsonl).
 TWO_PASS_ROW_COPIES = 1024
-# ``auto``'s few-rows tile of the middle row class (cute/auto.py): copies a thread.
-FEW_ROWS_COPIES_PER_THREAD = 4
-# Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
-# thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
-# tiles and issues all their loads before it reduces the first. On the H200 (bf16, µs), against
-# one tile of 256 threads: 262144x128 33.96 against 34.75, 65536x256 17.28 against 18.20,
-# 65536x64 5.25 against 5.41, the fused add at 65536x128 17.63 against 18.25 (both without PDL,
-# which these tiles take: see PDL_ARCHS). Three, four and eight
-# tiles lost: their 64-bit row addresses take registers (8 tiles: 86), so fewer CTAs fit
-# (results/h200/logs/fwd-tile-groups-probe-2d69a6d5b700.jsonl).
-SHORT_ROW_THREADS = 128
-SHORT_ROW_TILES = 2
 TWO_PASS_THREADS = 512
 TWO_PASS_CTAS_PER_SM = 4
 WIDE_THREADS = 1024
@@ -190,8 +193,9 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # dependents at once. What it saves is the gap between one grid's end and the next one's start,
 # which pays in back-to-back launches of the row kernel with CTAs of 128 threads or more. It lost
 # on the persistent grid (every CTA is resident from the start), on 64-thread row CTAs at many
-# rows and on warp-per-row, so those launch plainly (results/h200/logs/fwd-pdl-probe-
-# 8f7f65d410e1.jsonl; warp-per-row: results/h200/fwd-d1797d7.csv). At few rows (``row_class``)
+# rows and on warp-per-row's one-tile CTAs, so those launch plainly
+# (results/h200/logs/fwd-pdl-probe-8f7f65d410e1.jsonl; warp-per-row:
+# results/h200/fwd-d1797d7.csv). At few rows (``row_class``)
 # `auto`'s row kernel launches with PDL at any CTA size, and so do warp-per-row's short-row tiles
 # (SHORT_ROW_TILES): on the H200 65536x128 8.29 against 8.54-8.91 µs, 262144x128 33.12 against
 # 33.71 (results/h200/logs/fwd-tile-groups-more-probe-470229e86a21.jsonl). Measured on Hopper
