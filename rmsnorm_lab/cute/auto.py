@@ -18,9 +18,10 @@ AUTO_WARP_MAX_ROW_BYTES = 2048
 # with the usual tile. On the H200 (bf16, N=1024-8192; graph replay of back-to-back calls, where
 # each call's CTAs start while the previous one drains) four copies beat two from 512 rows up
 # (1024×4096: 5.02 against 5.62 µs; at 3072 rows too, at every width) and two beat four at 128
-# and 256 rows (128×4096: 2.09 against 2.33); the persistent grid with the next row in flight won
-# at 1024×8192 (8.86 against 9.27) and tied at 2048×1024; at 4096 rows the usual tiles were as
-# fast or faster but at N=4096 (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl).
+# rows (128×4096: 2.09 against 2.33; the probe has no row count between 128 and 512); the
+# persistent grid with the next row in flight won at 1024×8192 (8.93 against 9.28) and tied at
+# 2048×1024; at 4096 rows the usual tiles were as fast or faster but at N=4096
+# (results/h200/logs/fwd-small-m-copies-probe-1da54f2b1a02.jsonl, medians of two passes).
 AUTO_FEW_ROWS_MAX = 3072
 AUTO_FEWEST_ROWS_MAX = 511
 
