@@ -49,6 +49,8 @@ class RMSNormForward(RowTiles):
         self.x_type = TORCH_TO_CUTE[plan.x_dtype]
         self.w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else None
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
+        # a CTA's tiles (tile_group) hold one chunk each and are not a persistent strip
+        assert plan.tiles_per_cta == 1 or (plan.chunks == 1 and not plan.persistent)
 
     @cute.jit
     def __call__(self, gX: cute.Tensor, gW: cute.Tensor, gY: cute.Tensor, gRstd: cute.Tensor,
@@ -200,11 +202,7 @@ class RMSNormForward(RowTiles):
             ss = row_sum(ss, sBuf, slot, row_in_cta, warp_in_row, lane, self.warps_per_row,
                          min(p.threads_per_row, 32))
             slot = slot ^ 1
-            rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
-
-            if cutlass.const_expr(p.store_rstd):
-                if row_ok and tidx % p.threads_per_row == 0:
-                    mRstd[row] = rstd
+            rstd = self.row_rstd(ss, eps, mRstd, row, row_ok and tidx % p.threads_per_row == 0)
 
             # Pass 2: normalize, scale, store.
             if cutlass.const_expr(p.pipeline_chunks):
@@ -259,12 +257,19 @@ class RMSNormForward(RowTiles):
                              row < M)
             ss = row_sum(self.sum_of_squares(bufs[j]), None, 0, row_in_cta, 0, lane, 1,
                          p.threads_per_row)
-            rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
-            if cutlass.const_expr(p.store_rstd):
-                if row < M and lane % p.threads_per_row == 0:
-                    mRstd[row] = rstd
+            rstd = self.row_rstd(ss, eps, mRstd, row, row < M and lane % p.threads_per_row == 0)
             self.store_chunk(tiled_x, thr_x, mY, tiler, first + j, 0, tXcX, bufs[j], rstd, tWrW,
                              offset, row < M)
+
+    @cute.jit
+    def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
+        """rstd of a row whose sum of squares is ``total``, stored to ``mRstd[row]`` by the
+        thread for which ``writes`` holds where the plan keeps rstd."""
+        rstd = cute.math.rsqrt(total / Float32(self.plan.N) + eps)
+        if cutlass.const_expr(self.plan.store_rstd):
+            if writes:
+                mRstd[row] = rstd
+        return rstd
 
     def first_pass_evict(self, c: int) -> str:
         """Chunk c's eviction priority in the first pass: the chunks the second pass re-reads
@@ -436,10 +441,7 @@ class RMSNormClusterForward(RMSNormForward):
             ss = row_sum(self.sum_of_squares(tXrX), sBuf, step % SLOTS, 0, warp, lane,
                          self.warps_per_row)
             total = cluster_sum.exchange(ss, mbar, sSums, step, rank, tidx, cn)
-            rstd = cute.math.rsqrt(total / Float32(p.N) + eps)
-            if cutlass.const_expr(p.store_rstd):
-                if rank == 0 and tidx == 0:
-                    mRstd[row] = rstd
+            rstd = self.row_rstd(total, eps, mRstd, row, rank == 0 and tidx == 0)
             tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
                        .to(self.x_type))
             cute.copy(tiled_x, tXrY, thr_x.partition_D(cute.local_tile(mY, tiler, (row, rank))),

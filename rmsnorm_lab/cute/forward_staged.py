@@ -95,10 +95,7 @@ class RMSNormStagedForward(RMSNormForward):
             for c in cutlass.range_constexpr(p.chunks):
                 ss = ss + self.sum_of_squares(self.read_stage(thr_x, sX, tiler, st, c))
             ss = row_sum(ss, sBuf, i % SLOTS, 0, warp, lane, self.warps_per_row)
-            rstd = cute.math.rsqrt(ss / Float32(p.N) + eps)
-            if cutlass.const_expr(p.store_rstd):
-                if tidx == 0:
-                    mRstd[row] = rstd
+            rstd = self.row_rstd(ss, eps, mRstd, row, tidx == 0)
 
             for c in cutlass.range_constexpr(p.chunks):
                 tXrX = self.read_stage(thr_x, sX, tiler, st, c)

@@ -325,7 +325,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             rows, tiles = SHORT_ROW_THREADS // lanes, SHORT_ROW_TILES
         return ForwardPlan(threads_per_row=lanes, rows_per_cta=rows,
                            vecs_per_thread=vecs_per_thread, chunks=1, tiles_per_cta=tiles,
-                           pdl=pdl and uses_pdl(variant, lanes * rows, arch, False, tiles),
+                           pdl=pdl and uses_pdl(variant, lanes * rows, arch, tiles_per_cta=tiles),
                            **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
