@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="these shapes instead of the op's sweep (e.g. 65536x128,262144x128); "
                         "needs --tag, so the sweep's own file is kept")
     b.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="--op model: also time Llama under torch.compile with torch's and the "
-                        "lab's norms (minutes of compiling; default: on, off with --quick)")
+                   help="--op model: also time both models under torch.compile with torch's and "
+                        "the lab's norms (minutes of compiling; default: on, off with --quick)")
     b.add_argument("--only-compiled", action="store_true",
                    help="--op model: only the torch.compile part (and the reference it is "
                         "checked against); needs --tag")

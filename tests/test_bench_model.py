@@ -268,7 +268,7 @@ def _stand_ins(seen):
 TINY_BUDGET = bench_model.Budget(event_samples=1, event_min_ms=1, wall_samples=2,
                                  wall_sample_ms=1, host_ms=1, graph_replays=1)
 EAGER_IMPLS = [f"{a}.{c}" for a in mb.ARCHS for c in ("shipped", "torch", "lab", "lab+carry")]
-COMPILED_IMPLS = ["llama.compile.torch", "llama.compile.lab"]
+COMPILED_IMPLS = [f"{a}.compile.{c}" for a in mb.ARCHS for c in ("torch", "lab")]
 
 
 def _run(tmp_path, seen):
@@ -335,15 +335,15 @@ def test_a_choice_that_disagrees_is_a_failure_and_a_crashing_timer_costs_only_it
     bench_model.run_models(run, tmp_path / "model.csv", with_compile=True, device="cpu", **TINY)
     impls = {r["impl"] for r in run.out.rows}
     assert impls == {f"{a}.{c}" for a in mb.ARCHS for c in ("shipped", "lab", "lab+carry")} | {
-        "llama.compile.lab"}  # torch's disagreed, eager and compiled: not timed
+        f"{a}.compile.lab" for a in mb.ARCHS}  # torch's disagreed, eager and compiled: not timed
     disagree = [f for f in run.out.failures if "disagrees" in f]
-    assert len(disagree) == 3 and all("torch" in f and "limit" in f for f in disagree)
+    assert len(disagree) == 4 and all("torch" in f and "limit" in f for f in disagree)
     capture = [f for f in run.out.failures if "graph time" in f]
     assert len(capture) == 6 and all("stream is capturing" in f for f in capture)
     assert not any(r["path"] == "graph" for r in run.out.rows)
     assert any(r["impl"] == "llama.lab" and r["M"] == 3 and r["path"] == "host"
                for r in run.out.rows)  # the decode step's other timers still ran
-    assert len(run.out.failures) == 9
+    assert len(run.out.failures) == 10
 
 
 def _on_the_cpu(monkeypatch):

@@ -5,7 +5,7 @@ bf16, SDPA attention), each with every norm choice (``shipped``, ``torch``, ``la
 ``lab+carry``, ``liger``), each checked against ``shipped`` on the same tokens (logits within
 ``model_build.AGREE_REL``; a choice that disagrees is a failure and is not timed), then three
 workloads (``model_steps``: ``train``, ``prefill``, ``decode``). Then, in the full run
-(``--no-compile`` leaves it out, ``--quick`` too unless ``--compile``), the Llama model under
+(``--no-compile`` leaves it out, ``--quick`` too unless ``--compile``), each model under
 ``torch.compile`` (default mode) with ``torch`` and with ``lab`` norms, prefill and train: the
 lab's norm is a ``torch.library`` custom op there, opaque to Inductor, which fuses torch's norm
 into its neighbours. Each model is freed before the next is built.
@@ -56,8 +56,8 @@ from .runner import Outcome, make_row, output_path
 from .timing import (Quantiles, eager_time_us, graph_time_us, host_time_us, peak_mem_mib,
                      quantiles)
 
-#: the architecture timed under torch.compile (compiling takes minutes a model)
-COMPILE_ARCH = "llama"
+#: the architectures timed under torch.compile (compiling takes under a minute a workload)
+COMPILE_ARCHS = mb.ARCHS
 COMPILE_WORKLOADS = ("prefill", "train")
 NSYS_LINE = ("nsys profile -t cuda,nvtx --cuda-graph-trace=node --capture-range=cudaProfilerApi "
              "--capture-range-end=stop --export sqlite --force-overwrite true -o {name} "
@@ -302,7 +302,7 @@ def run_models(run: _Run, path: Path, with_compile: bool, device: str = "cuda",
     (``shipped``), nothing else. ``sizes`` overrides the models' (the tests build tiny ones on
     the CPU)."""
     references = {}
-    for arch in ((COMPILE_ARCH,) if only_compiled else mb.ARCHS):
+    for arch in (COMPILE_ARCHS if only_compiled else mb.ARCHS):
         for choice in (("shipped",) if only_compiled else mb.CHOICES):
             made = run_choice(run, arch, choice, references.get(arch), device, **sizes)
             if choice == "shipped":
@@ -311,11 +311,11 @@ def run_models(run: _Run, path: Path, with_compile: bool, device: str = "cuda",
             mb.free()
             _checkpoint(run.out.rows, path)
     if with_compile:
-        for choice in mb.COMPILE_CHOICES:
-            run_compiled(run, COMPILE_ARCH, choice, references.get(COMPILE_ARCH), device,
-                         **sizes)
-            mb.free()
-            _checkpoint(run.out.rows, path)
+        for arch in COMPILE_ARCHS:
+            for choice in mb.COMPILE_CHOICES:
+                run_compiled(run, arch, choice, references.get(arch), device, **sizes)
+                mb.free()
+                _checkpoint(run.out.rows, path)
 
 
 def bench_model(out: Optional[Path] = None, tag: Optional[str] = None, quick: bool = False,
@@ -334,7 +334,7 @@ def bench_model(out: Optional[Path] = None, tag: Optional[str] = None, quick: bo
           f"{len(mb.CHOICES)} norm choices, {sizes.layers} layers, train/prefill "
           f"{sizes.batch}x{sizes.seq} tokens, decode {sizes.decode_batch} at "
           f"{sizes.decode_at}/{sizes.cache_len}"
-          + (f"; then {COMPILE_ARCH} under torch.compile" if with_compile else ""),
+          + (f"; then {', '.join(COMPILE_ARCHS)} under torch.compile" if with_compile else ""),
           flush=True)
     run = _Run(sizes, budget, CUDA_TIMERS, prov)
     run_models(run, path, with_compile or only_compiled, only_compiled=only_compiled)
