@@ -158,17 +158,26 @@ def _calls_per_sample(call: Callable, calls: int) -> int:
     return calls if per_call < 1e-3 else max(2, int(0.05 / per_call))
 
 
+def forward_only_peers() -> frozenset:
+    """The peers with no backward (FlashInfer's norm): no ``full`` workload."""
+    return frozenset(peers_mod.FORWARD_PEERS) - frozenset(peers_mod.BACKWARD_PEERS)
+
+
 def host_tasks(impls: Dict[str, tuple], calls: int = 200,
-               on_task: Optional[Callable[[], None]] = None
+               on_task: Optional[Callable[[], None]] = None,
+               forward_only: frozenset = frozenset()
                ) -> Tuple[Dict[Tuple[str, str], HostTask], List[str]]:
     """Every implementation x workload of ``impls`` (``host_impls()``) at HOST_SHAPE as a task for
     ``interleaved_host_time_us``, keyed ``(op, impl)``, each called six times here
     (compilation, warm-up, and the size of its samples: ``_calls_per_sample``); and the
-    failures, named (a peer without autograd is a finding, not an error). ``on_task`` is called
-    after each (a progress bar)."""
+    failures, named (an implementation whose backward fails is a finding, not an error). The
+    names in ``forward_only`` get no ``full`` workload. ``on_task`` is called after each (a
+    progress bar)."""
     tasks, failures = {}, []
     for name, (fn, overrides) in impls.items():
         workloads = dict(_calls(fn, *HOST_SHAPE))
+        if name in forward_only:
+            del workloads[("full", "")]
         if name in VARYING_M_IMPLS:
             with settings.override(**overrides):
                 workloads.update(_varying_m_calls(fn, HOST_SHAPE[1]))
@@ -204,8 +213,11 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
     with tqdm(total=steps, desc="bench host") as bar:
         # every implementation x workload sampled once per round, rounds interleaved (see
         # interleaved_host_time_us: the host's speed drifts between a sequential run's rows)
-        tasks, failures = host_tasks(impls, on_task=bar.update)
+        forward_only = forward_only_peers() & set(impls)
+        tasks, failures = host_tasks(impls, on_task=bar.update, forward_only=forward_only)
+        bar.update(len(forward_only))  # their full workloads, not run
         outcome.failures += failures
+        outcome.skipped += [f"{name} full: forward only" for name in sorted(forward_only)]
         bar.set_postfix_str(f"{repeats} interleaved rounds")
         timed = interleaved_host_time_us(tasks, repeats=repeats)
         for (op, impl), q in timed.items():
