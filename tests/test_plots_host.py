@@ -124,6 +124,18 @@ def test_host_table_has_three_workloads_in_order(frame):
     assert not any(i.endswith("+autograd") for i in order)
 
 
+def test_host_table_keeps_a_forward_only_peer_to_inference(frame):
+    """FlashInfer's norm has no backward: its inputs that require grad build no graph, so a row
+    of it with autograd (as an older host sweep recorded) is inference again, not a workload."""
+    extra = pd.DataFrame([row("fwd", "flashinfer", "host", 128, 4096, "host", 20.0),
+                          row("fwd", "flashinfer+autograd", "host", 128, 4096, "host", 19.0)])
+    t = ph.host_table(pd.concat([frame, extra]))
+    assert t.loc["flashinfer", "fwd"] == 20.0
+    assert math.isnan(t.loc["flashinfer", "fwd+autograd"])
+    assert math.isnan(t.loc["flashinfer", "full"])
+    assert t.loc["liger.triton", "fwd+autograd"] == 70.0
+
+
 def test_savings_table_costs_and_noise(frame):
     s = ph.savings_table(frame).set_index(["toggle", "workload"])
     assert len(s) == 3 * 3
@@ -356,14 +368,15 @@ def test_timeline_draws_ranges_above_kernels():
     plt.close(fig)
 
 
-def graph_trace(eager):
+def graph_trace(eager, step_ns=500.0):
     """A SYNTHETIC trace of the fixture's kernels laid back to back, as a graph replay would
-    launch them (one cudaGraphLaunch before them, a replay range, no iter ranges)."""
+    launch them (one cudaGraphLaunch before them, a replay range, no iter ranges), each
+    ``step_ns`` after the previous one's end (negative: overlapping it, as PDL lets it)."""
     import numpy as np
     k = nt.kernels(eager)
     d = k["dur_ns"].to_numpy()
     start = float(k["start_ns"].iloc[0])
-    starts = start + np.concatenate([[0.0], np.cumsum(d[:-1] + 500.0)])
+    starts = start + np.concatenate([[0.0], np.cumsum(d[:-1] + step_ns)])
     gpu = k.assign(start_ns=starts, end_ns=starts + d, corr_id=pd.array([90] * len(k),
                                                                         dtype="Int64"))
     api = pd.DataFrame({"start_ns": [start - 4000.0], "end_ns": [start - 1000.0],
@@ -385,6 +398,16 @@ def test_steady_state_of_an_eager_loop_and_of_a_graph_replay():
     assert g["gap_us"] == pytest.approx(0.5)
     assert g["period_us"] < e["period_us"] and g["busy"] > e["busy"]
     assert math.isnan(g["iter_host_us"])
+    assert g["overlap_us"] == 0
+    # kernels that start before the previous one ends (PDL) are counted once: busy stays <= 1
+    d = nt.kernels(eager)["dur_ns"].to_numpy()
+    overlapped = graph_trace(eager, step_ns=-300.0)
+    o = nt.steady_state(overlapped, skip=0)
+    k = nt.kernels(overlapped)
+    assert o["busy"] == pytest.approx(1.0) and o["gap_us"] == 0
+    assert o["overlap_us"] == pytest.approx(0.3)
+    span = float(k["end_ns"].max() - k["start_ns"].min())
+    assert span == pytest.approx(d.sum() - 300 * (len(d) - 1))
     its = nt.kernel_iterations(graph_trace(eager))
     assert len(its) == 4 and (its["kernels"] == 1).all()
     # a graph trace has no iter ranges around its kernels: the window follows the kernels

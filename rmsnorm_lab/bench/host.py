@@ -159,8 +159,9 @@ def _calls_per_sample(call: Callable, calls: int) -> int:
 
 
 def forward_only_peers() -> frozenset:
-    """The peers with no backward (FlashInfer's norm): no ``full`` workload."""
-    return frozenset(peers_mod.FORWARD_PEERS) - frozenset(peers_mod.BACKWARD_PEERS)
+    """The peers with no backward (FlashInfer's norm): inference only, since inputs that require
+    grad build no autograd graph through them."""
+    return peers_mod.forward_only()
 
 
 def host_tasks(impls: Dict[str, tuple], calls: int = 200,
@@ -171,13 +172,13 @@ def host_tasks(impls: Dict[str, tuple], calls: int = 200,
     ``interleaved_host_time_us``, keyed ``(op, impl)``, each called six times here
     (compilation, warm-up, and the size of its samples: ``_calls_per_sample``); and the
     failures, named (an implementation whose backward fails is a finding, not an error). The
-    names in ``forward_only`` get no ``full`` workload. ``on_task`` is called after each (a
-    progress bar)."""
+    names in ``forward_only`` get the inference workload only. ``on_task`` is called after each
+    (a progress bar)."""
     tasks, failures = {}, []
     for name, (fn, overrides) in impls.items():
         workloads = dict(_calls(fn, *HOST_SHAPE))
         if name in forward_only:
-            del workloads[("full", "")]
+            workloads = {("fwd", ""): workloads[("fwd", "")]}
         if name in VARYING_M_IMPLS:
             with settings.override(**overrides):
                 workloads.update(_varying_m_calls(fn, HOST_SHAPE[1]))
@@ -215,9 +216,10 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
         # interleaved_host_time_us: the host's speed drifts between a sequential run's rows)
         forward_only = forward_only_peers() & set(impls)
         tasks, failures = host_tasks(impls, on_task=bar.update, forward_only=forward_only)
-        bar.update(len(forward_only))  # their full workloads, not run
+        bar.update(2 * len(forward_only))  # their autograd workloads, not run
         outcome.failures += failures
-        outcome.skipped += [f"{name} full: forward only" for name in sorted(forward_only)]
+        outcome.skipped += [f"{name} +autograd, full: forward only"
+                            for name in sorted(forward_only)]
         bar.set_postfix_str(f"{repeats} interleaved rounds")
         timed = interleaved_host_time_us(tasks, repeats=repeats)
         for (op, impl), q in timed.items():

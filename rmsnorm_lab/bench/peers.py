@@ -128,6 +128,11 @@ BACKWARD_PEERS: Dict[str, Callable[[float], Optional[ForwardFn]]] = {
 }
 
 
+def forward_only() -> frozenset:
+    """The peers without a backward (FlashInfer's norm)."""
+    return frozenset(FORWARD_PEERS) - frozenset(BACKWARD_PEERS)
+
+
 def backward_peers(eps: float) -> Dict[str, ForwardFn]:
     """The backward peers available here, by name."""
     found = {name: make(eps) for name, make in BACKWARD_PEERS.items()}

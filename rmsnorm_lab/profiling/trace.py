@@ -405,8 +405,11 @@ def steady_state(trace: Trace, skip: int = 1) -> Dict[str, float]:
     """What the timeline shows in numbers, iteration ``skip`` on (µs): ``iterations`` counted,
     ``kernels_per_iter``, ``kernel_us`` (median kernel time of one iteration), ``period_us``
     (median start-to-start of consecutive iterations' first kernels: one loop iteration as the
-    GPU sees it), ``busy`` (kernel time over the span of the kernels), ``gap_us`` (median idle
-    time between consecutive kernels), ``iter_host_us`` (median ``iter`` range, host time; NaN
+    GPU sees it), ``busy`` (the time some kernel runs over the span of the kernels: overlapping
+    kernels count once), ``gap_us`` (median idle time between consecutive kernels),
+    ``overlap_us`` (median time a kernel starts before the previous one ends: PDL lets the next
+    grid's CTAs start while the last one drains), ``iter_host_us`` (median ``iter`` range, host
+    time; NaN
     without iter ranges around the kernels), ``launch_api_us`` (median launch call on the host:
     ``cu*LaunchKernel*`` or ``cudaGraphLaunch``)."""
     import numpy as np
@@ -421,12 +424,17 @@ def steady_state(trace: Trace, skip: int = 1) -> Dict[str, float]:
     out["period_us"] = (float(np.median(np.diff(kit["start_ns"]))) / 1e3
                         if len(kit) >= 2 else math.nan)
     if len(k) >= 2:
-        span = float(k["end_ns"].max() - k["start_ns"].min())
-        out["busy"] = float(k["dur_ns"].sum()) / span if span > 0 else math.nan
-        gaps = (k["start_ns"].to_numpy()[1:] - k["end_ns"].to_numpy()[:-1]).clip(min=0)
-        out["gap_us"] = float(np.median(gaps)) / 1e3
+        k = k.sort_values("start_ns")
+        start, end = k["start_ns"].to_numpy(), k["end_ns"].to_numpy()
+        span = float(end.max() - start.min())
+        reached = np.maximum.accumulate(end)  # the latest end of any kernel so far
+        covered = np.minimum(end[1:] - start[1:], (end[1:] - reached[:-1]).clip(min=0)).sum()
+        out["busy"] = float(end[0] - start[0] + covered) / span if span > 0 else math.nan
+        step = start[1:] - reached[:-1]
+        out["gap_us"] = float(np.median(step.clip(min=0))) / 1e3
+        out["overlap_us"] = float(np.median((-step).clip(min=0))) / 1e3
     else:
-        out["busy"] = out["gap_us"] = math.nan
+        out["busy"] = out["gap_us"] = out["overlap_us"] = math.nan
     its = _iteration_starts(trace)
     if "source" in its and len(its) and its["source"].iloc[0] == "iter":
         out["iter_host_us"] = float(its["dur_ns"].iloc[skip:].median()) / 1e3
