@@ -223,8 +223,10 @@ def live_rows(kind: str, prov: Optional[dict] = None, **kw) -> List[dict]:
                       if n not in kw.get("skip", ("torch.compile",))})
         # aliases: the benchmark adds its varying-M workloads to some names, not wanted here
         alias = {f"impl{k}": name for k, name in enumerate(impls)}
+        forward_only = frozenset(a for a, n in alias.items() if n in peers.forward_only())
         tasks, failures = hb.host_tasks({a: (impls[n], default_toggles())
-                                         for a, n in alias.items()}, calls=kw.get("calls", 50))
+                                         for a, n in alias.items()}, calls=kw.get("calls", 50),
+                                        forward_only=forward_only)
         for f in failures:
             print(f"failed: {f}")
         timed = interleaved_host_time_us(tasks, repeats=kw.get("repeats", 3), warmup=5)

@@ -158,12 +158,6 @@ def _calls_per_sample(call: Callable, calls: int) -> int:
     return calls if per_call < 1e-3 else max(2, int(0.05 / per_call))
 
 
-def forward_only_peers() -> frozenset:
-    """The peers with no backward (FlashInfer's norm): inference only, since inputs that require
-    grad build no autograd graph through them."""
-    return peers_mod.forward_only()
-
-
 def host_tasks(impls: Dict[str, tuple], calls: int = 200,
                on_task: Optional[Callable[[], None]] = None,
                forward_only: frozenset = frozenset()
@@ -172,7 +166,8 @@ def host_tasks(impls: Dict[str, tuple], calls: int = 200,
     ``interleaved_host_time_us``, keyed ``(op, impl)``, each called six times here
     (compilation, warm-up, and the size of its samples: ``_calls_per_sample``); and the
     failures, named (an implementation whose backward fails is a finding, not an error). The
-    names in ``forward_only`` get the inference workload only. ``on_task`` is called after each
+    names in ``forward_only`` (peers without a backward) get the inference workload only: inputs
+    that require grad build no autograd graph through them. ``on_task`` is called after each
     (a progress bar)."""
     tasks, failures = {}, []
     for name, (fn, overrides) in impls.items():
@@ -214,7 +209,7 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
     with tqdm(total=steps, desc="bench host") as bar:
         # every implementation x workload sampled once per round, rounds interleaved (see
         # interleaved_host_time_us: the host's speed drifts between a sequential run's rows)
-        forward_only = forward_only_peers() & set(impls)
+        forward_only = peers_mod.forward_only() & set(impls)
         tasks, failures = host_tasks(impls, on_task=bar.update, forward_only=forward_only)
         bar.update(2 * len(forward_only))  # their autograd workloads, not run
         outcome.failures += failures

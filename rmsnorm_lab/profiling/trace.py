@@ -409,9 +409,8 @@ def steady_state(trace: Trace, skip: int = 1) -> Dict[str, float]:
     kernels count once), ``gap_us`` (median idle time between consecutive kernels),
     ``overlap_us`` (median time a kernel starts before the previous one ends: PDL lets the next
     grid's CTAs start while the last one drains), ``iter_host_us`` (median ``iter`` range, host
-    time; NaN
-    without iter ranges around the kernels), ``launch_api_us`` (median launch call on the host:
-    ``cu*LaunchKernel*`` or ``cudaGraphLaunch``)."""
+    time; NaN without iter ranges around the kernels), ``launch_api_us`` (median launch call on
+    the host: ``cu*LaunchKernel*`` or ``cudaGraphLaunch``)."""
     import numpy as np
     out: Dict[str, float] = {}
     kit = kernel_iterations(trace).iloc[skip:]
