@@ -223,7 +223,8 @@ def live_rows(kind: str, prov: Optional[dict] = None, **kw) -> List[dict]:
                       if n not in kw.get("skip", ("torch.compile",))})
         # aliases: the benchmark adds its varying-M workloads to some names, not wanted here
         alias = {f"impl{k}": name for k, name in enumerate(impls)}
-        forward_only = frozenset(a for a, n in alias.items() if n in peers.forward_only())
+        no_backward = peers.forward_only()
+        forward_only = frozenset(a for a, n in alias.items() if n in no_backward)
         tasks, failures = hb.host_tasks({a: (impls[n], default_toggles())
                                          for a, n in alias.items()}, calls=kw.get("calls", 50),
                                         forward_only=forward_only)
