@@ -259,14 +259,29 @@ def _stand_in(value, seen, name):
     return timer
 
 
+def _stand_in_capture(seen):
+    def capture(fn, **kwargs):
+        out = fn()  # the captured function must be the model's decode step
+        seen.append(("capture", tuple(out.shape), tuple(sorted(kwargs))))
+        return object()  # a stand-in graph: only passed back to the graph timer
+    return capture
+
+
+def _stand_in_graphs(seen):
+    def graphs(captured, **kwargs):
+        seen.append(("graphs", tuple(captured), tuple(sorted(kwargs))))
+        return {impl: Quantiles(200.0, 200.0, 300.0) for impl in captured}
+    return graphs
+
+
 def _stand_ins(seen):
     return bench_model.Timers(lambda: None, _stand_in(300.0, seen, "eager"),
                               _stand_in(100.0, seen, "host"), _stand_in(64.0, seen, "peak"),
-                              _stand_in(200.0, seen, "graph"))
+                              _stand_in_capture(seen), _stand_in_graphs(seen))
 
 
 TINY_BUDGET = bench_model.Budget(event_samples=1, event_min_ms=1, wall_samples=2,
-                                 wall_sample_ms=1, host_ms=1, graph_replays=1)
+                                 wall_sample_ms=1, host_ms=1, graph_rounds=2, graph_replays=1)
 EAGER_IMPLS = [f"{a}.{c}" for a in mb.ARCHS for c in ("shipped", "torch", "lab", "lab+carry")]
 COMPILED_IMPLS = [f"{a}.compile.{c}" for a in mb.ARCHS for c in ("torch", "lab")]
 
@@ -308,8 +323,17 @@ def test_the_whole_loop_makes_valid_rows_of_every_choice_and_workload(tmp_path, 
     # each stand-in timed a real step: the prefill's and decode's logits, the train step's None
     outputs = {(name, shape) for name, shape, _ in seen}
     assert ("eager", None) in outputs and ("eager", (2, 1, 128)) in outputs
-    assert ("graph", (3, 1, 128)) in outputs and ("peak", None) in outputs
-    assert ("graph", (2, 1, 128)) not in outputs and ("graph", None) not in outputs
+    assert ("capture", (3, 1, 128)) in outputs and ("peak", None) in outputs
+    assert {shape for name, shape in outputs if name == "capture"} == {(3, 1, 128)}
+    # every choice's decode graph, kept until its architecture's last choice, timed together
+    # once per architecture, after the architecture's other rows
+    timed = [(keys, kw) for name, keys, kw in seen if name == "graphs"]
+    assert timed == [(tuple(i for i in EAGER_IMPLS if i.startswith(f"{a}.")),
+                      ("replays", "rounds")) for a in mb.ARCHS]
+    graph_rows = [r for r in run.out.rows if r["path"] == "graph"]
+    assert {r["p50"] for r in graph_rows} == {200.0}
+    first_graph = next(i for i, r in enumerate(run.out.rows) if r["path"] == "graph")
+    assert all(r["impl"].startswith("llama.") for r in run.out.rows[:first_graph])
     assert {kw for name, _, kw in seen if name == "eager"} == {("rep_ms", "warmup_ms")}
     assert {kw for name, _, kw in seen if name == "host"} == {("n", "repeats", "warmup")}
 
@@ -330,7 +354,7 @@ def test_a_choice_that_disagrees_is_a_failure_and_a_crashing_timer_costs_only_it
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(mb, "swap_torch_norms", broken_swap)
     seen = []
-    run = bench_model._Run(SIZES, TINY_BUDGET, _stand_ins(seen)._replace(graph=capture_fails),
+    run = bench_model._Run(SIZES, TINY_BUDGET, _stand_ins(seen)._replace(capture=capture_fails),
                            provenance.collect())
     bench_model.run_models(run, tmp_path / "model.csv", with_compile=True, device="cpu", **TINY)
     impls = {r["impl"] for r in run.out.rows}
@@ -338,9 +362,10 @@ def test_a_choice_that_disagrees_is_a_failure_and_a_crashing_timer_costs_only_it
         f"{a}.compile.lab" for a in mb.ARCHS}  # torch's disagreed, eager and compiled: not timed
     disagree = [f for f in run.out.failures if "disagrees" in f]
     assert len(disagree) == 4 and all("torch" in f and "limit" in f for f in disagree)
-    capture = [f for f in run.out.failures if "graph time" in f]
+    capture = [f for f in run.out.failures if "graph capture" in f]
     assert len(capture) == 6 and all("stream is capturing" in f for f in capture)
     assert not any(r["path"] == "graph" for r in run.out.rows)
+    assert not any(name == "graphs" for name, _, _ in seen)  # nothing captured: nothing timed
     assert any(r["impl"] == "llama.lab" and r["M"] == 3 and r["path"] == "host"
                for r in run.out.rows)  # the decode step's other timers still ran
     assert len(run.out.failures) == 10
@@ -428,3 +453,19 @@ def test_capture_entry_without_a_gpu_says_so():
                         "llama.lab:train"], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and "needs a CUDA GPU" in p.stdout + p.stderr
+
+
+def test_a_failing_graph_timer_costs_the_graph_rows_only(tmp_path, monkeypatch, no_liger):
+    monkeypatch.setattr(torch, "compile", lambda model: model)
+
+    def replay_fails(captured, **kwargs):
+        raise RuntimeError("an illegal memory access was encountered")
+    seen = []
+    run = bench_model._Run(SIZES, TINY_BUDGET, _stand_ins(seen)._replace(graphs=replay_fails),
+                           provenance.collect())
+    bench_model.run_models(run, tmp_path / "model.csv", with_compile=False, device="cpu", **TINY)
+    assert run.out.failures == ["graph time: RuntimeError: an illegal memory access was "
+                                "encountered"] * len(mb.ARCHS)
+    assert not any(r["path"] == "graph" for r in run.out.rows)
+    assert {r["impl"] for r in run.out.rows} == set(EAGER_IMPLS)
+    assert run.graphs == {}  # the graphs, and the models they held, let go

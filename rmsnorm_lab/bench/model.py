@@ -28,8 +28,10 @@ step, N the hidden size; per workload:
   backward's too: ``backward()`` returns once autograd has enqueued it). Where it exceeds the
   device time, the step is host-bound and a faster kernel buys nothing.
 * ``eager``/``peak_mem`` (train): MiB allocated at the step's peak above the model's weights.
-* ``graph``/``time`` (decode): the step captured once in a CUDA graph and replayed
-  (``timing.graph_time_us``): the device time with the host taken out.
+* ``graph``/``time`` (decode): the step captured once in a CUDA graph and replayed: the device
+  time with the host taken out. Each choice's graph is kept (and its model with it) until every
+  choice of the architecture has run, then all are replayed in interleaved rounds
+  (``timing.interleaved_graph_time_us``): the device's drift reaches every choice alike.
 
 The timers are a ``Timers`` argument (``CUDA_TIMERS`` here), so the whole loop also runs on the
 CPU with stand-ins (tests/test_bench_model.py). ``python -m rmsnorm_lab.bench.model --capture
@@ -53,8 +55,8 @@ from ..results import provenance
 from . import model_build as mb
 from .model_steps import FULL, QUICK, WORKLOADS, Sizes, Step, graph_replay, make_step
 from .runner import Outcome, make_row, output_path
-from .timing import (Quantiles, eager_time_us, graph_time_us, host_time_us, peak_mem_mib,
-                     quantiles)
+from .timing import (Quantiles, capture_graph, eager_time_us, host_time_us,
+                     interleaved_graph_time_us, peak_mem_mib, quantiles)
 
 COMPILE_WORKLOADS = ("prefill", "train")
 NSYS_LINE = ("nsys profile -t cuda,nvtx --cuda-graph-trace=node --capture-range=cudaProfilerApi "
@@ -68,11 +70,12 @@ class Timers(NamedTuple):
     eager: Callable[..., Quantiles]   # eager_time_us(fn, warmup_ms=, rep_ms=)
     host: Callable[..., Quantiles]    # host_time_us(fn, n=, repeats=, warmup=)
     peak: Callable[..., Quantiles]    # peak_mem_mib(fn)
-    graph: Callable[..., Quantiles]   # graph_time_us(fn, replays=)
+    capture: Callable[..., object]    # capture_graph(fn)
+    graphs: Callable[..., dict]       # interleaved_graph_time_us(graphs, rounds=, replays=)
 
 
 CUDA_TIMERS = Timers(torch.cuda.synchronize, eager_time_us, host_time_us, peak_mem_mib,
-                     graph_time_us)
+                     capture_graph, interleaved_graph_time_us)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,13 +86,14 @@ class Budget:
     wall_samples: int
     wall_sample_ms: float  # K steps per wall sample: at least 2, about this long
     host_ms: float         # host samples (one step each): 3 to 25, about this long
-    graph_replays: int
+    graph_rounds: int      # interleaved rounds over an architecture's graphs
+    graph_replays: int     # timed replays of each graph per round
 
 
 FULL_BUDGET = Budget(event_samples=3, event_min_ms=100, wall_samples=3, wall_sample_ms=250,
-                     host_ms=500, graph_replays=20)
+                     host_ms=500, graph_rounds=8, graph_replays=25)
 QUICK_BUDGET = Budget(event_samples=2, event_min_ms=50, wall_samples=2, wall_sample_ms=100,
-                      host_ms=200, graph_replays=10)
+                      host_ms=200, graph_rounds=2, graph_replays=10)
 
 
 def step_ms(fn: Callable[[], object], sync: Callable[[], None]) -> float:
@@ -125,6 +129,8 @@ class _Run:
     def __init__(self, sizes: Sizes, budget: Budget, timers: Timers, prov: dict):
         self.sizes, self.budget, self.timers, self.prov = sizes, budget, timers, prov
         self.out = Outcome()
+        #: impl -> (its decode step, N, the step's captured graph), until ``time_graphs``
+        self.graphs: dict = {}
 
     def row(self, step: Step, impl: str, path: str, N: int, metric: str, q: Quantiles) -> None:
         self.out.rows.append(make_row(self.prov, step.op, impl, path, step.M, N, mb.DTYPE,
@@ -158,15 +164,35 @@ class _Run:
         }
         if step.workload == "train":
             metrics[("eager", "peak_mem")] = lambda: t.peak(step.fn)
-        if graph:
-            metrics[("graph", "time")] = lambda: t.graph(step.fn, replays=b.graph_replays)
         for (path, metric), measure in metrics.items():
             q = self.attempt(f"{what} {path} {metric}", measure)
             if q is not FAILED:
                 self.row(step, impl, path, N, metric, q)
-                found[metric if path != "graph" else "graph"] = q
+                found[metric] = q
+        if graph:
+            captured = self.attempt(f"{what} graph capture", lambda: t.capture(step.fn))
+            if captured is not FAILED:
+                self.graphs[impl] = (step, N, captured)
         print(f"  {what}: M={step.M}, one step {ms:.1f} ms; "
               + ", ".join(f"{k} {_fmt(k, q.p50)}" for k, q in found.items()), flush=True)
+
+    def time_graphs(self) -> None:
+        """The captured graphs' rows, their replays interleaved (module docstring); then the
+        graphs and the models they hold are let go."""
+        graphs, self.graphs = self.graphs, {}
+        if not graphs:
+            return
+        b = self.budget
+        times = self.attempt("graph time", lambda: self.timers.graphs(
+            {impl: captured for impl, (_, _, captured) in graphs.items()},
+            rounds=b.graph_rounds, replays=b.graph_replays))
+        if times is FAILED:
+            return
+        for impl, (step, N, _) in graphs.items():
+            self.row(step, impl, "graph", N, "time", times[impl])
+        print(f"  replayed from CUDA graphs, {b.graph_rounds} interleaved rounds: "
+              + ", ".join(f"{impl} {step_ms:.3f} ms" for impl, step_ms in
+                          ((i, q.p50 / 1e3) for i, q in times.items())), flush=True)
 
 
 def _fmt(metric: str, value: float) -> str:
@@ -308,6 +334,9 @@ def run_models(run: _Run, path: Path, with_compile: bool, device: str = "cuda",
             del made
             mb.free()
             _checkpoint(run.out.rows, path)
+        run.time_graphs()
+        mb.free()
+        _checkpoint(run.out.rows, path)
     if with_compile:
         for arch in mb.ARCHS:  # compiling takes under a minute a workload
             for choice in mb.COMPILE_CHOICES:

@@ -6,7 +6,8 @@ alone hides the spread that tells a stable kernel from a noisy one.
 The three times answer different questions:
 
 * ``graph_time_us`` -- what the kernel costs on the GPU. Many calls are captured in one CUDA graph
-  and the graph is replayed, so launch gaps and Python are gone.
+  and the graph is replayed, so launch gaps and Python are gone; ``interleaved_graph_time_us``
+  for several captured graphs compared in one run.
 * ``eager_time_us`` -- what a caller sees launching one call at a time (``triton.testing.do_bench``,
   which also flushes L2 before every call). When the host is slower than the kernel, the launch
   gap shows up here and not in the graph time.
@@ -72,6 +73,22 @@ def graph_time_us(fn: Callable[[], object], *, replays: int = 50, target_ms: flo
 
 
 def _graph_time(fn, replays, target_ms, calls_multiple, max_calls, stream) -> Quantiles:
+    graph = capture_graph(fn, target_ms=target_ms, calls_multiple=calls_multiple,
+                          max_calls=max_calls, stream=stream)
+    return quantiles(_replay_samples(graph, replays))
+
+
+class CapturedGraph(NamedTuple):
+    """``calls`` calls of a function captured in one CUDA graph, uploaded (replayed once)."""
+    graph: torch.cuda.CUDAGraph
+    calls: int
+
+
+def capture_graph(fn: Callable[[], object], *, target_ms: float = 2.0, calls_multiple: int = 1,
+                  max_calls: int = 2000,
+                  stream: Optional[torch.cuda.Stream] = None) -> CapturedGraph:
+    """``fn`` warmed up and captured ``k`` times in one graph (``graph_time_us`` says how ``k``
+    is chosen), on ``stream`` if given."""
     _warm_up(fn, max(3, calls_multiple), stream)
     # Estimate the per-call time from a few eager calls: it includes launch gaps, so it is an
     # overestimate and k errs on the short side of target_ms.
@@ -91,16 +108,36 @@ def _graph_time(fn, replays, target_ms, calls_multiple, max_calls, stream) -> Qu
             fn()
     graph.replay()  # the first replay uploads the graph; keep it out of the samples
     torch.cuda.synchronize()
+    return CapturedGraph(graph, calls)
+
+
+def _replay_samples(captured: CapturedGraph, replays: int) -> list:
+    """µs per call of ``replays`` replays back to back, each between its own events."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     for s, e in zip(starts, ends):
         s.record()
-        graph.replay()
+        captured.graph.replay()
         e.record()
     torch.cuda.synchronize()
-    samples = [s.elapsed_time(e) * 1e3 / calls for s, e in zip(starts, ends)]
-    del graph
-    return quantiles(samples)
+    return [s.elapsed_time(e) * 1e3 / captured.calls for s, e in zip(starts, ends)]
+
+
+def interleaved_graph_time_us(graphs: Dict[Hashable, CapturedGraph], *, rounds: int = 8,
+                              replays: int = 25) -> Dict[Hashable, Quantiles]:
+    """``graph_time_us`` for several captured graphs, their samples interleaved: in each round
+    every graph is replayed once untimed, then ``replays`` times timed, back to back. Each
+    graph's quantiles are over all its rounds' samples. The untimed replay absorbs what
+    switching costs: a graph's first replay after another's ran slower (a decode step of a
+    model after another model's: 3.3 against 2.6 ms on an H200, results/NOTES.md), and a
+    replay loop in a server replays one graph. Interleaving exposes every graph to the same
+    drift of the device, as ``interleaved_host_time_us`` does for the host."""
+    samples: Dict[Hashable, list] = {key: [] for key in graphs}
+    for _ in range(rounds):
+        for key, captured in graphs.items():
+            captured.graph.replay()
+            samples[key] += _replay_samples(captured, replays)
+    return {key: quantiles(s) for key, s in samples.items()}
 
 
 def eager_time_us(fn: Callable[[], object], *, warmup_ms: float = 25,
