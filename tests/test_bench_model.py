@@ -274,14 +274,24 @@ def _stand_in_graphs(seen):
     return graphs
 
 
+def _stand_in_hosts(seen):
+    def hosts(tasks, **kwargs):
+        shapes = {tuple(task.fn().shape) for task in tasks.values()}  # the decode steps
+        seen.append(("hosts", tuple(tasks), tuple(sorted(kwargs))))
+        assert shapes == {(3, 1, 128)} and {task.n for task in tasks.values()} == {1}
+        return {impl: Quantiles(100.0, 100.0, 150.0) for impl in tasks}
+    return hosts
+
+
 def _stand_ins(seen):
     return bench_model.Timers(lambda: None, _stand_in(300.0, seen, "eager"),
                               _stand_in(100.0, seen, "host"), _stand_in(64.0, seen, "peak"),
-                              _stand_in_capture(seen), _stand_in_graphs(seen))
+                              _stand_in_capture(seen), _stand_in_graphs(seen),
+                              _stand_in_hosts(seen))
 
 
 TINY_BUDGET = bench_model.Budget(event_samples=1, event_min_ms=1, wall_samples=2,
-                                 wall_sample_ms=1, host_ms=1, graph_rounds=2, graph_replays=1)
+                                 wall_sample_ms=1, host_ms=1, decode_rounds=2, graph_replays=1)
 EAGER_IMPLS = [f"{a}.{c}" for a in mb.ARCHS for c in ("shipped", "torch", "lab", "lab+carry")]
 COMPILED_IMPLS = [f"{a}.compile.{c}" for a in mb.ARCHS for c in ("torch", "lab")]
 
@@ -327,13 +337,20 @@ def test_the_whole_loop_makes_valid_rows_of_every_choice_and_workload(tmp_path, 
     assert {shape for name, shape in outputs if name == "capture"} == {(3, 1, 128)}
     # every choice's decode graph, kept until its architecture's last choice, timed together
     # once per architecture, after the architecture's other rows
+    per_arch = [tuple(i for i in EAGER_IMPLS if i.startswith(f"{a}.")) for a in mb.ARCHS]
     timed = [(keys, kw) for name, keys, kw in seen if name == "graphs"]
-    assert timed == [(tuple(i for i in EAGER_IMPLS if i.startswith(f"{a}.")),
-                      ("replays", "rounds")) for a in mb.ARCHS]
+    assert timed == [(keys, ("replays", "rounds")) for keys in per_arch]
+    hosted = [(keys, kw) for name, keys, kw in seen if name == "hosts"]
+    assert hosted == [(keys, ("repeats", "warmup")) for keys in per_arch]
+    assert not any(name == "host" and shape == (3, 1, 128) for name, shape, _ in seen)
     graph_rows = [r for r in run.out.rows if r["path"] == "graph"]
     assert {r["p50"] for r in graph_rows} == {200.0}
+    decode_host = [r for r in run.out.rows if r["path"] == "host" and r["M"] == 3]
+    assert {r["p50"] for r in decode_host} == {100.0}
+    # the decode rows of an architecture follow its other rows, after its last choice
     first_graph = next(i for i, r in enumerate(run.out.rows) if r["path"] == "graph")
     assert all(r["impl"].startswith("llama.") for r in run.out.rows[:first_graph])
+    assert run.out.rows[first_graph - 1]["impl"] == "llama.lab+carry"
     assert {kw for name, _, kw in seen if name == "eager"} == {("rep_ms", "warmup_ms")}
     assert {kw for name, _, kw in seen if name == "host"} == {("n", "repeats", "warmup")}
 
@@ -464,8 +481,21 @@ def test_a_failing_graph_timer_costs_the_graph_rows_only(tmp_path, monkeypatch, 
     run = bench_model._Run(SIZES, TINY_BUDGET, _stand_ins(seen)._replace(graphs=replay_fails),
                            provenance.collect())
     bench_model.run_models(run, tmp_path / "model.csv", with_compile=False, device="cpu", **TINY)
-    assert run.out.failures == ["graph time: RuntimeError: an illegal memory access was "
-                                "encountered"] * len(mb.ARCHS)
+    assert run.out.failures == ["decode graph time: RuntimeError: an illegal memory access "
+                                "was encountered"] * len(mb.ARCHS)
     assert not any(r["path"] == "graph" for r in run.out.rows)
     assert {r["impl"] for r in run.out.rows} == set(EAGER_IMPLS)
-    assert run.graphs == {}  # the graphs, and the models they held, let go
+    assert any(r["path"] == "host" and r["M"] == 3 for r in run.out.rows)  # the other timers ran
+    assert run.decode == {}  # the steps, their graphs and the models they held, let go
+
+
+def test_interleaved_wall_clock_takes_one_sample_of_each_loop_per_round():
+    order = []
+
+    def step(name):
+        return lambda: order.append(name)
+    q = bench_model.interleaved_wall_time_us({"a": (step("a"), 3), "b": (step("b"), 2)},
+                                            rounds=2, sync=lambda: order.append("sync"))
+    sample = lambda name, steps: ["sync"] + [name] * steps + ["sync"]  # noqa: E731
+    assert order == (sample("a", 3) + sample("b", 2)) * 2
+    assert set(q) == {"a", "b"} and all(v.p20 <= v.p50 <= v.p80 for v in q.values())

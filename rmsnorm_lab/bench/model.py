@@ -29,9 +29,14 @@ step, N the hidden size; per workload:
   device time, the step is host-bound and a faster kernel buys nothing.
 * ``eager``/``peak_mem`` (train): MiB allocated at the step's peak above the model's weights.
 * ``graph``/``time`` (decode): the step captured once in a CUDA graph and replayed: the device
-  time with the host taken out. Each choice's graph is kept (and its model with it) until every
-  choice of the architecture has run, then all are replayed in interleaved rounds
-  (``timing.interleaved_graph_time_us``): the device's drift reaches every choice alike.
+  time with the host taken out.
+
+Decode's wall, host and graph timers compare steps that differ by tens of microseconds on a host
+whose cost per step drifts by more than that between minutes (results/NOTES.md). So each
+choice's decode step is kept (its model and its graph with it) until every choice of the
+architecture has run; then each of the three timers takes its samples in interleaved rounds, one
+sample of every choice per round (``timing.interleaved_host_time_us``,
+``timing.interleaved_graph_time_us``), and drift reaches every choice alike.
 
 The timers are a ``Timers`` argument (``CUDA_TIMERS`` here), so the whole loop also runs on the
 CPU with stand-ins (tests/test_bench_model.py). ``python -m rmsnorm_lab.bench.model --capture
@@ -42,11 +47,12 @@ llama.lab:train`` runs one model's steps in NVTX ranges for Nsight Systems
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -55,8 +61,9 @@ from ..results import provenance
 from . import model_build as mb
 from .model_steps import FULL, QUICK, WORKLOADS, Sizes, Step, graph_replay, make_step
 from .runner import Outcome, make_row, output_path
-from .timing import (Quantiles, capture_graph, eager_time_us, host_time_us,
-                     interleaved_graph_time_us, peak_mem_mib, quantiles)
+from .timing import (HostTask, Quantiles, capture_graph, eager_time_us, host_time_us,
+                     interleaved_graph_time_us, interleaved_host_time_us, peak_mem_mib,
+                     quantiles)
 
 COMPILE_WORKLOADS = ("prefill", "train")
 NSYS_LINE = ("nsys profile -t cuda,nvtx --cuda-graph-trace=node --capture-range=cudaProfilerApi "
@@ -72,10 +79,11 @@ class Timers(NamedTuple):
     peak: Callable[..., Quantiles]    # peak_mem_mib(fn)
     capture: Callable[..., object]    # capture_graph(fn)
     graphs: Callable[..., dict]       # interleaved_graph_time_us(graphs, rounds=, replays=)
+    hosts: Callable[..., dict]        # interleaved_host_time_us(tasks, repeats=, warmup=)
 
 
 CUDA_TIMERS = Timers(torch.cuda.synchronize, eager_time_us, host_time_us, peak_mem_mib,
-                     capture_graph, interleaved_graph_time_us)
+                     capture_graph, interleaved_graph_time_us, interleaved_host_time_us)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,14 +94,14 @@ class Budget:
     wall_samples: int
     wall_sample_ms: float  # K steps per wall sample: at least 2, about this long
     host_ms: float         # host samples (one step each): 3 to 25, about this long
-    graph_rounds: int      # interleaved rounds over an architecture's graphs
-    graph_replays: int     # timed replays of each graph per round
+    decode_rounds: int     # interleaved rounds over an architecture's decode steps
+    graph_replays: int     # timed replays of each decode graph per round
 
 
 FULL_BUDGET = Budget(event_samples=3, event_min_ms=100, wall_samples=3, wall_sample_ms=250,
-                     host_ms=500, graph_rounds=8, graph_replays=25)
+                     host_ms=500, decode_rounds=8, graph_replays=25)
 QUICK_BUDGET = Budget(event_samples=2, event_min_ms=50, wall_samples=2, wall_sample_ms=100,
-                      host_ms=200, graph_rounds=2, graph_replays=10)
+                      host_ms=200, decode_rounds=2, graph_replays=10)
 
 
 def step_ms(fn: Callable[[], object], sync: Callable[[], None]) -> float:
@@ -105,18 +113,30 @@ def step_ms(fn: Callable[[], object], sync: Callable[[], None]) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def _wall_sample(fn: Callable[[], object], steps: int, sync: Callable[[], None]) -> float:
+    """µs per step of ``steps`` steps back to back and one synchronize."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e6 / steps
+
+
 def wall_time_us(fn: Callable[[], object], steps: int, samples: int,
                  sync: Callable[[], None]) -> Quantiles:
     """µs per step of ``steps`` steps back to back and one synchronize, ``samples`` times."""
-    out = []
-    for _ in range(samples):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        sync()
-        out.append((time.perf_counter() - t0) * 1e6 / steps)
-    return quantiles(out)
+    return quantiles([_wall_sample(fn, steps, sync) for _ in range(samples)])
+
+
+def interleaved_wall_time_us(loops: Dict[str, Tuple[Callable[[], object], int]], rounds: int,
+                             sync: Callable[[], None]) -> Dict[str, Quantiles]:
+    """``wall_time_us`` of several ``(fn, steps)`` loops, one sample of each per round."""
+    samples: Dict[str, list] = {key: [] for key in loops}
+    for _ in range(rounds):
+        for key, (fn, steps) in loops.items():
+            samples[key].append(_wall_sample(fn, steps, sync))
+    return {key: quantiles(s) for key, s in samples.items()}
 
 
 #: what ``_Run.attempt`` returns for a call that raised
@@ -129,8 +149,8 @@ class _Run:
     def __init__(self, sizes: Sizes, budget: Budget, timers: Timers, prov: dict):
         self.sizes, self.budget, self.timers, self.prov = sizes, budget, timers, prov
         self.out = Outcome()
-        #: impl -> (its decode step, N, the step's captured graph), until ``time_graphs``
-        self.graphs: dict = {}
+        #: impl -> (its decode step, N, ms a step, its graph or None), until ``time_decode``
+        self.decode: dict = {}
 
     def row(self, step: Step, impl: str, path: str, N: int, metric: str, q: Quantiles) -> None:
         self.out.rows.append(make_row(self.prov, step.op, impl, path, step.M, N, mb.DTYPE,
@@ -146,22 +166,22 @@ class _Run:
             _recover()
             return FAILED
 
-    def time(self, step: Step, impl: str, N: int, graph: bool = False) -> None:
-        """Every timer of one workload (see the module docstring), each tried on its own."""
+    def time(self, step: Step, impl: str, N: int) -> None:
+        """Every timer of one workload (see the module docstring), each tried on its own; the
+        decode step's wall, host and graph timers wait for ``time_decode``."""
         t, b, what = self.timers, self.budget, f"{impl} {step.workload}"
         ms = self.attempt(f"{what} warm-up", lambda: (step.fn(), step.fn(),
                                                        step_ms(step.fn, t.sync))[-1])
         if ms is FAILED:
             return
         found = {}
-        metrics = {
-            ("eager", "time"): lambda: t.eager(step.fn, warmup_ms=ms, rep_ms=max(
-                (b.event_samples + 0.5) * ms, b.event_min_ms)),
-            ("eager", "wall"): lambda: wall_time_us(
-                step.fn, max(2, math.ceil(b.wall_sample_ms / ms)), b.wall_samples, t.sync),
-            ("host", "host"): lambda: t.host(step.fn, n=1, warmup=1,
-                                             repeats=min(25, max(3, int(b.host_ms / ms)))),
-        }
+        metrics = {("eager", "time"): lambda: t.eager(step.fn, warmup_ms=ms, rep_ms=max(
+            (b.event_samples + 0.5) * ms, b.event_min_ms))}
+        if step.workload != "decode":
+            metrics[("eager", "wall")] = lambda: wall_time_us(
+                step.fn, _wall_steps(b, ms), b.wall_samples, t.sync)
+            metrics[("host", "host")] = lambda: t.host(step.fn, n=1, warmup=1,
+                                                       repeats=_host_repeats(b, ms))
         if step.workload == "train":
             metrics[("eager", "peak_mem")] = lambda: t.peak(step.fn)
         for (path, metric), measure in metrics.items():
@@ -169,30 +189,55 @@ class _Run:
             if q is not FAILED:
                 self.row(step, impl, path, N, metric, q)
                 found[metric] = q
-        if graph:
+        if step.workload == "decode":
             captured = self.attempt(f"{what} graph capture", lambda: t.capture(step.fn))
-            if captured is not FAILED:
-                self.graphs[impl] = (step, N, captured)
+            self.decode[impl] = (step, N, ms, None if captured is FAILED else captured)
         print(f"  {what}: M={step.M}, one step {ms:.1f} ms; "
               + ", ".join(f"{k} {_fmt(k, q.p50)}" for k, q in found.items()), flush=True)
 
-    def time_graphs(self) -> None:
-        """The captured graphs' rows, their replays interleaved (module docstring); then the
-        graphs and the models they hold are let go."""
-        graphs, self.graphs = self.graphs, {}
-        if not graphs:
+    def time_decode(self) -> None:
+        """The kept decode steps' wall, host and graph rows, each timer's samples in
+        interleaved rounds (module docstring); then the steps, their graphs and the models they
+        hold are let go."""
+        kept, self.decode = self.decode, {}
+        if not kept:
             return
-        b = self.budget
-        times = self.attempt("graph time", lambda: self.timers.graphs(
-            {impl: captured for impl, (_, _, captured) in graphs.items()},
-            rounds=b.graph_rounds, replays=b.graph_replays))
-        if times is FAILED:
-            return
-        for impl, (step, N, _) in graphs.items():
-            self.row(step, impl, "graph", N, "time", times[impl])
-        print(f"  replayed from CUDA graphs, {b.graph_rounds} interleaved rounds: "
-              + ", ".join(f"{impl} {step_ms:.3f} ms" for impl, step_ms in
-                          ((i, q.p50 / 1e3) for i, q in times.items())), flush=True)
+        t, b = self.timers, self.budget
+        slowest = max(ms for _, _, ms, _ in kept.values())
+        graphs = {impl: g for impl, (_, _, _, g) in kept.items() if g is not None}
+        timers = {
+            ("eager", "wall"): lambda: interleaved_wall_time_us(
+                {impl: (step.fn, _wall_steps(b, ms)) for impl, (step, _, ms, _) in kept.items()},
+                b.decode_rounds, t.sync),
+            ("host", "host"): lambda: t.hosts(
+                {impl: HostTask(step.fn, 1, contextlib.nullcontext)
+                 for impl, (step, _, _, _) in kept.items()},
+                repeats=_host_repeats(b, slowest), warmup=1),
+            ("graph", "time"): lambda: t.graphs(graphs, rounds=b.decode_rounds,
+                                                replays=b.graph_replays),
+        }
+        for (path, metric), measure in timers.items():
+            if path == "graph" and not graphs:
+                continue
+            found = self.attempt(f"decode {path} {metric}", measure)
+            if found is FAILED:
+                continue
+            for impl, q in found.items():
+                step, N, _, _ = kept[impl]
+                self.row(step, impl, path, N, metric, q)
+            print(f"  decode {path if path == 'graph' else metric}, interleaved: "
+                  + ", ".join(f"{impl} {_fmt(metric, q.p50)}" for impl, q in found.items()),
+                  flush=True)
+
+
+def _wall_steps(b: Budget, ms: float) -> int:
+    """Steps of one wall-clock sample: at least 2, about ``b.wall_sample_ms``."""
+    return max(2, math.ceil(b.wall_sample_ms / ms))
+
+
+def _host_repeats(b: Budget, ms: float) -> int:
+    """Host samples (one step each): 3 to 25, about ``b.host_ms`` of steps of ``ms``."""
+    return min(25, max(3, int(b.host_ms / ms)))
 
 
 def _fmt(metric: str, value: float) -> str:
@@ -247,7 +292,7 @@ def run_choice(run: _Run, arch: str, choice: str, reference: Optional[Reference]
         step = run.attempt(f"{impl} {workload} inputs",
                            lambda w=workload: make_step(w, model, run.sizes))
         if step is not FAILED:
-            run.time(step, impl, model.config.hidden_size, graph=workload == "decode")
+            run.time(step, impl, model.config.hidden_size)
         del step
     return made
 
@@ -334,7 +379,7 @@ def run_models(run: _Run, path: Path, with_compile: bool, device: str = "cuda",
             del made
             mb.free()
             _checkpoint(run.out.rows, path)
-        run.time_graphs()
+        run.time_decode()
         mb.free()
         _checkpoint(run.out.rows, path)
     if with_compile:
