@@ -265,7 +265,7 @@ def test_staged_backward_keeps_rows_in_flight_in_shared_memory():
     # the fused add's: a third ring, of dh
     d = plan_staged_backward(4096, BF16, BF16, "llama", True, dh=True)
     assert d.dh and d.stages >= 2 and d.ctas_per_sm * d.stages * 3 * 4096 * 2 <= STAGED_SMEM_PER_SM
-    with pytest.raises(NotEligible, match="two stages of 3 rows"):
+    with pytest.raises(NotEligible, match="two stages of a row each of x, dy and dh"):
         plan_staged_backward(32768, BF16, BF16, "llama", True, dh=True)
     with pytest.raises(NotEligible, match="16-byte"):
         plan_staged_backward(4096, BF16, BF16, "llama", False)

@@ -449,7 +449,8 @@ def plan_staged_backward(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.d
     ctas = resident_ctas(MAX_THREADS, elems * per_elem, extra_regs=24 if dh else 16,
                          most=MAX_FUSED_CTAS_PER_SM)
     rows = 3 if dh else 2  # a row of x, one of dy (and one of dh) a stage
-    ctas, stages = staged_fit(ctas, rows * N * elem, f"two stages of {rows} rows")
+    held = "x, dy and dh" if dh else "x and dy"
+    ctas, stages = staged_fit(ctas, rows * N * elem, f"two stages of a row each of {held}")
     return BackwardPlan(kind="fused", x_dtype=x_dtype, w_dtype=w_dtype, N=N,
                         casting_mode=casting_mode, vec=vec, threads_per_row=MAX_THREADS,
                         rows_per_cta=1, vecs_per_thread=1, chunks=n_vecs // MAX_THREADS,
