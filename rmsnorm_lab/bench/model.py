@@ -36,7 +36,8 @@ whose cost per step drifts by more than that between minutes (results/NOTES.md).
 choice's decode step is kept (its model and its graph with it) until every choice of the
 architecture has run; then each of the three timers takes its samples in interleaved rounds, one
 sample of every choice per round (``timing.interleaved_host_time_us``,
-``timing.interleaved_graph_time_us``), and drift reaches every choice alike.
+``timing.interleaved_graph_time_us``), and drift reaches every choice alike. (The decode step's
+CUDA events are taken with its choice's other timers.)
 
 The timers are a ``Timers`` argument (``CUDA_TIMERS`` here), so the whole loop also runs on the
 CPU with stand-ins (tests/test_bench_model.py). ``python -m rmsnorm_lab.bench.model --capture
