@@ -487,15 +487,3 @@ def test_a_failing_graph_timer_costs_the_graph_rows_only(tmp_path, monkeypatch, 
     assert {r["impl"] for r in run.out.rows} == set(EAGER_IMPLS)
     assert any(r["path"] == "host" and r["M"] == 3 for r in run.out.rows)  # the other timers ran
     assert run.decode == {}  # the steps, their graphs and the models they held, let go
-
-
-def test_interleaved_wall_clock_takes_one_sample_of_each_loop_per_round():
-    order = []
-
-    def step(name):
-        return lambda: order.append(name)
-    q = bench_model.interleaved_wall_time_us({"a": (step("a"), 3), "b": (step("b"), 2)},
-                                            rounds=2, sync=lambda: order.append("sync"))
-    sample = lambda name, steps: ["sync"] + [name] * steps + ["sync"]  # noqa: E731
-    assert order == (sample("a", 3) + sample("b", 2)) * 2
-    assert set(q) == {"a", "b"} and all(v.p20 <= v.p50 <= v.p80 for v in q.values())

@@ -1,9 +1,11 @@
-"""``timing.interleaved_graph_time_us`` on the CPU: stand-in graphs and events."""
+"""The interleaved timers on the CPU: ``timing.interleaved_graph_time_us`` with stand-in graphs
+and events, ``bench.model.interleaved_wall_time_us`` with stand-in steps."""
 
 import time
 
 import torch
 
+from rmsnorm_lab.bench import model as bench_model
 from rmsnorm_lab.bench import timing
 
 
@@ -38,3 +40,15 @@ def test_rounds_interleave_the_graphs_and_leave_each_rounds_first_replay_untimed
     # µs per call: a replay of "slow" holds two calls
     assert 1000 <= q["slow"].p20 <= q["slow"].p50 <= q["slow"].p80 < q["slow"].p50 * 5
     assert q["fast"].p80 < 1000 <= q["slow"].p20
+
+
+def test_interleaved_wall_clock_takes_one_sample_of_each_loop_per_round():
+    order = []
+
+    def step(name):
+        return lambda: order.append(name)
+    q = bench_model.interleaved_wall_time_us({"a": (step("a"), 3), "b": (step("b"), 2)},
+                                            rounds=2, sync=lambda: order.append("sync"))
+    sample = lambda name, steps: ["sync"] + [name] * steps + ["sync"]  # noqa: E731
+    assert order == (sample("a", 3) + sample("b", 2)) * 2
+    assert set(q) == {"a", "b"} and all(v.p20 <= v.p50 <= v.p80 for v in q.values())
