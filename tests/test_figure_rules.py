@@ -98,7 +98,7 @@ def test_model_vs_torch_names_the_gpu_and_keeps_its_labels_inside():
     fig = Figure(figsize=(6.6, 4.2), layout="constrained")
     ax = model_step.plot_vs_torch(ratios, "llama", ["train wall", "decode graph"],
                                   ax=fig.subplots(), xlim=(0.80, 1.32), gpu="h200")
-    assert ax.get_title().startswith("h200: llama")
+    assert ax.get_title().startswith("H200: llama")
     r = _draw(fig)
     left = ax.get_window_extent(r).x0
     assert all(t.get_window_extent(r).x0 >= left for t in ax.texts)  # none on the tick labels

@@ -80,7 +80,8 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
                   "bars from 1; diamonds: too short to see; chevrons: past the range"
                   + ("\nwhiskers: p20-p80 of both (open chevron: past the range)"
                      if spread is not None else ""))
-    ax.set_title(f"{gpu + ': ' if gpu else ''}{arch}, each norm's step time over torch's norm's",
+    ax.set_title(f"{gpu.upper() + ': ' if gpu else ''}{arch}, each norm's step time over "
+                 "torch's norm's",
                  fontsize="medium")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return ax
