@@ -51,7 +51,7 @@ def _inside(fig, artist) -> bool:
 def test_bandwidth_titles_fit_and_the_axis_says_it_is_not_from_zero(df, draw):
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = draw(df, "bwd", gpu="h200", ax=fig.subplots())
-    assert ax.get_title().startswith("h200: bwd bandwidth")
+    assert ax.get_title().startswith("H200: bwd bandwidth")
     assert _inside(fig, ax.title)
     assert ax.get_ylim()[0] > 0 and sweeps.NOT_FROM_ZERO in ax.get_ylabel()
 
@@ -119,21 +119,21 @@ def test_a_row_far_slower_than_the_rest_is_drawn_off_the_scale(frame):
     assert ax.get_xlim()[1] < 1000  # the rest keep the axis; 48 ms is written, not drawn
     note = [t.get_text() for t in ax.texts if "off this scale" in t.get_text()]
     assert len(note) == 1 and "fwd 48.0 ms" in note[0]
-    assert ax.get_title().startswith("h200:")
+    assert ax.get_title().startswith("H200:")
     plt.close(fig)
 
 
 def test_host_figures_have_titles_and_labels_clear_of_the_lines(frame):
     fig, ax = plt.subplots()
     ph.plot_crossover(frame, workload="fwd", ax=ax)
-    assert ax.get_title().startswith("h200:")
+    assert ax.get_title().startswith("H200:")
     plt.close(fig)
     fig, axes = plt.subplots(1, 2)
     near = frame.copy()  # cap 0's step at triton.row's: its label must leave the line
     cap0 = (near["impl"] == "cute.auto@cached:0") & (near["metric"] == "time")
     near.loc[cap0, ["p20", "p50", "p80"]] = [8599.5, 8600.0, 8600.5]
     ph.plot_cache_cap(near, axes=axes)
-    assert all(a.get_title().startswith("h200:") for a in axes)
+    assert all(a.get_title().startswith("H200:") for a in axes)
     assert axes[0].get_ylim()[0] == 0  # memory from zero, as the step time
     label = next(t for t in axes[1].texts if t.get_text() == "8.6")
     assert label.xyann[1] != 0  # moved off the line at 8.6 ms

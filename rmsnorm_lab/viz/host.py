@@ -29,6 +29,7 @@ from ..analysis.host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, DEFAULT_PATH, 
                              varying_table)
 from ..analysis.tables import one_gpu
 from ..registry import impl as registry_impl
+from .sweeps import gpu_title
 
 # Okabe and Ito's palette (distinct under the common colour-vision deficiencies)
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
@@ -167,7 +168,8 @@ def plot_vs_torch(table: pd.DataFrame, impls: Sequence[str], torch_name: str = T
     ax.set_ylim(len(impls) - 0.5, -0.5)
     torch_label = (labels or {}).get(torch_name, torch_name)
     ax.set_xlabel(f"host time per call / {torch_label}'s (log scale; < 1: cheaper)")
-    ax.set_title(f"{gpu + ': ' if gpu else ''}host time per call against {torch_label}'s",
+    ax.set_title(f"{gpu_title(gpu) + ': ' if gpu else ''}host time per call against "
+                 f"{torch_label}'s",
                  fontsize="medium")
     ax.grid(True, axis="x", alpha=0.3)
     _legend_right(ax, title="workload", title_fontsize="small")
@@ -209,7 +211,8 @@ def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
     ax.set_xlabel("host µs per call (median; whiskers p20-p80; log scale)"
                   + ("\nhollow markers at the right edge: off this scale, value beside them"
                      if far else ""))
-    ax.set_title(f"{gpu}: host time per call, {shape[0]}×{shape[1]} bf16", fontsize="medium")
+    ax.set_title(f"{gpu_title(gpu)}: host time per call, {shape[0]}×{shape[1]} bf16",
+                 fontsize="medium")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     _legend_right(ax)
     return ax
@@ -291,7 +294,8 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
     _plain_log(ax.yaxis)
     ax.set_xlabel(f"M (rows), N={HOST_SHAPE[1]} bf16")
     ax.set_ylabel(f"µs per call ({workload}; log scale)")
-    ax.set_title(f"{gpu}: host time per call (lines) against kernel time (curves), {workload}"
+    ax.set_title(f"{gpu_title(gpu)}: host time per call (lines) against kernel time (curves), "
+                 f"{workload}"
                  "\nrings: the crossover; left of a ring the call is host-bound",
                  fontsize="medium")
     ax.grid(True, which="major", alpha=0.3)
@@ -338,7 +342,7 @@ def plot_cache_steps(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SH
     _value_labels(ax, xs, ms, lines)
     ax.set_xlabel("tensor_cache_cap of the cached path (handles kept)")
     ax.set_ylabel(f"ms per step ({shape[0]}×{shape[1]}, fwd+bwd)")
-    ax.set_title(f"{gpu}: step time per tensor_cache_cap", fontsize="medium")
+    ax.set_title(f"{gpu_title(gpu)}: step time per tensor_cache_cap", fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     _legend_right(ax)
     return ax
@@ -410,7 +414,7 @@ def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAP
     ax_m.set_ylim(0, 1.15 * top)  # from zero, as the step-time panel; room for the totals
     ax_m.set_xlabel("tensor_cache_cap of the cached path (handles kept)")
     ax_m.set_ylabel("MiB: the step's peak + what the cache pins")
-    ax_m.set_title(f"{gpu}: memory per tensor_cache_cap", fontsize="medium")
+    ax_m.set_title(f"{gpu_title(gpu)}: memory per tensor_cache_cap", fontsize="medium")
     ax_m.grid(True, axis="y", alpha=0.3)
     _legend_right(ax_m)
     plot_cache_steps(d, gpu, shape, ax=ax_t, references=(triton,))

@@ -11,6 +11,7 @@ import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
 from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILLION, _axes
+from .sweeps import gpu_title
 
 NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURPLE,
                "torch": GREY}
@@ -80,7 +81,7 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
                   "bars from 1; diamonds: too short to see; chevrons: past the range"
                   + ("\nwhiskers: p20-p80 of both (open chevron: past the range)"
                      if spread is not None else ""))
-    ax.set_title(f"{gpu.upper() + ': ' if gpu else ''}{arch}, each norm's step time over "
+    ax.set_title(f"{gpu_title(gpu) + ': ' if gpu else ''}{arch}, each norm's step time over "
                  "torch's norm's",
                  fontsize="medium")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)

@@ -55,6 +55,11 @@ ON_WHITE = {"#F0E442": "#B8A200"}
 BLUE, VERMILLION, GREEN, GREY, BLACK = "#0072B2", "#D55E00", "#009E73", "#999999", "#000000"
 
 
+def gpu_title(gpu: str) -> str:
+    """A results slug as a title names the GPU: ``h200`` -> H200, ``h100_sxm`` -> H100 SXM."""
+    return gpu.upper().replace("_", " ")
+
+
 def _axes(ax, size=(7, 4.5)):
     if ax is not None:
         return ax
@@ -193,7 +198,7 @@ def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax, impls):
                                                     if ax.get_ylim()[0] > 0 else ""))
     # the subset on a line of its own: one long line overflows the axes and is cut at the edge
     subset = f"\n{len(shown)} of {measured} implementations shown" if len(shown) < measured else ""
-    ax.set_title(f"{gpu}: {op} bandwidth vs {x}, {fixed}={value}, {path}{subset}",
+    ax.set_title(f"{gpu_title(gpu)}: {op} bandwidth vs {x}, {fixed}={value}, {path}{subset}",
                  fontsize="medium")
     ax.grid(True, alpha=0.3)
     legend_outside(ax, offset=1.18 if ceiling is not None and lows else 1.02)
@@ -243,7 +248,7 @@ def plot_eager_vs_graph(df: pd.DataFrame, op: str, impl: str, N: int = 4096,
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("M")
     ax.set_ylabel("µs per call (median)")
-    ax.set_title(f"{gpu}: {impl} {op}, eager vs graph, N={N}", fontsize="medium")
+    ax.set_title(f"{gpu_title(gpu)}: {impl} {op}, eager vs graph, N={N}", fontsize="medium")
     ax.grid(True, which="major", alpha=0.3)
     legend_outside(ax)
     return ax
@@ -339,7 +344,7 @@ def plot_time_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
     ax.set_xticks(list(range(len(r))), labels, rotation=30)
     ax.set_xlabel("M × N")
     ax.set_ylabel(f"t({slower}) / t({faster})")
-    ax.set_title(f"{gpu}: {op}, {slower} over {faster} ({path}); > 1: {faster} faster",
+    ax.set_title(f"{gpu_title(gpu)}: {op}, {slower} over {faster} ({path}); > 1: {faster} faster",
                  fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
     return ax
@@ -383,7 +388,7 @@ def plot_fixed_cost(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
     ax.set_xlabel(f"MB moved per call (N = {N}; one point per M measured)")
     ax.set_ylabel(f"median µs beyond the bytes at {ceiling:.0f} GB/s\n({CEILING_OF_OP[op]}, "
                   "1 GiB)")
-    ax.set_title(f"{gpu}: {op} ({path}): time beyond the {ceiling:.0f} GB/s ceiling; "
+    ax.set_title(f"{gpu_title(gpu)}: {op} ({path}): time beyond the {ceiling:.0f} GB/s ceiling; "
                  "lines: the fit", fontsize="medium")
     ax.grid(True, alpha=0.3)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.18), fontsize="small",
