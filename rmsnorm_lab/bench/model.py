@@ -60,7 +60,7 @@ import torch
 from .. import results as results_io
 from ..results import provenance
 from . import model_build as mb
-from .model_steps import FULL, QUICK, WORKLOADS, Sizes, Step, graph_replay, make_step
+from .model_steps import FULL, QUICK, WORKLOADS, Sizes, Step, make_step
 from .runner import Outcome, make_row, output_path
 from .timing import (HostTask, Quantiles, capture_graph, eager_time_us, host_time_us,
                      interleaved_graph_time_us, interleaved_host_time_us, peak_mem_mib,
@@ -431,7 +431,7 @@ def capture(spec: str, quick: bool, warmup: int, steps: int) -> None:
     print(f"{impl}: {mb.apply_choice(model, choice)}", flush=True)
     step = make_step("decode" if graph else workload, model, sizes,
                      call=torch.compile(model) if compiled else None)
-    fn = graph_replay(step.fn) if graph else step.fn
+    fn = capture_graph(step.fn, calls=1).graph.replay if graph else step.fn
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

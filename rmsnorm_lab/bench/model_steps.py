@@ -10,7 +10,7 @@ inputs made once (seeded token ids), so a timer can call it back to back.
                ``StaticCache`` of ``cache_len`` positions at position ``decode_at`` (every step
                writes the same slot: the cache's contents need not mean anything, its size does).
                Op ``fwd``. A static cache keeps every tensor's address fixed, so the step can be
-               captured in a CUDA graph (``graph_replay``).
+               captured in a CUDA graph (``timing.capture_graph``).
 
 ``call`` is what runs the model: the model itself, or ``torch.compile(model)``.
 """
@@ -138,20 +138,3 @@ def make_step(workload: str, model: nn.Module, sizes: Sizes,
     if workload not in MAKERS:
         raise ValueError(f"unknown workload {workload!r}; workloads: {WORKLOADS}")
     return MAKERS[workload](model, sizes, call)
-
-
-def graph_replay(fn: Callable[[], object], warmup: int = 3) -> Callable[[], None]:
-    """``fn`` warmed up and captured once in a CUDA graph, both on a side stream (as capture
-    requires); returns a function that replays it. The graph lives as long as that function."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=side):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    return graph.replay

@@ -84,23 +84,24 @@ class CapturedGraph(NamedTuple):
     calls: int
 
 
-def capture_graph(fn: Callable[[], object], *, target_ms: float = 2.0, calls_multiple: int = 1,
-                  max_calls: int = 2000,
+def capture_graph(fn: Callable[[], object], *, calls: Optional[int] = None,
+                  target_ms: float = 2.0, calls_multiple: int = 1, max_calls: int = 2000,
                   stream: Optional[torch.cuda.Stream] = None) -> CapturedGraph:
-    """``fn`` warmed up and captured ``k`` times in one graph (``graph_time_us`` says how ``k``
-    is chosen), on ``stream`` if given."""
+    """``fn`` warmed up and captured ``calls`` times in one graph, or, without ``calls``, ``k``
+    times as ``graph_time_us`` says; on ``stream`` if given."""
     _warm_up(fn, max(3, calls_multiple), stream)
-    # Estimate the per-call time from a few eager calls: it includes launch gaps, so it is an
-    # overestimate and k errs on the short side of target_ms.
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    per_call_ms = max(start.elapsed_time(end) / 10, 1e-4)
-    calls = min(max(1, math.ceil(target_ms / per_call_ms)), max_calls)
-    calls = math.ceil(calls / calls_multiple) * calls_multiple
+    if calls is None:
+        # Estimate the per-call time from a few eager calls: it includes launch gaps, so it is
+        # an overestimate and k errs on the short side of target_ms.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        per_call_ms = max(start.elapsed_time(end) / 10, 1e-4)
+        calls = min(max(1, math.ceil(target_ms / per_call_ms)), max_calls)
+        calls = math.ceil(calls / calls_multiple) * calls_multiple
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):

@@ -14,6 +14,8 @@ import pandas as pd
 
 from ..profiling.trace import (Trace, kernels, launches, stage_order, steady_state,
                                steady_window)
+from .sweeps import gpu_title
+
 # Okabe and Ito's palette (the yellow left out: it does not read on white)
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
@@ -183,7 +185,8 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
     if title is None:
         gpu = trace_gpu(trace)
         last = first + count - 1
-        title = (f"{gpu + ': ' if gpu else ''}nsys timeline of iterations {first}–{last}: "
+        title = (f"{gpu_title(gpu) + ': ' if gpu else ''}nsys timeline of iterations "
+                 f"{first}–{last}: "
                  "host ranges and calls above the kernels they launched"
                  if span_us is None else "")
     if title:
@@ -232,7 +235,7 @@ def plot_timelines(eager: Trace, graph: Optional[Trace], first: int = 1, count: 
     plot_timeline(eager, first, count, ax=axes[0], kernel_colors=colors, legend=False,
                   drawn=drawn, title="")
     gpu = trace_gpu(eager)
-    axes[0].set_title(f"{gpu + ': ' if gpu else ''}eager loop: one iteration every "
+    axes[0].set_title(f"{gpu_title(gpu) + ': ' if gpu else ''}eager loop: one iteration every "
                       f"{s['period_us']:.1f} µs, "
                       f"{s['kernel_us']:.1f} µs of it on the GPU ({s['busy']:.0%} busy)",
                       fontsize="medium", loc="left")
