@@ -83,3 +83,40 @@ def test_pdl_table_pairs_plain_and_pdl_and_says_when_they_separate():
     recorded = sorted(LOGS.glob("fwd-pdl-probe-*.jsonl"))
     if recorded:
         assert len(probes.pdl_table(results.load_probe(recorded[-1]))) > 0
+
+
+def small_m_probe():
+    """Two shapes, two timings each (invented numbers in the probe's row format)."""
+    rows = []
+    for (M, N), us in (((1024, 4096), (7.0, 6.5, 7.5, 11.5)), ((4096, 4096), (25, 24, 27, 31))):
+        for rep in (0, 1):
+            for variant, t in zip(("copy2r1w", "split-dx-only", "fused-nodw", "auto"), us):
+                rows.append({"shape": [M, N], "variant": variant, "rep": rep, "p50": t + rep})
+            rows.append({"shape": [M, N], "variant": "staged c1 s9", "rep": rep, "p50": 99.0})
+    return pd.DataFrame(rows)
+
+
+def test_small_m_parts_splits_the_fused_time_over_the_dx_kernel():
+    t = probes.small_m_parts(small_m_probe())
+    assert list(t.index) == [(1024, 4096), (4096, 4096)]
+    r = t.loc[(1024, 4096)]
+    assert r["fused"] == pytest.approx(12.0) and r["copy2r1w"] == pytest.approx(7.5)
+    assert r["strips"] == pytest.approx(1.0) and r["dW"] == pytest.approx(4.0)
+    assert r["dx kernel alone"] + r["strips"] + r["dW"] == pytest.approx(r["fused"])
+    assert r["fused / copy2r1w"] == pytest.approx(12.0 / 7.5)
+    with pytest.raises(ValueError, match="fused, no dW"):
+        probes.small_m_parts(small_m_probe().query("variant != 'fused-nodw'"))
+
+
+def test_small_m_figure_stacks_the_parts_to_the_fused_time():
+    t = probes.small_m_parts(small_m_probe())
+    ax = figs.plot_small_m_parts(t)
+    ends = {}
+    for bar in ax.patches:
+        y = round(bar.get_y() + bar.get_height() / 2)
+        ends[y] = max(ends.get(y, 0), bar.get_x() + bar.get_width())
+    assert [ends[0], ends[1]] == pytest.approx(list(t["fused / copy2r1w"]))
+    plt.close("all")
+    recorded = sorted(LOGS.glob("bwd-small-m-stages-probe-*.jsonl"))
+    if recorded:
+        assert len(probes.small_m_parts(pd.read_json(recorded[-1], lines=True))) == 3

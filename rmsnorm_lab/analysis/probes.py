@@ -1,7 +1,8 @@
 """Tables of the probes the lessons read (``results/<gpu>/logs/*-probe-*.jsonl``,
 ``*-sweep-*.jsonl``: one JSON object per timed configuration, read with
 ``results.load_probe`` or ``pandas.read_json(lines=True)``): the fused backward's strips per SM
-(notebook 02) and programmatic dependent launch on and off (notebook 01)."""
+(notebook 02), the small-M backward's parts (notebook 02) and programmatic dependent launch on
+and off (notebook 01)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,30 @@ def pdl_table(probe: pd.DataFrame) -> pd.DataFrame:
                      "repetitions": int(min(plain["count"], pdl["count"])),
                      "resolved": plain["max"] < pdl["min"] or pdl["max"] < plain["min"]})
     return pd.DataFrame(rows).set_index(["kernel", "M", "N"])
+
+
+#: the small-M backward probe's variants (``bwd-small-m-stages-probe-*.jsonl``), by what each
+#: times: the same-shape copy, the split path's dx kernel alone (a CTA a row), the fused kernel
+#: without a weight (its strips, no dW), and the fused kernel as ``auto`` launches it
+SMALL_M_VARIANTS = {"copy2r1w": "copy2r1w", "split-dx-only": "dx kernel alone",
+                    "fused-nodw": "fused, no dW", "auto": "fused"}
+
+
+def small_m_parts(probe: pd.DataFrame) -> pd.DataFrame:
+    """The small-M backward probe (one row per timing: ``shape`` [M, N], ``variant``, ``p50`` µs)
+    as one row per shape (index M, N): the median µs of each of ``SMALL_M_VARIANTS``, then the
+    fused kernel's time in two parts over the dx kernel alone: ``strips`` (fused without dW minus
+    the dx kernel: a strip's rows walked one after another) and ``dW`` (fused minus fused without
+    dW: the partial rows, the wait for the grid's end, their sum), and ``fused / copy2r1w``."""
+    d = probe[probe["variant"].isin(SMALL_M_VARIANTS) & probe["p50"].notna()]
+    d = d.assign(M=d["shape"].str[0].astype(int), N=d["shape"].str[1].astype(int))
+    t = d.pivot_table(index=["M", "N"], columns="variant", values="p50", aggfunc="median")
+    t = t[[v for v in SMALL_M_VARIANTS if v in t]].rename(columns=SMALL_M_VARIANTS)
+    missing = set(SMALL_M_VARIANTS.values()) - set(t.columns)
+    if missing:
+        raise ValueError(f"the small-M probe lacks {', '.join(sorted(missing))}")
+    t = t.dropna()
+    t["strips"] = t["fused, no dW"] - t["dx kernel alone"]
+    t["dW"] = t["fused"] - t["fused, no dW"]
+    t["fused / copy2r1w"] = t["fused"] / t["copy2r1w"]
+    return t

@@ -6,7 +6,8 @@ import math
 
 import pandas as pd
 
-from .sweeps import BLACK, BLUE, VERMILLION
+from .sweeps import BLACK, BLUE, GREY, VERMILLION
+
 
 def strips_panels(table: pd.DataFrame, N: int = 4096) -> list:
     """The shapes of a ``strips_table``, in drawing order: width N by M first, then the other
@@ -50,3 +51,31 @@ def plot_strips(table: pd.DataFrame, N: int = 4096, axes=None, per_row: int = 4)
     shown[0].figure.suptitle("fused backward, GB/s against strips per SM (one panel per "
                              "shape); star: the plan's choice", fontsize="medium")
     return shown
+
+
+def plot_small_m_parts(table: pd.DataFrame, ax=None):
+    """The fused backward at few rows in parts (``analysis.probes.small_m_parts``), one bar per
+    shape in units of the same-shape ``copy2r1w`` time: the dx kernel alone, then what walking
+    the rows in strips adds, then what dW adds; a line at the copy (in the legend). Returns the
+    axes."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+        ax = plt.subplots(figsize=(7.5, 0.7 * len(table) + 1.6), layout="constrained")[1]
+    copy = table["copy2r1w"]
+    labels = [f"{M}×{N}" for M, N in table.index]
+    left = pd.Series(0.0, index=table.index)
+    for part, colour, name in (("dx kernel alone", BLUE, "dx kernel alone (a CTA a row)"),
+                               ("strips", GREY, "+ rows walked in strips, one after another"),
+                               ("dW", VERMILLION, "+ dW: partial rows, the grid's end, the sum")):
+        width = table[part] / copy
+        ax.barh(labels, width, left=left, color=colour, label=name, height=0.6)
+        left = left + width
+    for y, total in enumerate(left):
+        ax.text(total + 0.02, y, f"{total:.2f}×", va="center", fontsize="small")
+    ax.axvline(1.0, color=BLACK, linewidth=1.2, label="the same-shape copy2r1w (1×)")
+    ax.set_xlim(0, float(left.max()) * 1.15)
+    ax.invert_yaxis()
+    ax.set_xlabel("time / the same-shape copy2r1w's (graph replay, L2-cold)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=1, fontsize="small",
+              frameon=False)
+    return ax
