@@ -37,6 +37,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.memory import SmemAllocator
 
+from . import dw_cluster
 from .backward_plan import BackwardPlan
 from .forward import TORCH_TO_CUTE
 from .pdl import wait_for_previous_grid
@@ -74,6 +75,8 @@ class RMSNormBackward(_Common):
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
         # One-warp strips sharing a CTA sum their dW rows in shared memory before the write.
         self.strips_meet = plan.strips_per_cta > 1 and plan.w_dtype is not None
+        # The CTAs of a cluster sum their dW rows in distributed shared memory (dw_cluster.py).
+        self.dw_cluster = plan.dw_cluster if plan.w_dtype is not None else 1
 
     @cute.jit
     def __call__(self, gDy: cute.Tensor, gX: cute.Tensor, gW: cute.Tensor, gRstd: cute.Tensor,
@@ -130,9 +133,15 @@ class RMSNormBackward(_Common):
             min_blocks, carveout = p.ctas_per_sm, 100
         if cutlass.const_expr(self.strips_meet):
             smem_bytes = smem_bytes + 16 + p.strips_per_cta * p.N * 4
-        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
-            grid=[grid, 1, 1], block=[p.cta_threads, 1, 1], smem=smem_bytes, stream=stream,
-            min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout, use_pdl=p.pdl)
+        if cutlass.const_expr(self.dw_cluster > 1):  # grid: clusters, one partial row each
+            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
+                grid=[grid * self.dw_cluster, 1, 1], block=[p.cta_threads, 1, 1],
+                cluster=[self.dw_cluster, 1, 1], smem=smem_bytes + dw_cluster.smem_bytes(p.N),
+                stream=stream, use_pdl=p.pdl)
+        else:
+            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
+                grid=[grid, 1, 1], block=[p.cta_threads, 1, 1], smem=smem_bytes, stream=stream,
+                min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout, use_pdl=p.pdl)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
@@ -172,6 +181,11 @@ class RMSNormBackward(_Common):
         if cutlass.const_expr(self.strips_meet):
             sStrips = smem.allocate_tensor(
                 Float32, cute.make_layout((strips, p.N), stride=(p.N, 1)), byte_alignment=16)
+        mbar, sRecv = None, None  # the cluster's dW exchange
+        if cutlass.const_expr(self.dw_cluster > 1):
+            mbar = dw_cluster.mbarrier(smem)
+            sRecv = dw_cluster.slots(smem, p.N, self.dw_cluster)
+            dw_cluster.start(mbar, tidx)
 
         tiler = (rows, p.cols_per_tile)
         tiled_x = self.make_tiled_copy(tiler)
@@ -304,7 +318,10 @@ class RMSNormBackward(_Common):
                     for e in cutlass.range_constexpr(cute.size(tXrDw)):
                         tXrDw[e] = tXrDw[e] + cute.arch.shuffle_sync_bfly(
                             tXrDw[e], offset=p.threads_per_row << i)
-            if cutlass.const_expr(self.strips_meet):
+            if cutlass.const_expr(self.dw_cluster > 1):
+                dw_cluster.exchange(tXrDw, tXcX, mDwP, mbar, sRecv, tidx, p.N, p.vec,
+                                    p.vecs_per_thread, self.dw_cluster, p.cta_threads)
+            elif cutlass.const_expr(self.strips_meet):
                 # Each strip's row goes to shared memory; then the CTA adds them column by
                 # column, in strip order, into its one partial row.
                 self.store_dw_row(tXrDw, thr_x.partition_D(

@@ -105,10 +105,16 @@ class BackwardPlan(RowTilePlan):
     cluster_n: int = 1
     #: staged: rows of x and dy in flight in shared memory per strip (0: other plans)
     stages: int = 0
+    #: fused: CTAs of a thread-block cluster, each on its own strip, whose dW rows are summed in
+    #: distributed shared memory into one partial row (dw_cluster.py; 1: a partial row a CTA)
+    dw_cluster: int = 1
 
     def resident_grid(self, sms: int) -> int:
         """The fused grid: CTAs of ``ctas_per_sm`` per SM on ``sms`` SMs, resident all at once;
-        for the cluster plan, clusters in several nominal waves (``plan.persistent_grid``)."""
+        for the cluster plan, clusters in several nominal waves (``plan.persistent_grid``); with
+        ``dw_cluster``, the clusters those CTAs make (one partial row each)."""
+        if self.dw_cluster > 1:
+            return max(1, sms * self.ctas_per_sm // self.dw_cluster)
         return persistent_grid(sms, self.ctas_per_sm, self.cluster_n)
 
     @property
@@ -152,13 +158,14 @@ def strip_partition(M: int, strips: int) -> List[Tuple[int, int]]:
 def fused_strips(M: int, sms: int, plan: Optional[BackwardPlan] = None,
                  strips: Optional[int] = None) -> int:
     """CTA count (= grid size = dw_partial rows) of the fused kernel, each holding
-    ``plan.strips_per_cta`` strips (clusters, for the cluster plan): by default as many as fit
+    ``plan.strips_per_cta`` strips (clusters, for the cluster plan and with ``dw_cluster``: a
+    cluster of ``dw_cluster`` CTAs writes one partial row): by default as many as fit
     on the GPU at once (``plan.resident_grid``; one per SM without a plan), never more than it
     takes to give every strip a row (a strip without rows would only add zeros)."""
     g = (plan.resident_grid(sms) if plan is not None else sms) if strips is None else strips
     if g < 1:
         raise ValueError(f"strips must be positive, got {g}")
-    per_cta = plan.strips_per_cta if plan is not None else 1
+    per_cta = plan.strips_per_cta * plan.dw_cluster if plan is not None else 1
     return max(1, min(g, -(-M // per_cta)))
 
 

@@ -261,7 +261,8 @@ def backward_steps(entry: _Entry, sms: int, w_dtype: Optional[torch.dtype],
     if entry.mode in FUSED_MODES and need_dx and (dw_needed or w_dtype is None):
         # backward_plan.fused_strips as a rule of M (the native node evaluates it per call)
         plan = entry.fused
-        grid = RowsRule(plan.strips_per_cta, fused_strips or plan.resident_grid(sms))
+        grid = RowsRule(plan.strips_per_cta * plan.dw_cluster,
+                        fused_strips or plan.resident_grid(sms))
         steps = [Step(entry.kernel("fused"), (DY, X, W, RSTD, DX) + dh
                       + (PARTIALS if dw_needed else NO_PARTIALS, COUNT, OFFSET),
                       grid, name="fused")]
