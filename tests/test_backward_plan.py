@@ -297,3 +297,30 @@ def test_auto_mode_stages_rows_the_fused_plan_takes_in_two_chunks():
     assert auto(32768, dh=True) == "split"    # the fused add: no cluster, nor two staged rows
     assert auto_mode(4096, 16384, BF16, None, "llama", True, arch="sm_90a") == "split"
 
+
+
+def test_fused_ctas_pair_up_to_sum_their_dw_rows_where_a_row_sits_in_registers():
+    from rmsnorm_lab.cute.backward_plan import DW_CLUSTER, with_dw_cluster
+    bf16 = torch.bfloat16
+    for N, dtype in ((1024, bf16), (4096, bf16), (8192, bf16), (4096, torch.float32)):
+        plan = plan_backward("fused", N, dtype, dtype, "llama", True)
+        paired = with_dw_cluster(plan, "sm_90a")
+        assert paired.dw_cluster == DW_CLUSTER == 2 and plan.dw_cluster == 1
+        # the grid counts clusters, one partial row each, the same CTAs on the GPU
+        assert paired.resident_grid(132) * DW_CLUSTER == plan.resident_grid(132)
+        assert fused_strips(100_000, 132, paired) == plan.resident_grid(132) // DW_CLUSTER
+        # a cluster needs a row for each of its CTAs before it adds a second partial row
+        assert fused_strips(3, 132, paired) == 2 and fused_strips(1, 132, paired) == 1
+    plan = plan_backward("fused", 4096, bf16, bf16, "llama", True)
+    assert with_dw_cluster(plan, "sm_100a").dw_cluster == DW_CLUSTER
+    unchanged = [with_dw_cluster(plan, None), with_dw_cluster(plan, "sm_80"),
+                 with_dw_cluster(plan_backward("fused", 4096, bf16, None, "llama", True),
+                                 "sm_90a"),                                  # no weight, no dW
+                 with_dw_cluster(plan_backward("fused", 128, bf16, bf16, "llama", True),
+                                 "sm_90a"),                                  # lane groups
+                 with_dw_cluster(plan_backward("fused", 16384, bf16, bf16, "llama", True),
+                                 "sm_90a"),                                  # column chunks
+                 with_dw_cluster(plan_backward("fused", 4100, bf16, bf16, "llama", True),
+                                 "sm_90a")]                                  # one-element copies
+    assert [p.dw_cluster for p in unchanged] == [1] * len(unchanged)
+    assert with_dw_cluster(None, "sm_90a") is None

@@ -221,3 +221,34 @@ def test_staged_backward_rings_rows_through_shared_memory(arch, N, x_dtype, w_dt
         assert facts.spill_bytes == 0
         assert -(-facts.registers // 8) * 8 * plan.threads * plan.ctas_per_sm <= 65536
 
+
+
+DW_CLUSTER_CASES = [(4096, BF16, BF16, "llama", False), (8192, BF16, F32, "none", False),
+                    (4096, F32, F32, "gemma", False), (1024, F16, F16, "llama", False),
+                    (4096, BF16, BF16, "llama", True)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N,x_dtype,w_dtype,mode,dh", DW_CLUSTER_CASES,
+                         ids=[f"{c[0]}-{str(c[1])[6:]}-{str(c[2])[6:]}-{c[3]}"
+                              + ("-add" if c[4] else "") for c in DW_CLUSTER_CASES])
+def test_fused_backward_sums_its_dw_rows_across_a_cluster(arch, N, x_dtype, w_dtype, mode, dh):
+    """With ``dw_cluster`` the dW row leaves a CTA as 16-byte remote stores, one a four fp32 of
+    the thread's columns, counted by the owner's one mbarrier, after one cluster barrier; the
+    owner's sum goes to global memory as fp32 (no 16-byte partial-row stores are left), no local
+    memory, and the registers of the plan's strips per SM."""
+    from rmsnorm_lab.cute.backward_plan import with_dw_cluster
+    plan = with_dw_cluster(plan_backward("fused", N, x_dtype, w_dtype, mode, True, dh=dh), arch)
+    assert plan.dw_cluster == 2
+    facts = compile_and_inspect(plan, arch)
+    ptx = facts.ptx
+    pieces = plan.vecs_per_thread * plan.vec // 4
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4") == pieces
+    assert ptx.count("mbarrier.init.shared") == 1 and ptx.count("barrier.cluster.wait") == 1
+    assert "mbarrier.try_wait" in ptx and facts.local_accesses == 0
+    plain = compile_and_inspect(dataclasses.replace(plan, dw_cluster=1), arch)
+    dx_stores = plan.vecs_per_thread  # the partial row's 16-byte stores are gone, dx's stay
+    assert facts.global_stores_16B == dx_stores < plain.global_stores_16B
+    if facts.spill_bytes is not None:
+        assert facts.spill_bytes == 0
+        assert -(-facts.registers // 8) * 8 * plan.threads * plan.ctas_per_sm <= 65536

@@ -12,7 +12,10 @@ Three kernels serve the backward (``dx = rstd * (m - x_hat * mean(m * x_hat))`` 
              through them in column chunks (two passes; the second re-reads the row, mostly from
              L2) with the dW accumulator in shared memory. A strip of one warp (rows of at
              most 32 copies; narrower rows in lane groups, several rows at a time) shares its
-             CTA with ONE_WARP_STRIPS_PER_CTA - 1 others, and they write one partial row.
+             CTA with ONE_WARP_STRIPS_PER_CTA - 1 others, and they write one partial row. On
+             Hopper and later the CTAs of a row held in registers pair up in clusters of
+             DW_CLUSTER that sum their rows in distributed shared memory (``dw_cluster``), one
+             partial row a cluster.
 * ``dx``     the split path's first kernel: one CTA per row, dx only (like the forward's ``row``
              variant; rows wider than the register budget stream through in column chunks).
 * ``dw``     the split path's second kernel: grid (column blocks, row groups); each CTA sums
@@ -366,6 +369,26 @@ def backward_uses_pdl(arch: Optional[str]) -> bool:
     PDL gained nothing: the kernel before it must release it early too
     (results/h200/logs/bwd-pdl-probe-b7d7db1236bb.jsonl). Measured on Hopper only."""
     return arch in PDL_ARCHS
+
+
+# CTAs of a thread-block cluster that sum their fused strips' dW rows on chip (dw_cluster.py).
+# On the H200 two took up to 21% off the fused backward at few rows (1024×1024) and cost nothing
+# at many; four and eight ran about 1.4× as long as two from 4096 rows of 4096 (results/NOTES.md).
+DW_CLUSTER = 2
+
+
+def with_dw_cluster(plan: Optional[BackwardPlan], arch: Optional[str]) -> Optional[BackwardPlan]:
+    """``plan`` with its CTAs' dW rows summed in clusters of DW_CLUSTER where that applies, else
+    ``plan`` itself: a fused plan with a weight whose row stays in one CTA's registers (one
+    chunk, one row and one strip a CTA), 16-byte copies of whole groups of four fp32 (the
+    exchange's stores), N a multiple of DW_CLUSTER copies, the receive slots fitting shared
+    memory beside the plan's other CTAs on the SM, and clusters on ``arch``."""
+    if (plan is None or plan.kind != "fused" or plan.w_dtype is None or arch not in CLUSTER_ARCHS
+            or plan.chunks != 1 or plan.stages or plan.cluster_n != 1 or plan.rows_per_cta != 1
+            or plan.strips_per_cta != 1 or plan.vec % 4 or plan.N % (DW_CLUSTER * plan.vec)
+            or plan.ctas_per_sm * (plan.N * 4 + 1024) > SM_SMEM_BYTES):
+        return plan
+    return dataclasses.replace(plan, dw_cluster=DW_CLUSTER)
 
 
 # A row that the fused plan takes in at least this many column chunks goes to a cluster under

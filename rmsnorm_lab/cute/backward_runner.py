@@ -27,13 +27,13 @@ from ..common import nvtx
 from ..common.rows import kernel_grad_rows
 from ..reference import check_casting_mode
 from ..settings import settings
-from .backward import RMSNormBackward, RMSNormBackwardDh, RMSNormBackwardDW
+from .backward import RMSNormBackward, RMSNormBackwardDh
+from .backward_dw import RMSNormBackwardDW
 from .backward_cluster import RMSNormClusterBackward
 from .backward_staged import RMSNormStagedBackward, RMSNormStagedBackwardDh
 from .backward_plan import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
                             auto_mode, backward_uses_pdl, plan_backward, plan_cluster_backward,
-                            plan_staged_backward,
-                            plan_split)
+                            plan_staged_backward, plan_split, with_dw_cluster)
 from .dw_reduce import DwReduce
 from .forward import TORCH_TO_CUTE
 from .compile import compile_tvm_ffi, target_arch
@@ -208,6 +208,7 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
                                           target_arch(x2.device))
         elif chosen == "staged":
             fused = plan_staged_backward(N, x2.dtype, w_dtype, casting_mode, aligned, dh)
+        fused = with_dw_cluster(fused, target_arch(x2.device))
         dx, dw = plan_split(N, x2.dtype, w_dtype, casting_mode, aligned, dh)
         if pdl and backward_uses_pdl(target_arch(x2.device)):
             fused, dx, dw = (dataclasses.replace(p, pdl=True) if p is not None else None

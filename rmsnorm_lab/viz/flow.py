@@ -7,25 +7,27 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..cute.backward_plan import dw_row_groups, fused_strips, plan_backward, plan_split
+from ..cute.backward_plan import (dw_row_groups, fused_strips, plan_backward, plan_split,
+                                  with_dw_cluster)
 
 MB = 1e6
 Step = Tuple[str, List[str], List[str]]  # (kernel, tensors read, tensors written)
 
 
 def backward_flows(M: int, N: int, sms: int, dtype: torch.dtype = torch.bfloat16,
-                   g_split: Optional[int] = None, g_fused: Optional[int] = None
-                   ) -> Tuple[Dict[str, List[Step]], Dict[str, int]]:
+                   g_split: Optional[int] = None, g_fused: Optional[int] = None,
+                   arch: str = "sm_90a") -> Tuple[Dict[str, List[Step]], Dict[str, int]]:
     """``(flows, sizes)``: per mode ("split", "fused") the kernels in order, and the bytes of
     every tensor they name. The fp32 dW partials have ``g_split`` and ``g_fused`` rows; by
-    default the row groups and strips the library's plans would use on ``sms`` SMs."""
+    default the row groups and partial rows the library's plans would use on ``sms`` SMs of
+    ``arch`` (the recorded H200's by default)."""
     elem = torch.empty((), dtype=dtype).element_size()
     if g_split is None:
         _, dw_plan = plan_split(N, dtype, dtype, "llama", aligned=True)
         g_split = dw_row_groups(M, dw_plan, sms)
     if g_fused is None:
-        g_fused = fused_strips(M, sms, plan_backward("fused", N, dtype, dtype, "llama",
-                                                     aligned=True))
+        fused = plan_backward("fused", N, dtype, dtype, "llama", aligned=True)
+        g_fused = fused_strips(M, sms, with_dw_cluster(fused, arch))
     act = M * N * elem
     sizes = {"X": act, "dY": act, "dX": act, "W": N * elem, "rstd": M * 4, "dW": N * elem}
     p_split, p_fused = f"partials ({g_split}×N fp32)", f"partials ({g_fused}×N fp32)"

@@ -1,0 +1,123 @@
+"""CuTe DSL RMSNorm backward, the split path's dW kernel: CTA (b, g) sums ``dy * x_hat`` over the
+rows of group g for column block b -- one warp per row, ``dw_unroll`` rows per warp in flight --
+then reduces over its warps in shared memory and writes ``dw_partial[g, block b]``; ``DwReduce``
+(dw_reduce.py) sums the partial rows. The math and the copies are the fused kernel's
+(backward.py)."""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.memory import SmemAllocator
+
+from .backward import _Common
+from .backward_plan import BackwardPlan
+from .pdl import wait_for_previous_grid
+
+
+class RMSNormBackwardDW(_Common):
+    """The split path's dW kernel: grid (column blocks, row groups)."""
+
+    def __init__(self, plan: BackwardPlan):
+        assert plan.kind == "dw" and plan.w_dtype is not None
+        super().__init__(plan)
+
+    @cute.jit
+    def __call__(self, gDy: cute.Tensor, gX: cute.Tensor, gRstd: cute.Tensor, gDwP: cute.Tensor,
+                 stream: cuda.CUstream):
+        """Host side: dy and x (M, N):(ld, 1), rstd (M,), the fp32 partials (row groups, N);
+        layouts rebuilt with N static and 32-bit sizes, as in ``RMSNormBackward``."""
+        p = self.plan
+        M = Int32(gX.shape[0])
+        row_groups = Int32(gDwP.shape[0])
+        lddy = cute.assume(Int32(gDy.stride[0]), divby=p.vec)
+        ldx = cute.assume(Int32(gX.stride[0]), divby=p.vec)
+        mDy = cute.make_tensor(gDy.iterator, cute.make_layout((M, p.N), stride=(lddy, 1)))
+        mX = cute.make_tensor(gX.iterator, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
+        mDwP = cute.make_tensor(gDwP.iterator,
+                                cute.make_layout((row_groups, p.N), stride=(p.N, 1)))
+        smem_bytes = p.rows_per_cta * p.cols_per_tile * 4
+        self.kernel(mDy, mX, mRstd, mDwP).launch(
+            grid=[p.col_blocks, row_groups, 1], block=[p.threads, 1, 1], smem=smem_bytes,
+            stream=stream, use_pdl=p.pdl)
+
+    @cute.kernel
+    def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mRstd: cute.Tensor, mDwP: cute.Tensor):
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        col_block, group, _ = cute.arch.block_idx()
+        _, groups, _ = cute.arch.grid_dim()
+        M = mX.shape[0]
+        row_lane = tidx // p.threads_per_row
+        if cutlass.const_expr(p.pdl):
+            wait_for_previous_grid()
+
+        # This group's rows, balanced as in backward_plan.strip_bounds.
+        q = M // groups
+        r = M % groups
+        row_start = group * q + cutlass.min(group, r)
+        row_end = (group + 1) * q + cutlass.min(group + 1, r)
+
+        tiler = (p.rows_per_cta, p.cols_per_tile)
+        tiled_x = self.make_tiled_copy(tiler)
+        thr_x = tiled_x.get_slice(tidx)
+        # Column coordinates of this thread's elements in column block col_block (the row part
+        # of these coordinates is unused: the row is row_lane past the tile's first row).
+        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
+                                                 (0, col_block)))
+
+        # dw_unroll rows per row lane per step, each with its own x and dy registers.
+        tXrX = [cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
+                for _ in range(p.dw_unroll)]
+        tXrDy = [cute.make_fragment_like(tXrX[0]) for _ in range(p.dw_unroll)]
+        tXrDw = cute.make_fragment_like(tXrX[0], Float32)
+        tXrDw.fill(0.0)
+
+        # A step covers rows_per_cta * dw_unroll rows of the group: row lane l takes rows
+        # row0 + u * rows_per_cta + l (one warp per row on the vector path: a 512-byte coalesced
+        # segment per load). All loads of a step are issued before the first product, so a
+        # thread has 2 * dw_unroll copies in flight. There is no branch on the row: a row past
+        # the group's end reads the last row's rstd (always valid) and loads nothing (its copies
+        # are predicated off, leaving zeros that add nothing). The tile is re-anchored at each
+        # row (domain_offset): groups need not start on a multiple of rows_per_cta.
+        for row0 in cutlass.range(row_start, row_end, p.rows_per_cta * p.dw_unroll):
+            rstd = [Float32(0.0)] * p.dw_unroll
+            for u in cutlass.range_constexpr(p.dw_unroll):
+                row = row0 + u * p.rows_per_cta + row_lane
+                rstd[u] = mRstd[cutlass.min(row, row_end - 1)]
+                first = row0 + u * p.rows_per_cta
+                gX = cute.local_tile(cute.domain_offset((first, 0), mX), tiler, (0, col_block))
+                gDy = cute.local_tile(cute.domain_offset((first, 0), mDy), tiler,
+                                      (0, col_block))
+                # Built in the loop: a predicate tensor built before the dynamic loop and used
+                # inside it failed to compile (cute.copy received an ArithValue, DSL 4.8.1); the
+                # compiler hoists the loop-invariant column flags anyway.
+                pred = self.column_predicate(tXcX, 0, row < row_end)
+                tXrX[u].fill(0)
+                tXrDy[u].fill(0)
+                cute.copy(tiled_x, thr_x.partition_S(gX), tXrX[u], pred=pred)
+                cute.copy(tiled_x, thr_x.partition_S(gDy), tXrDy[u], pred=pred)
+            for u in cutlass.range_constexpr(p.dw_unroll):
+                x_hat = tXrX[u].load().to(Float32) * rstd[u]
+                tXrDw.store(tXrDw.load()
+                            + tXrDy[u].load().to(Float32) * self.x_hat_for_dw(x_hat))
+
+        # Reduce over the row lanes through shared memory: each thread stores its fragment into
+        # a row-major (rows_per_cta, cols_per_tile) fp32 tile (vec contiguous floats per column
+        # block), then thread t sums column t over the lanes and writes it.
+        smem = SmemAllocator()
+        sAcc = smem.allocate_tensor(
+            Float32, cute.make_layout((p.rows_per_cta, p.cols_per_tile),
+                                      stride=(p.cols_per_tile, 1)), byte_alignment=16)
+        cute.autovec_copy(tXrDw, thr_x.partition_D(sAcc))
+        cute.arch.sync_threads()
+        for col in cutlass.range(tidx, p.cols_per_tile, p.threads):
+            total = Float32(0.0)
+            for lane in cutlass.range_constexpr(p.rows_per_cta):
+                total = total + sAcc[lane, col]
+            gcol = col_block * p.cols_per_tile + col
+            if gcol < p.N:
+                mDwP[group, gcol] = total
