@@ -143,6 +143,26 @@ def test_host_costs_map_launch_paths_to_kernels_and_drop_ablations():
     assert model.host_us_of(h, "quack") != model.host_us_of(h, "quack")  # NaN
 
 
+def test_the_call_model_check_gives_a_fused_add_its_own_host_time():
+    def row(impl, path, metric, p50, M=1024):
+        return {"gpu": "h200", "sm_count": 132, "timestamp": "2026-01-01T00:00:00+00:00",
+                "op": "fwd", "impl": impl, "path": path, "M": M, "N": 4096, "dtype": "bf16",
+                "metric": metric, "p20": p50, "p50": p50, "p80": p50}
+    rows = [row("cute.auto@tvm_ffi", "host", "host", 10.0, 128),
+            row("cute.auto+add", "host", "host", 15.0, 128)]
+    for impl in ("cute.auto", "cute.auto+add", "torch.native+add"):  # the last: no host row
+        rows += [row(impl, "graph", "time", 6.0), row(impl, "eager", "time", 20.0)]
+    df = pd.DataFrame(rows)
+    assert "cute.auto+add" not in set(model.host_costs(df)["impl"])  # the plain table as before
+    fused = model.host_costs(df, fused_add=True).set_index("impl")
+    assert fused.loc["cute.auto+add", "device_impl"] == "cute.auto+add"  # its own kernel
+    val = model.validate_call_model(df).set_index("impl")
+    assert val.loc["cute.auto+add", "host_us"] == 15.0  # not the plain norm's 10
+    assert val.loc["cute.auto+add", "host_impl"] == "cute.auto+add"
+    assert val.loc["cute.auto", "host_impl"] == "cute.auto@tvm_ffi"
+    assert "torch.native+add" not in val.index  # no host time of its own: left out
+
+
 def test_call_models():
     assert model.call_us(10, 30, "b200", "pipelined") == 30
     assert model.call_us(50, 30, "b200", "pipelined") == 50

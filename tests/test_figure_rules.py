@@ -268,3 +268,76 @@ def test_the_recorded_graph_timeline_names_its_synchronize():
     syncs = {n for n in names if "Synchronize" in n}
     assert len(other) == 1 and syncs and any(n in other[0] for n in syncs)
     plt.close("all")
+
+
+def test_model_step_rows_each_fit_their_data_so_nothing_is_cut_nor_labelled_on_a_whisker():
+    idx = pd.MultiIndex.from_tuples([(a, n) for a in ("llama", "qwen3")
+                                     for n in ("shipped", "lab")])
+    cols = ["train wall", "decode wall"]
+    ratios = pd.DataFrame([[1.10, 1.27], [0.99, 1.005], [1.20, 1.53], [0.97, 0.997]],
+                          index=idx, columns=cols)
+    low = ratios - pd.DataFrame([[0.01, 0.05], [0.01, 0.05], [0.01, 0.33], [0.01, 0.23]],
+                                index=idx, columns=cols)
+    high = ratios + pd.DataFrame([[0.01, 0.05], [0.01, 0.09], [0.01, 0.50], [0.01, 0.32]],
+                                 index=idx, columns=cols)
+    fig = Figure(figsize=(13, 5), layout="constrained")
+    axes = model_step.plot_step_ratios(ratios, ["llama", "qwen3"], [["train wall"],
+                                                                     ["decode wall"]],
+                                       notes=["eager decode"], gpu="h200",
+                                       spread=(low, high), fig=fig)
+    assert axes[0][0].get_xlim()[1] < 1.3 < axes[1][0].get_xlim()[1]  # a range per row
+    assert axes[0][0].get_xlim() == axes[0][1].get_xlim()  # one range across a row
+    assert axes[1][1].get_title().startswith("qwen3: eager decode")
+    r = _draw(fig)
+    for ax in np.ravel(axes):
+        assert not [ln for ln in ax.get_lines() if ln.get_marker() in (">", "<")]  # none cut
+        assert "chevron" not in ax.get_xlabel()
+        box = ax.get_window_extent(r)
+        texts = [t.get_window_extent(r) for t in ax.texts]
+        assert all(box.x0 <= t.x0 and t.x1 <= box.x1 for t in texts)
+        whiskers = [seg for c in ax.containers if hasattr(c, "has_xerr")
+                    for seg in c.lines[2][0].get_segments()]
+        for s in whiskers:
+            (x0, y0), (x1, _) = ax.transData.transform(s)
+            assert not any(t.y0 <= y0 <= t.y1 and x0 < t.x1 and t.x0 < x1 for t in texts)
+
+
+def test_host_crossover_draws_each_run_of_the_sweeps_apart(frame):
+    early = frame.copy()  # the kernels' few-rows points, from another run of the sweeps
+    early = early[(early["path"] == "graph") & early["impl"].isin(["cute.auto", "torch.native"])]
+    early = early.assign(M=early["M"] // 16, timestamp="2000-01-01T00:00:00+00:00",
+                         **{q: early[q] / 16 for q in ("p20", "p50", "p80")})
+    both = pd.concat([frame, early], ignore_index=True)
+    fig, ax = plt.subplots()
+    ph.plot_crossover(both, workload="fwd", ax=ax)
+    drawn = [ln for ln in ax.get_lines()  # the kernels' curves, not the host lines
+             if len(ln.get_xdata()) > 1 and ln.get_marker() not in ("None", None, "")]
+    runs = {str(t) for t in both.loc[both["path"] == "graph", "timestamp"]}
+    assert len(drawn) == 2 * len(runs)  # two kernels, one curve per run each
+    for ln in drawn:  # no curve holds points of two runs
+        xs = set(ln.get_xdata())
+        assert xs <= set(early["M"]) or not xs & set(early["M"])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sum(t.startswith("a run of the sweeps") for t in legend) == len(runs)
+    plt.close(fig)
+
+
+def test_roofline_names_the_shapes_of_its_points_and_draws_stars_beside_the_lab(df):
+    rep = reported.load_reported(RESULTS)
+    pts = speed.sol_points(df, rep, model.calibrate(df))
+    fig = Figure(figsize=(16, 4.2), layout="constrained")
+    axes = gpus.plot_speed_of_light(pts, df=df, axes=fig.subplots(1, 3, sharey=True))
+    legend = [t.get_text() for t in axes[-1].get_legend().get_texts()]
+    assert any("65536×4096" in t for t in legend)
+    assert axes[1].get_title().startswith("H100 SXM:")
+    notes = [t.get_text() for t in axes[1].texts if t.get_text().startswith("stars")]
+    assert notes and "8192×4096" in notes[0]
+    r = _draw(fig)
+    for ax, g in zip(axes, model.MODEL_GPUS):
+        lab = pts[(pts["gpu"] == g) & (pts["kind"] != "reported")]
+        stars = [ln for ln in ax.get_lines() if ln.get_marker() == "*"]
+        for ln in stars:  # drawn right of its intensity: never on the lab's point
+            x, y = ln.get_xydata()[0]
+            shown = ln.get_transform().transform((x, y))[0]
+            assert shown > ax.transData.transform((x, y))[0]
+        assert len(stars) == int((pts["gpu"] == g).sum() - len(lab))

@@ -94,12 +94,13 @@ def op_of(workload: str) -> str:
 
 def kernel_times(df: pd.DataFrame, kernel: str, gpu: Optional[str] = None, op: str = "fwd",
                  N: int = HOST_SHAPE[1]) -> pd.DataFrame:
-    """``kernel``'s CUDA-graph µs per call against M at width N (columns M, p20, p50, p80),
-    the newest measurement of each M; empty when the sweeps did not time it."""
+    """``kernel``'s CUDA-graph µs per call against M at width N (columns M, p20, p50, p80, and
+    ``timestamp``: the run each comes from), the newest measurement of each M; empty when the
+    sweeps did not time it."""
     d, _ = one_gpu(df, gpu)
     d = d[(d["op"] == op) & (d["impl"] == kernel) & (d["path"] == "graph")
           & (d["metric"] == "time") & (d["N"] == N)]
-    return d.sort_values("M")[["M", "p20", "p50", "p80"]].reset_index(drop=True)
+    return d.sort_values("M")[["M", "p20", "p50", "p80", "timestamp"]].reset_index(drop=True)
 
 
 def host_times(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",

@@ -26,9 +26,8 @@ CPUs differ: an assumption).
                256 MiB at the copy efficiency measured on the calibration GPU: a faster GPU
                hides less host time.
 
-Where the host term wins, an implementation with a cheaper launch path wins however good the
-kernels are; the *crossover* M is where ``device_us`` overtakes ``host_us`` (the definition:
-``analysis.crossover``).
+Where the host term wins, a cheaper launch path wins however good the kernels are; the
+*crossover* M is where ``device_us`` overtakes ``host_us`` (the definition: ``analysis.crossover``).
 ``validate_call_model`` checks both against the eager times the lab measured.
 """
 
@@ -45,7 +44,7 @@ from ..results import CEILINGS, latest
 from . import MEASURED, MODELLED
 from .crossover import (HOST_BENCHMARK, HOSTS_SHOWN, kernel_of,  # noqa: F401 (shared names)
                         crossover_table as measured_crossover_table, shown_hosts)
-from .specs import SPECS, GPUSpec, spec
+from .specs import ALIASES, SPECS, GPUSpec, measured_copy_bandwidth, spec
 
 SPECS_KEYS = frozenset(SPECS)
 
@@ -68,7 +67,6 @@ DEFAULT_COPY_EFFICIENCY = 0.89
 
 def copy_efficiency(df: pd.DataFrame, gpu: str = CALIBRATION_GPU) -> float:
     """Measured copy GB/s over the datasheet bandwidth on ``gpu``."""
-    from .specs import measured_copy_bandwidth
     copy = measured_copy_bandwidth(df, gpu) if not df.empty else None
     return copy / spec(gpu).bandwidth_gbps if copy else DEFAULT_COPY_EFFICIENCY
 
@@ -185,28 +183,29 @@ def device_us(cal: pd.DataFrame, op: str, impl: str, gpu: str, M, N: int = REF_N
 # --- host -------------------------------------------------------------------------------------
 
 _PLAIN = re.compile(r"^[\w.]+(@[\w]+)?$")  # cute.auto@tvm_ffi, triton.row; not the ablations
+_FUSED_ADD = re.compile(r"^[\w.]+\+add$")  # cute.auto+add: its own kernel and host rows
 
 
-def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd") -> pd.DataFrame:
+def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd",
+               fused_add: bool = False) -> pd.DataFrame:
     """Measured host µs per call of each implementation and launch path: the ``path == "host"``
     rows of ``gpu`` (host.csv's ``cute.auto@<path>`` rows and the forward sweep's plain names),
-    ablation rows (``+nvtx``, ``+python_node``, ``+autograd``, ``+varying_m``...) left out.
+    ablation rows (``+nvtx``, ``+python_node``, ``+autograd``, ``+varying_m``...) left out;
+    ``fused_add``: the fused residual adds' too (``cute.auto+add``: their sweep's host rows).
 
-    Each implementation's cost is the median of the newest host benchmark run that timed it
-    (``bench --op host``: every implementation interleaved on one host, so their costs compare),
-    else of its newest run (the code as it is; older runs measured older launch paths); host
-    costs also drift between runs and hosts far more than device times, so ``p20`` and ``p80``
-    are the smallest and largest median over every recorded run, ``runs`` their count;
-    ``source`` says where ``host_us`` comes from: ``host benchmark`` or ``sweep`` (a sweep's own
-    host rows, timed apart from the others and, for a pinned lab variant, inside
-    ``settings.override``: they do not compare with the host benchmark's).
+    Each cost is the median of the newest host benchmark run that timed it (``bench --op
+    host``: every implementation interleaved on one host, so they compare), else of its newest
+    run; ``p20``/``p80``: the smallest and largest median of every recorded run (host costs
+    drift between runs and hosts far more than device times), ``runs`` their count; ``source``:
+    ``host benchmark`` or ``sweep`` (a sweep's own host rows, timed apart and, for a pinned lab
+    variant, inside ``settings.override``: they do not compare with the host benchmark's).
     Columns: impl, device_impl, M, N, host_us, p20, p80, runs, source."""
     cols = ["impl", "device_impl", "M", "N", "host_us", "p20", "p80", "runs", "source"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     d = df[(df["gpu"] == gpu) & (df["path"] == "host") & (df["metric"] == "host")
            & (df["op"] == op)]
-    d = d[d["impl"].map(lambda s: bool(_PLAIN.match(s)))]
+    d = d[d["impl"].map(lambda s: bool(_PLAIN.match(s) or fused_add and _FUSED_ADD.match(s)))]
     if d.empty:
         return pd.DataFrame(columns=cols)
     # one number per implementation: the smallest measured shape (host cost barely moves with M)
@@ -226,7 +225,7 @@ def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd") ->
                         "runs": g["p50"].size().values,
                         "source": np.where(when.isin(set(bench_runs)), HOST_BENCHMARK,
                                            "sweep")})
-    out["device_impl"] = out["impl"].map(device_impl)
+    out["device_impl"] = [i if _FUSED_ADD.match(i) else device_impl(i) for i in out["impl"]]
     return out.sort_values("impl").reset_index(drop=True)[cols]
 
 
@@ -243,8 +242,10 @@ def with_host(hosts: pd.DataFrame, impl: str, host_us: float) -> pd.DataFrame:
 def resolve_host(hosts: pd.DataFrame, impl: str) -> Tuple[Optional[str], float]:
     """(host-measured name, host µs) for ``impl``: a plain kernel name prefers its TVM-FFI
     launch path (the lab's default, measured in host.csv) over the plain name (the forward
-    sweep's host rows); then its kernel's plain name. (None, NaN) when none was measured."""
+    sweep's host rows); then its kernel's plain name. A fused add (``...+add``) takes its own
+    only, not the plain norm's. (None, NaN) when none was measured."""
     names = ([f"{impl}@tvm_ffi", impl] if "@" not in impl else [impl]) + [device_impl(impl)]
+    names = [impl] if _FUSED_ADD.match(impl) else names
     for name in names:
         r = hosts[hosts["impl"] == name]
         if not r.empty:
@@ -343,10 +344,11 @@ def validate_call_model(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = 
                         N: int = REF_N) -> pd.DataFrame:
     """Measured eager µs next to ``max(measured host, measured graph)`` on ``gpu``: how well the
     per-call model explains what was measured there. (Eager is ``do_bench`` with an L2 flush
-    before each call, so the GPU has a head start on a slow host: the model can overestimate.)"""
+    before each call, so the GPU has a head start on a slow host: the model can overestimate.)
+    ``host_impl``: whose host time a row takes (``resolve_host``; a fused add's own)."""
     if df.empty:
         return pd.DataFrame()
-    hosts = host_costs(df, gpu, op)
+    hosts = host_costs(df, gpu, op, fused_add=True)
     ce = copy_efficiency(df, gpu)
     d = latest(df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "time")
                   & (df["N"] == N)])
@@ -354,12 +356,12 @@ def validate_call_model(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = 
     e = d[d["path"] == "eager"].set_index(["impl", "M"])["p50"]
     rows = []
     for (impl, M), eager in e.items():
-        host = host_us_of(hosts, impl)
+        who, host = resolve_host(hosts, impl)
         if (impl, M) not in g.index or not math.isfinite(host):
             continue
         dev = g[(impl, M)]
         pipe, dob = max(host, dev), call_us(host, dev, gpu, "do_bench", ce)
-        rows.append({"impl": impl, "M": M, "eager_us": eager, "graph_us": dev,
+        rows.append({"impl": impl, "M": M, "eager_us": eager, "graph_us": dev, "host_impl": who,
                      "host_us": host, "pipelined_us": pipe, "do_bench_us": dob,
                      "pipelined/eager": pipe / eager, "do_bench/eager": dob / eager})
     return pd.DataFrame(rows)
@@ -489,9 +491,7 @@ def reported_vs_modelled(reported: pd.DataFrame, cal: pd.DataFrame) -> pd.DataFr
                  & reported["M"].notna() & reported["N"].notna()]
     rows = []
     for x in r.itertuples():
-        try:
-            spec(x.gpu)
-        except KeyError:
+        if ALIASES.get(x.gpu.lower(), x.gpu.lower()) not in SPECS:  # no datasheet: no model
             continue
         m = device_us(cal, x.op, device_impl(x.impl), x.gpu, int(x.M), int(x.N))
         rows.append({"gpu": x.gpu, "op": x.op, "impl": x.impl, "M": int(x.M), "N": int(x.N),

@@ -197,12 +197,14 @@ def model_section(steps: pd.DataFrame, out: Path,
         caveat = model_step.decode_caveat(table, run, probe, prov)
         md += [caveat, ""] if caveat else []
         archs = sorted(ratios.index.get_level_values("arch").unique())
-        fig = Figure(figsize=(6.6 * len(archs), 4.2), layout="constrained")
-        span = step_figures.shared_range(ratios, MODEL_RATIOS)
-        spread = model_step.versus_spread(run)
-        for ax, arch in zip(fig.subplots(1, len(archs), squeeze=False).ravel(), archs):
-            step_figures.plot_vs_torch(ratios, arch, MODEL_RATIOS, ax=ax, xlim=span,
-                                        gpu=gpu, spread=spread)
+        # eager decode, paced by the host, on a range of its own: nothing cut, nothing squeezed
+        groups = [[c for c in MODEL_RATIOS if c != "decode wall"], ["decode wall"]]
+        fig = Figure(figsize=(6.6 * len(archs), 1.6 + 0.75 * sum(len(c) + 1 for c in groups)),
+                     layout="constrained")
+        step_figures.plot_step_ratios(ratios, archs, groups, gpu=gpu, fig=fig,
+                                      notes=["eager decode by the wall clock, on a range of "
+                                             "its own (the host's pace)"],
+                                      spread=model_step.versus_spread(run))
         name = _save(fig, out / f"{gpu}-model-vs-torch.png")
         md += [f"![{name}]({name})", ""]
         compiled_run = model_step.one_run(g, "llama.compile.lab")

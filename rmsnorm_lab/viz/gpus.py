@@ -19,6 +19,7 @@ from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where 
 from ..analysis import MEASURED, MODELLED, REPORTED, model, speed
 from ..analysis.crossover import crossover_table
 from ..analysis.specs import measured_copy_bandwidth, spec
+from .sweeps import gpu_title
 
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
@@ -89,6 +90,26 @@ def _roofline_limits(points: pd.DataFrame, gpus: Sequence[str]):
             (float(np.min(tf)) / 2.5 if tf.size else 0.5, max(peaks) * 1.6))
 
 
+#: points right of its op's intensity at which a GPU's reported stars of that op are drawn, on
+#: one line from the lowest to the highest: beside the lab's point, not behind it (their data
+#: stay at their intensity; right of it the roof is higher, so no star seems to pass it)
+STAR_NUDGE_PT = 9.0
+
+
+def _shape(r) -> str:
+    """``M×N`` of a point; ``N=…, M not given`` for a reported bandwidth without a row count."""
+    return f"{r.M}×{r.N}" if pd.notna(r.time_us) else f"N={r.N}, M not given"
+
+
+def _shapes(rows: pd.DataFrame) -> str:
+    """The shapes of ``rows`` (``_shape``), one a line, each with how many points it has where
+    more than one shape is listed."""
+    counts = pd.Series([_shape(r) for r in rows.itertuples(index=False)]).value_counts()
+    if len(counts) == 1:
+        return counts.index[0]
+    return "\n".join(f"{k} ({n})" for k, n in counts.items())
+
+
 def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_GPUS,
                         df: Optional[pd.DataFrame] = None, axes=None):
     """The roofline, one panel per GPU: attainable TFLOP/s against arithmetic intensity
@@ -96,8 +117,9 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
     min(FP32 peak, intensity × datasheet bandwidth), its corner the ridge point; where the lab
     measured a copy on that GPU, the bandwidth it reached is a second, dashed roof. ``points``
     (``analysis.speed.sol_points``): RMSNorm's forward (circle) and backward (triangle), filled
-    where measured, hollow where modelled, stars where reported, every point at its own
-    intensity (the markers tell them apart: the lab's drawn over the stars)."""
+    where measured, hollow where modelled, each at its own intensity; stars where reported, one
+    op's on one line beside the lab's point (``STAR_NUDGE_PT``). The legend names the lab's
+    shape, each panel the shapes of its stars."""
     axes = _panels(len(gpus)) if axes is None else axes
     (x0, x1), (y0, y1) = _roofline_limits(points[points["gpu"].isin(gpus)], gpus)
     ai = np.geomspace(x0, x1, 200)
@@ -115,44 +137,60 @@ def plot_speed_of_light(points: pd.DataFrame, gpus: Sequence[str] = model.MODEL_
                                                                  s.fp32_tflops),
                     xytext=(-4, 4), textcoords="offset points", fontsize=8, color="#444444",
                     ha="right", va="bottom")
-        for r in points[points["gpu"] == g].itertuples(index=False):
-            oc = OP_COLORS.get(r.op, GREY)
-            if r.kind == REPORTED:
-                ax.plot([r.intensity], [r.TFLOPs], marker="*", color=oc, markersize=10,
-                        markeredgecolor=BLACK, markeredgewidth=0.5, linestyle="none",
-                        alpha=0.85, zorder=2)
-            else:
-                ax.plot([r.intensity], [r.TFLOPs], marker=OP_MARKERS.get(r.op, "o"),
-                        color=oc, markersize=9, linestyle="none", zorder=3,
-                        fillstyle="full" if r.kind == MEASURED else "none",
-                        markeredgewidth=1.8)
+        here = points[points["gpu"] == g]
+        for r in here[here["kind"] != REPORTED].itertuples(index=False):
+            ax.plot([r.intensity], [r.TFLOPs], marker=OP_MARKERS.get(r.op, "o"),
+                    color=OP_COLORS.get(r.op, GREY), markersize=9, linestyle="none",
+                    zorder=3, fillstyle="full" if r.kind == MEASURED else "none",
+                    markeredgewidth=1.8)
+        stars = here[here["kind"] == REPORTED]
+        nudge = ax.transData + ScaledTranslation(STAR_NUDGE_PT / 72, 0,
+                                                 ax.figure.dpi_scale_trans)
+        for op, g_stars in stars.groupby("op", sort=False):
+            oc = OP_COLORS.get(op, GREY)
+            x, y = g_stars["intensity"].to_numpy(float), g_stars["TFLOPs"].to_numpy(float)
+            ax.plot([x.mean()] * 2, [y.min(), y.max()], color=oc, linewidth=1.2,
+                    transform=nudge, zorder=2)
+            for xi, yi in zip(x, y):
+                ax.plot([xi], [yi], marker="*", color=oc, markersize=9, markeredgecolor=BLACK,
+                        markeredgewidth=0.5, linestyle="none", zorder=2, transform=nudge)
+        if not stars.empty:  # under the roof's right end, where no point is drawn
+            ax.text(0.97, 0.04, f"stars: {REPORTED} at\n{_shapes(stars)}",
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=7.5,
+                    color="#444444")
         ax.set_xscale("log")
         ax.set_yscale("log")
         _plain(ax.xaxis)
         _plain(ax.yaxis)
         ax.set_xlim(x0, x1)
         ax.set_ylim(y0, y1)
-        ax.set_title(f"{s.name}: {s.memory_bandwidth_tbps:g} TB/s, {s.fp32_tflops:g} FP32 "
-                     "TFLOP/s", fontsize="medium", color=c)
+        ax.set_title(f"{gpu_title(g)}: {s.memory_bandwidth_tbps:g} TB/s, {s.fp32_tflops:g} "
+                     "FP32 TFLOP/s", fontsize="medium", color=c)
         ax.set_xlabel("arithmetic intensity (FLOP / byte of DRAM traffic)")
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("attainable TFLOP/s")
+    lab = points[points["gpu"].isin(gpus) & (points["kind"] != REPORTED)]
+    impl = ", ".join(sorted(set(lab["impl"]))) or "the lab"
+    at = f" at {_shapes(lab)}" if not lab.empty else ""
     handles = [_handle("roof: datasheet bandwidth × intensity, FP32 peak", color=BLACK,
                        linestyle="-"),
                _handle("roof at the bandwidth a copy reached (measured)", color=BLACK,
                        linestyle="--"),
-               _handle("forward, cute.auto (filled: measured; hollow: modelled)", marker="o",
-                       color=BLUE, markersize=8),
-               _handle("backward, cute.auto (filled: measured; hollow: modelled)", marker="^",
-                       color=VERMILLION, markersize=8, fillstyle="none", markeredgewidth=1.5),
-               _handle("reported elsewhere (colour: forward / backward)", marker="*",
-                       color=GREY, markersize=11, markeredgecolor=BLACK, markeredgewidth=0.5)]
+               _handle(f"forward, {impl}{at}\n(filled: measured; hollow: modelled)",
+                       marker="o", color=BLUE, markersize=8),
+               _handle(f"backward, {impl}{at}\n(filled: measured; hollow: modelled)",
+                       marker="^", color=VERMILLION, markersize=8, fillstyle="none",
+                       markeredgewidth=1.5),
+               _handle("reported elsewhere, at the shapes each panel names\n(colour: forward "
+                       "/ backward; one op's on one line,\ndrawn just right of its intensity)",
+                       marker="*", color=GREY, markersize=11, markeredgecolor=BLACK,
+                       markeredgewidth=0.5, linestyle="-")]
     _legend_right(axes[-1], handles)
     where = sorted(set(points[points["kind"] == MEASURED]["gpu"]) & set(gpus))
     axes[0].figure.suptitle(
-        "Roofline per GPU: RMSNorm's forward and backward (cute.auto)"
-        + (f", measured on the {', '.join(spec(g).name for g in where)}, modelled and reported "
-           "elsewhere" if where else ", modelled and reported"), fontsize="medium")
+        f"Roofline per GPU: RMSNorm's forward and backward ({impl}{at})"
+        + (f", measured on the {', '.join(gpu_title(g) for g in where)}, modelled and "
+           "reported elsewhere" if where else ", modelled and reported"), fontsize="medium")
     return axes
 
 
@@ -170,13 +208,14 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
         t = model.device_us(cal, op, impl, g, Ms, N)
         if not np.all(np.isnan(t)):
             pct = 100 * model.bytes_moved(op, Ms, N) / t / 1e3 / spec(g).bandwidth_gbps
-            ax.plot(Ms, pct, color=_color(g), label=f"{g} ({MODELLED})", **STYLE[MODELLED])
+            ax.plot(Ms, pct, color=_color(g), label=f"{gpu_title(g)} ({MODELLED})",
+                    **STYLE[MODELLED])
     meas = model.measured_points(df, op, N)
     for g in sorted(meas["gpu"].unique()) if not meas.empty else []:
         m = meas[(meas["gpu"] == g) & (meas["impl"] == impl)].sort_values("M")
         if not m.empty:
             ax.plot(m["M"], 100 * m["GBps"] / model.spec_of(g).bandwidth_gbps, color=_color(g),
-                    label=f"{g} ({MEASURED})", **STYLE[MEASURED])
+                    label=f"{gpu_title(g)} ({MEASURED})", **STYLE[MEASURED])
     if not reported.empty:
         r = reported[(reported["op"] == op) & (reported["metric"] == "time")
                      & reported["path"].isin(["graph", "device"]) & (reported["N"] == N)
@@ -238,8 +277,9 @@ def _star_groups(stars):
 
 
 def _star_label(names, gpu: str) -> str:
-    """One label for coinciding stars: ``liger.triton (h100_sxm)``, or for several of one
-    source ``3 liger kernels (h100_sxm): cutedsl, triton, cutile``."""
+    """One label for coinciding stars: ``liger.triton (H100 SXM)``, or for several of one
+    source ``3 liger kernels (H100 SXM): cutedsl, triton, cutile``."""
+    gpu = gpu_title(gpu)
     if len(names) == 1:
         return f"{names[0]} ({gpu})"
     heads = {n.split(".", 1)[0] for n in names}
@@ -316,7 +356,7 @@ def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = CROSSOVER_IMPLS, op:
         if curves:
             _unmeasured_span(a, Ms, min(float(c.index.min()) for c in curves.values()))
             _coincide_note(a, curves)
-        a.set_title(spec(g).name + (f" ({MEASURED})" if not here.empty else f" ({MODELLED})"),
+        a.set_title(gpu_title(g) + (f" ({MEASURED})" if not here.empty else f" ({MODELLED})"),
                     fontsize="medium", color=_color(g))
         a.set_xlabel(f"M (rows), N={N}")
         a.grid(True, which="major", alpha=0.3)
@@ -381,7 +421,8 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
                dict(marker="^", fillstyle="none", color=GREY, markersize=9)),
               ("reported ratio", f"{REPORTED}", dict(marker="*", color=VERMILLION,
                                                      markersize=14)),
-              ("measured eager ratio", f"eager ({MEASURED}, H200)",
+              ("measured eager ratio",
+               f"eager ({MEASURED}, {gpu_title(model.CALIBRATION_GPU)})",
                dict(marker="o", color=BLACK, markersize=7))]
     scen = None
     if scenario is not None and not scenario.empty:
@@ -408,7 +449,7 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.axhline(1.0, color=BLACK, linewidth=1)
     ax.axhspan(1 - model.PARITY, 1 + model.PARITY, color=GREY, alpha=0.2, lw=0)
-    ax.set_xticks(xs, [f"{g}\nM={m}" for g, m in keys], fontsize="small")
+    ax.set_xticks(xs, [f"{gpu_title(g)}\nM={m}" for g, m in keys], fontsize="small")
     ax.set_xlim(-0.5, len(keys) - 0.5)
     ax.set_ylabel("CuTe time / Triton time (log)")
     ax.set_title("Liger-Kernel's CuTe DSL vs Triton forward, N=4096 (grey band: parity ±5%)"

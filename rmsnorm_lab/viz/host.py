@@ -256,6 +256,19 @@ def _kernel_label(kernel: str, impls: Sequence[str]) -> str:
     return f"device µs, {kernel}'s kernel" + (" (the lab's paths)" if shared else "")
 
 
+#: how each run of the kernels' sweeps is drawn, the run with the most points first: line
+#: style and marker fill (a kernel's colour stays its own)
+_RUN_STYLE = (("-", "full"), ("--", "none"), (":", "none"))
+
+
+def _runs(dev: Sequence[pd.DataFrame]) -> list:
+    """(run, (line style, fill)) for each run (``timestamp``) the kernels' points come from,
+    the one with most points first."""
+    every = pd.concat(list(dev)) if len(dev) else pd.DataFrame({"timestamp": []})
+    runs = every["timestamp"].value_counts(sort=True).index
+    return [(r, _RUN_STYLE[i % len(_RUN_STYLE)]) for i, r in enumerate(runs)]
+
+
 def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",
                    impls: Optional[Sequence[str]] = CROSSOVER_IMPLS, ax=None,
                    labels: Optional[Dict[str, str]] = None):
@@ -263,22 +276,37 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
     (``workload``) as a horizontal line, its own kernel's device µs against M as a curve
     (CUDA-graph replay, inputs from DRAM; band p20-p80; the lab's launch paths share
     ``cute.auto``'s), and a ring where a host line meets its kernel's curve. Left of a ring, a
-    loop of eager calls on that path is host-bound; right of it, device-bound."""
+    loop of eager calls on that path is host-bound; right of it, device-bound. Points from
+    different runs of the sweeps are different series (``_RUN_STYLE``), never joined; a ring
+    between two runs' points is interpolated across them, as ``analysis.crossover`` does."""
     _, gpu = one_gpu(df, gpu)
     table = crossover_table(df, impls, gpu, workload)  # all rows, as plot_host
     ax = _axes(ax, (8.5, 4.5))
     kernels = list(dict.fromkeys(table["kernel"]))
     top = float(table["host µs"].max()) if len(table) else math.inf
-    xs = []
-    for k, kernel in enumerate(kernels):
+    curves = {}
+    for kernel in kernels:
         dev = kernel_times(df, kernel, gpu, "full" if workload == "full" else "fwd")
         past = dev.index[dev["p50"] >= top]  # one measured point past the highest host line
-        dev = dev.iloc[:past[0] + 1] if len(past) else dev
+        curves[kernel] = dev.iloc[:past[0] + 1] if len(past) else dev
+    runs = _runs(curves.values())
+    xs = []
+    for kernel, dev in curves.items():
         colour, marker = _KERNEL_STYLE.get(kernel, (GREEN, "D"))
-        ax.plot(dev["M"], dev["p50"], "-", marker=marker, color=colour, markersize=4,
+        ax.plot([], [], "-", marker=marker, color=colour, markersize=4,
                 label=_kernel_label(kernel, list(table.index)))
-        ax.fill_between(dev["M"], dev["p20"], dev["p80"], color=colour, alpha=0.15, linewidth=0)
+        for run, (ls, fill) in runs:
+            d = dev[dev["timestamp"] == run]
+            ax.plot(d["M"], d["p50"], linestyle=ls, marker=marker, color=colour, markersize=5,
+                    fillstyle=fill, markeredgewidth=1.2)
+            ax.fill_between(d["M"], d["p20"], d["p80"], color=colour, alpha=0.15, linewidth=0)
         xs += list(dev["M"])
+    if len(runs) > 1:  # which points each run measured, in the legend
+        for run, (ls, fill) in runs:
+            Ms = sorted({int(m) for d in curves.values() for m in d.loc[d["timestamp"] == run,
+                                                                        "M"]})
+            ax.plot([], [], linestyle=ls, marker="o", color=GREY, fillstyle=fill,
+                    label=f"a run of the sweeps: M = {', '.join(f'{m:,}' for m in Ms)}")
     for k, (impl, r) in enumerate(table.head(len(_HOST_LINE_STYLE)).iterrows()):
         ls, c = _HOST_LINE_STYLE[k]
         ax.axhline(r["host µs"], color=c, linestyle=ls, linewidth=1.5,
@@ -295,8 +323,7 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
     ax.set_xlabel(f"M (rows), N={HOST_SHAPE[1]} bf16")
     ax.set_ylabel(f"µs per call ({workload}; log scale)")
     ax.set_title(f"{gpu_title(gpu)}: host time per call (lines) against kernel time (curves), "
-                 f"{workload}"
-                 "\nrings: the crossover; left of a ring the call is host-bound",
+                 f"{workload}\nrings: the crossover; left of a ring the call is host-bound",
                  fontsize="medium")
     ax.grid(True, which="major", alpha=0.3)
     _legend_right(ax)

@@ -38,6 +38,7 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
     lo, hi = xlim if xlim is not None else _fit(drawn)
     floor = lo  # bars end here at the least; the labels' room lies left of it
     lo = _label_room(ax, lo, hi)
+    drew = set()  # which marks were drawn, for the x label
     for i, norm in enumerate(norms):
         vals = rows.loc[norm, list(columns)].to_numpy(dtype=float)
         ys = y + (i - (len(norms) - 1) / 2) * height
@@ -46,12 +47,14 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
         ax.barh(ys, shown - 1.0, height=height, left=1.0, color=colour, label=norm)
         for yy, v, s in zip(ys, vals, shown):
             if np.isfinite(v) and v != s:  # past the range: a chevron, the ratio inside
+                drew.add("chevrons: past the range")
                 ax.plot([s], [yy], ">" if v > s else "<", color="black", markersize=5)
                 ax.annotate(f"{v:.3f}", (s, yy), xytext=(-8 if v > s else 8, 0),
                             textcoords="offset points", va="center", fontsize=7,
                             ha="right" if v > s else "left", color="white", fontweight="bold")
         vals = np.where(vals == shown, vals, np.nan)  # the rest labels bars inside the range
         short = np.isfinite(vals) & (np.abs(vals - 1.0) < 0.012 * (hi - lo))
+        drew |= {"diamonds: too short to see"} if short.any() else set()
         ax.plot(vals[short], ys[short], "D", color=colour, markersize=5,
                 markeredgecolor="black", markeredgewidth=0.5)
         low, high = vals, vals  # where the label goes: past the whisker, if one is drawn
@@ -67,6 +70,7 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
             for cut, edge, mark in ((ok & (raw_high > hi), hi, ">"),
                                     (ok & (raw_low < floor), floor, "<")):
                 if cut.any():
+                    drew.add("open chevron: a whisker past the range")
                     ax.plot(np.full(cut.sum(), edge), ys[cut], mark, color="black",
                             markersize=5, fillstyle="none")
             low, high = np.fmin(low, vals), np.fmax(high, vals)
@@ -77,10 +81,12 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
     ax.set_xlim(lo, hi)
     ax.set_yticks(y, columns)
     ax.invert_yaxis()
+    marks = [m for m in ("diamonds: too short to see", "chevrons: past the range",
+                         "open chevron: a whisker past the range") if m in drew]
     ax.set_xlabel("time / time with torch.nn.RMSNorm (same model, same run)\n"
-                  "bars from 1; diamonds: too short to see; chevrons: past the range"
-                  + ("\nwhiskers: p20-p80 of both (open chevron: past the range)"
-                     if spread is not None else ""))
+                  + "; ".join(["bars from 1"] + (["whiskers: p20-p80 of both"]
+                                                 if spread is not None else []))
+                  + ("\n" + "; ".join(marks) if marks else ""))
     ax.set_title(f"{gpu_title(gpu) + ': ' if gpu else ''}{arch}, each norm's step time over "
                  "torch's norm's",
                  fontsize="medium")
@@ -116,6 +122,48 @@ def shared_range(ratios: pd.DataFrame, columns: Sequence[str]) -> tuple:
     shown = ratios[list(columns)].to_numpy(dtype=float)
     lo = max(RATIO_RANGE[0], min(0.85, float(np.nanmin(shown)) - 0.03))
     return lo, min(RATIO_RANGE[1], float(np.nanmax(shown)) + 0.12)
+
+
+def fitted_range(ratios: pd.DataFrame, columns: Sequence[str],
+                 norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"),
+                 spread: Optional[tuple] = None, room: float = 0.14) -> tuple:
+    """One x range for compared panels of ``plot_vs_torch`` that holds every ratio of
+    ``columns`` of the ``norms`` drawn and, with ``spread``, every whisker: nothing is drawn past
+    it. ``room``: the share of the width kept right of the highest for its label (the left's
+    is ``plot_vs_torch``'s)."""
+    frames = [ratios] + ([*spread] if spread is not None else [])
+    shown = np.concatenate([f[f.index.get_level_values(-1).isin(norms)][list(columns)]
+                            .to_numpy(dtype=float).ravel() for f in frames] + [[1.0]])
+    lo, hi = float(np.nanmin(shown)), float(np.nanmax(shown))
+    lo -= 0.01 * (hi - lo)
+    return lo, hi + room / (1 - room) * (hi - lo)
+
+
+def plot_step_ratios(ratios: pd.DataFrame, archs: Sequence[str],
+                     groups: Sequence[Sequence[str]], notes: Sequence[str] = (),
+                     gpu: Optional[str] = None, spread: Optional[tuple] = None, fig=None):
+    """``plot_vs_torch`` for each of ``archs`` (columns of panels) and each group of workload
+    columns (rows of panels), every row on an x range of its own fitted to what it draws
+    (``fitted_range``): a group whose ratios or whiskers reach far (eager decode, paced by the
+    host) does not squeeze the others' differences into the line at 1, and no bar or whisker is
+    cut. ``notes``: a title for each row after the first. Returns the axes, rows by columns."""
+    if fig is None:
+        import matplotlib.pyplot as plt
+        fig = plt.figure(figsize=(13, 1.6 + 0.75 * sum(len(g) + 1 for g in groups)),
+                         layout="constrained")
+    axes = fig.subplots(len(groups), len(archs), squeeze=False,
+                        height_ratios=[len(g) + 0.8 for g in groups])
+    for row, cols in enumerate(groups):
+        span = fitted_range(ratios, cols, spread=spread)
+        for col, arch in enumerate(archs):
+            ax = plot_vs_torch(ratios, arch, cols, ax=axes[row][col], xlim=span, gpu=gpu,
+                               spread=spread)
+            if row:
+                ax.set_title(f"{arch}: {notes[row - 1]}" if row - 1 < len(notes) else arch,
+                             fontsize="medium")
+            if row or col < len(archs) - 1:
+                ax.get_legend().remove()
+    return axes
 
 
 def _fit(values: np.ndarray) -> tuple:

@@ -56,8 +56,9 @@ BLUE, VERMILLION, GREEN, GREY, BLACK = "#0072B2", "#D55E00", "#009E73", "#999999
 
 
 def gpu_title(gpu: str) -> str:
-    """A results slug as a title names the GPU: ``h200`` -> H200, ``h100_sxm`` -> H100 SXM."""
-    return gpu.upper().replace("_", " ")
+    """A results slug as a title names the GPU: ``h200`` -> H200, ``h100_sxm`` -> H100 SXM,
+    ``h100_pcie`` -> H100 PCIe."""
+    return gpu.upper().replace("_", " ").replace("PCIE", "PCIe")
 
 
 def _axes(ax, size=(7, 4.5)):
