@@ -120,3 +120,26 @@ def test_small_m_figure_stacks_the_parts_to_the_fused_time():
     recorded = sorted(LOGS.glob("bwd-small-m-stages-probe-*.jsonl"))
     if recorded:
         assert len(probes.small_m_parts(pd.read_json(recorded[-1], lines=True))) == 3
+
+
+def test_dw_cluster_table_compares_each_cluster_size_with_a_partial_row_a_cta():
+    rows = []
+    for M, base in ((1024, 10.0), (65536, 400.0)):
+        for k, f in ((1, 1.0), (2, 0.9), (4, 1.4)):
+            for rep in (0, 1):
+                rows.append({"M": M, "N": 4096, "dtype": "bfloat16", "dh": False,
+                             "impl": f"fused dwc{k}", "rep": rep, "us": base * f + rep * 0.01})
+        rows.append({"M": M, "N": 4096, "dtype": "bfloat16", "dh": True, "impl": "fused dwc2",
+                     "us": 1.0})                                   # the fused add: left out
+        rows.append({"M": M, "N": 4096, "dtype": "bfloat16", "dh": False, "impl": "auto",
+                     "us": 1.0})
+    rows.append({"M": 1000, "N": 4096, "dtype": "bfloat16", "dh": False, "impl": "fused dwc4",
+                 "us": 9.0})                                       # no K = 1 to compare with
+    t = probes.dw_cluster_table(pd.DataFrame(rows))
+    assert list(t.index) == [(1024, 4096), (65536, 4096)]
+    assert list(t.columns) == ["1 (µs)", "2 (µs)", "4 (µs)", "2 / 1", "4 / 1"]
+    assert t.loc[(1024, 4096), "1 (µs)"] == pytest.approx(10.005)
+    assert t.loc[(65536, 4096), "2 / 1"] == pytest.approx(360.005 / 400.005)
+    recorded = sorted(LOGS.glob("bwd-dw-cluster-probe-*.jsonl"))
+    if recorded:
+        assert len(probes.dw_cluster_table(pd.read_json(recorded[-1], lines=True))) >= 10

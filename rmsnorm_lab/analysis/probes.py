@@ -89,3 +89,22 @@ def small_m_parts(probe: pd.DataFrame) -> pd.DataFrame:
     t["dW"] = t["fused"] - t["fused, no dW"]
     t["fused / copy2r1w"] = t["fused"] / t["copy2r1w"]
     return t
+
+
+def dw_cluster_table(probe: pd.DataFrame, dtype: str = "bfloat16") -> pd.DataFrame:
+    """The dW-cluster probe (``bwd-dw-cluster-probe-*.jsonl``: ``M``, ``N``, ``dtype``, ``dh``,
+    ``impl`` = ``fused dwc<K>`` for clusters of K CTAs summing their dW rows, ``us``) for
+    ``dtype`` without the fused add, at the shapes timed with K = 1: the median µs per shape
+    (index M, N) and cluster size (``K (µs)``), then each size's time over one partial row a CTA
+    (``K / 1``)."""
+    d = probe[probe["impl"].str.startswith("fused dwc", na=False) & (probe["dtype"] == dtype)
+              & ~probe["dh"].astype(bool) & probe["us"].notna()]
+    d = d.assign(K=d["impl"].str.removeprefix("fused dwc").astype(int))
+    t = d.pivot_table(index=["M", "N"], columns="K", values="us", aggfunc="median")
+    t = t.dropna(subset=[1]).sort_index(level=["N", "M"])
+    sizes = list(t.columns)
+    for k in sizes[1:]:
+        t[f"{k} / 1"] = t[k] / t[1]
+    t = t.rename(columns={k: f"{k} (µs)" for k in sizes})
+    t.columns.name = "CTAs a cluster"
+    return t
