@@ -492,5 +492,5 @@ def test_report_model_section_compares_each_norm_with_torch_in_the_same_run(tmp_
     assert "| llama | lab | 0.900 | 0.900 | 0.900 | 0.900 |" in text
     assert "| llama | lab | 90.00 |" in text and "180.00" not in text
     assert (tmp_path / "h200-model-vs-torch.png").exists()
-    assert headline[0] == ("h200 llama in a model, lab / torch: train 0.900, decode 0.900 eager, "
+    assert headline[0] == ("H200 llama in a model, lab / torch: train 0.900, decode 0.900 eager, "
                            "0.900 from a graph")

@@ -84,7 +84,7 @@ def test_report_renders_markdown_and_figures(tmp_path):
     for name in pngs:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{name}]({name})" in md
-    assert f"## {SYNTHETIC_GPU}" in md and "commit: synthetic" in md
+    assert f"## {SYNTHETIC_GPU.upper()}" in md and "commit: synthetic" in md
     assert "| M | N | cute.row | triton.row | torch.native |" in md
     assert "| 16384 | 4096 | 1168 | 1268 | 1368 |" in md  # GB/s, rounded
     assert "| 16384 | 4096 | 29.2 | 31.7 | 34.2 |" in md  # % of copy (4000 GB/s)
@@ -98,7 +98,7 @@ def test_report_renders_markdown_and_figures(tmp_path):
     # the results folder is named as given when outside the repository
     assert f"results read from `{res}`" in md
     # the headline table is printed too
-    assert "testgpu fwd (GB/s, graph, median)" in p.stdout and "1268" in p.stdout
+    assert "TESTGPU fwd (GB/s, graph, median)" in p.stdout and "1268" in p.stdout
 
 
 def test_report_without_results_says_so_and_renders_nothing_else(tmp_path):
@@ -154,10 +154,10 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     p = cli("report", "--out", str(out), timeout=300)
     assert p.returncode == 0, p.stderr
     assert "no CUDA GPU here: rendering the recorded results" in p.stdout
-    assert "h200 fwd (GB/s, graph, median)" in p.stdout
+    assert "H200 fwd (GB/s, graph, median)" in p.stdout
     md = (out / "report.md").read_text()
-    assert "## h200" in md and "## In a model (notebook 05)" in md
-    assert "h200 llama in a model, lab / torch: train" in p.stdout
+    assert "## H200" in md and "## In a model (notebook 05)" in md
+    assert "H200 llama in a model, lab / torch: train" in p.stdout
     pngs = {f.name for f in out.glob("*.png")}
     assert {"h200-fwd-bandwidth-vs-M.png", "h200-bwd-eager-vs-graph.png",
             "gpus-roofline.png", "h200-model-vs-torch.png"} <= pngs

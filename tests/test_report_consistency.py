@@ -206,18 +206,22 @@ def test_eager_caption_names_kernels_alike_by_graph_and_apart_eagerly(df):
     (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
     assert abs(ga / gb - 1) <= 0.02 and ea > 1.25 * eb
     assert text.startswith("Eager (`do_bench`) at small M is host-bound")
-    assert f"{ga:.1f}" == f"{gb:.1f}"  # the recorded pair: one graph time, said once
-    assert (f"At M={pair['M']}, two kernels with the same graph time ({ga:.1f} µs), `{a}` and "
-            f"`{b}`, read {ea:.0f} and {eb:.0f} µs eager") in text
+    if f"{ga:.1f}" == f"{gb:.1f}":  # one graph time, said once: no "11.7 and 11.7"
+        times = f"the same graph time ({ga:.1f} µs)"
+        assert f"{ga:.1f} and {gb:.1f}" not in text
+    else:
+        times = f"graph times within 2% ({ga:.1f} and {gb:.1f} µs)"
+    assert (f"At M={pair['M']}, two kernels with {times}, `{a}` and `{b}`, read {ea:.0f} and "
+            f"{eb:.0f} µs eager") in text
     assert "chosen as the furthest apart eagerly" in text
-    assert f"{ga:.1f} and {gb:.1f}" not in text  # no "11.7 and 11.7"
     # graph times that differ in the first decimal are both given, with the tolerance
     near = df.copy()
     sel = ((near["impl"] == a) & (near["op"] == "bwd") & (near["path"] == "graph")
            & (near["metric"] == "time") & (near["M"] == pair["M"]) & (near["N"] == 4096))
-    near.loc[sel, ["p20", "p50", "p80"]] = near.loc[sel, ["p20", "p50", "p80"]] * 1.015
+    factor = gb * 1.015 / ga  # a's graph time 1.5% above b's
+    near.loc[sel, ["p20", "p50", "p80"]] = near.loc[sel, ["p20", "p50", "p80"]] * factor
     moved = eager_caption(near, "bwd", "h200")
-    assert f"graph times within 2% ({ga * 1.015:.1f} and {gb:.1f} µs)" in moved
+    assert f"graph times within 2% ({gb * 1.015:.1f} and {gb:.1f} µs)" in moved
 
 
 def test_cache_cap_caption_says_what_the_memory_panel_counts(df):
@@ -304,7 +308,7 @@ def test_the_reports_count_says_what_it_counts(df):
     files = [p for p in RESULTS.glob("*/*.csv") if p.parent.name != "reported"]
     steps = len(results.load_all(RESULTS, model_steps=True))
     assert teach > 0 and steps > 0
-    assert line.startswith(f"{len(df)} measurements from {len(files)} files of 1 GPU(s) (h200)")
+    assert line.startswith(f"{len(df)} measurements from {len(files)} files of 1 GPU(s) (H200)")
     assert f"of which {teach} are the lessons' teaching kernels" in line
     assert f"{len(df) - teach} without them" in line  # notebook 04's count
     assert f"the {steps} rows of model steps (notebook 05) are read apart" in line

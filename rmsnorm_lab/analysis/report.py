@@ -12,6 +12,7 @@ from typing import List, Optional, Tuple
 import pandas as pd
 
 from ..viz import gpus as figures
+from ..viz.sweeps import gpu_title
 from . import MODELLED, compiled, model, model_step, speed
 from .tables import markdown_table
 from .reported import load_reported
@@ -187,7 +188,7 @@ def model_section(steps: pd.DataFrame, out: Path,
             continue
         table = model_step.step_table(run)
         ratios = model_step.versus(table)
-        md += [f"### {gpu}", "", "ms per step:", "",
+        md += [f"### {gpu_title(gpu)}", "", "ms per step:", "",
                markdown_table(table[[c for c in MODEL_COLUMNS if c in table.columns]]
                               .reset_index(), 2), "",
                "time over torch's norm's:", "",
@@ -218,7 +219,7 @@ def model_section(steps: pd.DataFrame, out: Path,
         for arch in archs:
             if (arch, "lab") in ratios.index:
                 r = ratios.loc[(arch, "lab")]
-                headline.append(f"{gpu} {arch} in a model, lab / torch: train "
+                headline.append(f"{gpu_title(gpu)} {arch} in a model, lab / torch: train "
                                 f"{r['train wall']:.3f}, decode {r['decode wall']:.3f} eager, "
                                 f"{r['decode graph']:.3f} from a graph")
         if caveat:

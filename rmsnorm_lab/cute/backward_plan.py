@@ -372,7 +372,7 @@ def backward_uses_pdl(arch: Optional[str]) -> bool:
 
 
 # CTAs of a thread-block cluster that sum their fused strips' dW rows on chip (dw_cluster.py).
-# On the H200 two took up to 21% off the fused backward at few rows (1024×1024) and cost nothing
+# On the H200 two took up to 22% off the fused backward at few rows (1024×1024) and cost nothing
 # at many; four and eight ran about 1.4× as long as two from 4096 rows of 4096 (results/NOTES.md).
 DW_CLUSTER = 2
 

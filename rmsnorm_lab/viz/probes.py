@@ -65,7 +65,7 @@ def plot_small_m_parts(table: pd.DataFrame, ax=None):
     labels = [f"{M}×{N}" for M, N in table.index]
     left = pd.Series(0.0, index=table.index)
     for part, colour, name in (("dx kernel alone", BLUE, "dx kernel alone (a CTA a row)"),
-                               ("strips", GREY, "+ rows walked in strips, one after another"),
+                               ("strips", GREY, "+ fused without dW, over the dx kernel (strips)"),
                                ("dW", VERMILLION, "+ dW: partial rows, the grid's end, the sum")):
         width = table[part] / copy
         ax.barh(labels, width, left=left, color=colour, label=name, height=0.6)
