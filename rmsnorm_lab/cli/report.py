@@ -51,7 +51,8 @@ def count_line(df: pd.DataFrame, root: Path) -> str:
     teach = int(df["impl"].astype(str).str.startswith(tables.TEACH_PREFIX).sum())
     steps = len(results_io.load_all(root, model_steps=True))
     return (f"{len(df)} measurements from {len(files)} files of {len(gpus)} GPU(s) "
-            f"({', '.join(sweeps.gpu_title(g) for g in gpus)}), of which {teach} are the lessons' teaching kernels "
+            f"({', '.join(sweeps.gpu_title(g) for g in gpus)}), of which {teach} are the "
+            "lessons' teaching kernels "
             f"(`{tables.TEACH_PREFIX}*`; {len(df) - teach} without them); the {steps} rows of "
             "model steps (notebook 05) are read apart and not counted")
 
@@ -152,7 +153,8 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
                 ax.get_legend().remove()
         fig.legend(handles, labels, loc="outside lower center", ncol=len(labels),
                    fontsize="small", frameon=False)
-        fig.suptitle(f"{sweeps.gpu_title(gpu)}: {op}, µs per call, eager vs CUDA-graph replay (N=4096)\n"
+        fig.suptitle(f"{sweeps.gpu_title(gpu)}: {op}, µs per call, eager vs CUDA-graph replay "
+                     "(N=4096)\n"
                      f"{EAGER_NOTE}", linespacing=1.6)
         names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
     return names

@@ -19,9 +19,9 @@ The math (reference.py holds the rounding points)::
   than the register budget take two passes over column chunks, like the forward.
 * ``RMSNormClusterBackward`` (backward_cluster.py): the fused plan of a row too wide for one CTA,
   over the CTAs of a thread-block cluster.
-* ``RMSNormBackwardDW`` (backward_dw.py): the split path's dW. CTA (b, g) sums ``dy * x_hat`` over the rows of
-  group g for column block b -- one warp per row, ``dw_unroll`` rows per warp in flight -- then
-  reduces over its warps in shared memory and writes ``dw_partial[g, block b]``.
+* ``RMSNormBackwardDW`` (backward_dw.py): the split path's dW. CTA (b, g) sums ``dy * x_hat``
+  over the rows of group g for column block b -- one warp per row, ``dw_unroll`` rows per warp
+  in flight -- then reduces over its warps in shared memory and writes ``dw_partial[g, block b]``.
 
 A last kernel, ``DwReduce`` (dw_reduce.py), sums the partial rows into dw.
 
