@@ -83,8 +83,10 @@ def crossover_M(Ms: Sequence[float], device_us: Sequence[float], host_us: float)
 
 def kernel_of(impl: str) -> str:
     """The kernel behind a host-measured name: ``cute.auto@tvm_ffi+python_node`` ->
-    ``cute.auto``; a peer is its own kernel."""
-    return impl.split("@")[0].split("+")[0]
+    ``cute.auto``; a peer is its own kernel, and so is a fused residual add (``cute.auto+add``:
+    ``+add`` names the op, where ``+nvtx``, ``+python_node``... name ablations)."""
+    parts = impl.split("@")[0].split("+")
+    return "+".join(parts[:2]) if parts[1:2] == ["add"] else parts[0]
 
 
 def op_of(workload: str) -> str:

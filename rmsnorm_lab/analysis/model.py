@@ -44,7 +44,7 @@ from ..results import CEILINGS, latest
 from . import MEASURED, MODELLED
 from .crossover import (HOST_BENCHMARK, HOSTS_SHOWN, kernel_of,  # noqa: F401 (shared names)
                         crossover_table as measured_crossover_table, shown_hosts)
-from .specs import ALIASES, SPECS, GPUSpec, measured_copy_bandwidth, spec
+from .specs import SPECS, GPUSpec, has_spec, measured_copy_bandwidth, spec
 
 SPECS_KEYS = frozenset(SPECS)
 
@@ -225,7 +225,7 @@ def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd",
                         "runs": g["p50"].size().values,
                         "source": np.where(when.isin(set(bench_runs)), HOST_BENCHMARK,
                                            "sweep")})
-    out["device_impl"] = [i if _FUSED_ADD.match(i) else device_impl(i) for i in out["impl"]]
+    out["device_impl"] = out["impl"].map(device_impl)
     return out.sort_values("impl").reset_index(drop=True)[cols]
 
 
@@ -242,10 +242,9 @@ def with_host(hosts: pd.DataFrame, impl: str, host_us: float) -> pd.DataFrame:
 def resolve_host(hosts: pd.DataFrame, impl: str) -> Tuple[Optional[str], float]:
     """(host-measured name, host µs) for ``impl``: a plain kernel name prefers its TVM-FFI
     launch path (the lab's default, measured in host.csv) over the plain name (the forward
-    sweep's host rows); then its kernel's plain name. A fused add (``...+add``) takes its own
-    only, not the plain norm's. (None, NaN) when none was measured."""
+    sweep's host rows); then its kernel's plain name (a fused add's kernel is the fused add,
+    ``kernel_of``: never the plain norm's). (None, NaN) when none was measured."""
     names = ([f"{impl}@tvm_ffi", impl] if "@" not in impl else [impl]) + [device_impl(impl)]
-    names = [impl] if _FUSED_ADD.match(impl) else names
     for name in names:
         r = hosts[hosts["impl"] == name]
         if not r.empty:
@@ -491,7 +490,7 @@ def reported_vs_modelled(reported: pd.DataFrame, cal: pd.DataFrame) -> pd.DataFr
                  & reported["M"].notna() & reported["N"].notna()]
     rows = []
     for x in r.itertuples():
-        if ALIASES.get(x.gpu.lower(), x.gpu.lower()) not in SPECS:  # no datasheet: no model
+        if not has_spec(x.gpu):  # no datasheet: no model
             continue
         m = device_us(cal, x.op, device_impl(x.impl), x.gpu, int(x.M), int(x.N))
         rows.append({"gpu": x.gpu, "op": x.op, "impl": x.impl, "M": int(x.M), "N": int(x.N),

@@ -83,10 +83,18 @@ ALIASES = {"h100": "h100_sxm"}
 
 def spec(gpu: str) -> GPUSpec:
     """The spec of ``gpu`` (a results slug such as ``h200``, or an alias such as ``h100``)."""
-    key = ALIASES.get(gpu.lower(), gpu.lower())
-    if key not in SPECS:
+    if not has_spec(gpu):
         raise KeyError(f"no spec for GPU {gpu!r}; known: {sorted(SPECS)}")
-    return SPECS[key]
+    return SPECS[_key(gpu)]
+
+
+def has_spec(gpu: str) -> bool:
+    """Is there a datasheet for ``gpu`` (a results slug or an alias)?"""
+    return _key(gpu) in SPECS
+
+
+def _key(gpu: str) -> str:
+    return ALIASES.get(gpu.lower(), gpu.lower())
 
 
 def spec_table() -> pd.DataFrame:

@@ -131,8 +131,8 @@ def interleaved_graph_time_us(graphs: Dict[Hashable, CapturedGraph], *, rounds: 
     graph's quantiles are over all its rounds' samples. The untimed replay absorbs what
     switching costs: on an H200 a model's decode step replayed right after another model's took
     a median 0.7-2.5% longer than the replays that followed it (results/NOTES.md), and a
-    server's loop replays one graph. Interleaving exposes every graph to the same drift of the device, as
-    ``interleaved_host_time_us`` does for the host."""
+    server's loop replays one graph. Interleaving exposes every graph to the same drift of the
+    device, as ``interleaved_host_time_us`` does for the host."""
     samples: Dict[Hashable, list] = {key: [] for key in graphs}
     for _ in range(rounds):
         for key, captured in graphs.items():
