@@ -134,15 +134,14 @@ class RMSNormBackward(_Common):
             min_blocks, carveout = p.ctas_per_sm, 100
         if cutlass.const_expr(self.strips_meet):
             smem_bytes = smem_bytes + 16 + p.strips_per_cta * p.N * 4
-        if cutlass.const_expr(self.dw_cluster > 1):  # grid: clusters, one partial row each
-            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
-                grid=[grid * self.dw_cluster, 1, 1], block=[p.cta_threads, 1, 1],
-                cluster=[self.dw_cluster, 1, 1], smem=smem_bytes + dw_cluster.smem_bytes(p.N),
-                stream=stream, use_pdl=p.pdl)
-        else:
-            self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
-                grid=[grid, 1, 1], block=[p.cta_threads, 1, 1], smem=smem_bytes, stream=stream,
-                min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout, use_pdl=p.pdl)
+        cluster = {}  # with dw_cluster, ``grid`` counts clusters (one partial row each)
+        if cutlass.const_expr(self.dw_cluster > 1):
+            smem_bytes = smem_bytes + dw_cluster.smem_bytes(p.N)
+            cluster = {"cluster": [self.dw_cluster, 1, 1]}
+        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
+            grid=[grid * self.dw_cluster, 1, 1], block=[p.cta_threads, 1, 1], smem=smem_bytes,
+            stream=stream, min_blocks_per_mp=min_blocks, preferred_smem_carveout=carveout,
+            use_pdl=p.pdl, **cluster)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,

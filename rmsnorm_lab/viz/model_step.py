@@ -110,20 +110,6 @@ def _ratio_label(ax, v: float, y: float, low: float, high: float, lo: float, hi:
                 va="center", fontsize=7, ha="left" if right else "right")
 
 
-#: the widest x range of ``shared_range``: the choices of a norm differ by a few percent, and a
-#: range stretched to the slowest outlier would flatten those differences into the line at 1
-RATIO_RANGE = (0.8, 1.25)
-
-
-def shared_range(ratios: pd.DataFrame, columns: Sequence[str]) -> tuple:
-    """One x range for the panels of ``plot_vs_torch`` that are compared: every ratio of
-    ``columns`` within RATIO_RANGE (bars past it are drawn to its edge), 0.85 at least on the
-    left (``plot_vs_torch`` adds the labels' room)."""
-    shown = ratios[list(columns)].to_numpy(dtype=float)
-    lo = max(RATIO_RANGE[0], min(0.85, float(np.nanmin(shown)) - 0.03))
-    return lo, min(RATIO_RANGE[1], float(np.nanmax(shown)) + 0.12)
-
-
 def fitted_range(ratios: pd.DataFrame, columns: Sequence[str],
                  norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"),
                  spread: Optional[tuple] = None, room: float = 0.14) -> tuple:
