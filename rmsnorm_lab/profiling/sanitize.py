@@ -27,8 +27,10 @@ FWD_VARIANTS = list(FORWARD_VARIANTS)
 # the fused add's forward: one tile a CTA, column chunks (its second pass re-reads h), and
 # per-head rows (two tiles a CTA)
 ADD_FWD_SHAPES = [(131, 4096), (5, 32768), (1001, 64)]
-# (131, 16384): chunked fused with dW in shared memory, and a cluster of 4; (3, 32768): of 8
-BWD_SHAPES = [(131, 4096), (1000, 8192), (131, 16384), (3, 32768)]
+# (131, 4096) and (1001, 1024): the fused kernel's CTAs in pairs that sum dW in each other's
+# shared memory, the odd row counts leaving CTAs without rows; (131, 16384): chunked fused with dW
+# in shared memory, and a cluster of 4; (3, 32768): of 8
+BWD_SHAPES = [(131, 4096), (1001, 1024), (1000, 8192), (131, 16384), (3, 32768)]
 BWD_MODES = list(BACKWARD_MODES)
 # the fused add's backward: fused and staged at one shape, split where the row is too wide
 ADD_SHAPES = [(131, 4096), (5, 16384)]
