@@ -11,7 +11,8 @@ import pytest
 
 from rmsnorm_lab import results
 from rmsnorm_lab.analysis import compiled, crossover, model, reported, specs
-from rmsnorm_lab.analysis.report import gpu_section, pr_era_host
+from rmsnorm_lab.analysis.reported import pr_era_host
+from rmsnorm_lab.cli.report_sections import gpu_section
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
@@ -200,7 +201,7 @@ def test_the_pr_finding_is_computed_not_asserted(df, rep, cal):
     close = abs(b200["call ratio (modelled)"] - b200["reported ratio"]) <= model.PARITY
     assert ("magnitude not" in v["b200"]) == (not close)
     assert v["h100_sxm"].startswith("parity not") == (not parity)
-    assert v["overall"].startswith("b200: direction")
+    assert v["overall"].startswith("B200: direction")
     # With the pre-TVM-FFI host cost PR #1388 reported, the modelled B200 call is the device
     # times plus only that host cost's part beyond the B200's flush. (Whether that moves the
     # ratio toward the reported one depends on the Triton host cost measured in the newest run;
@@ -219,7 +220,7 @@ def test_the_pr_finding_is_computed_not_asserted(df, rep, cal):
 def test_the_verdicts_carry_the_check_on_the_calibration_gpu(df, rep, cal):
     """On the H200 the same model is held against the eager ratio measured there: the report
     says how far off it is, next to the verdicts (computed, as notebook 04 does)."""
-    from rmsnorm_lab.analysis.report import calibration_caveat
+    from rmsnorm_lab.cli.report_sections import calibration_caveat
     pr = model.pr_comparison(df, rep, cal=cal)
     check = model.calibration_check(pr)
     h200 = pr[(pr["pair"] == "liger.cutedsl / liger.triton") & (pr["gpu"] == "h200")
@@ -331,7 +332,7 @@ def test_report_section_renders_the_three_figures_without_compiling(tmp_path, df
     for name in ("gpus-roofline.png", "gpus-crossover.png", "gpus-reported-vs-modelled.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
         assert f"![{name}]({name})" in text
-    assert "b200: direction reproduced" in text and "Compiled code, sm_90a vs sm_100a" in text
+    assert "B200: direction reproduced" in text and "Compiled code, sm_90a vs sm_100a" in text
     assert any("across GPUs" in line for line in headline)
 
 
@@ -475,7 +476,7 @@ def test_crossover_host_time_comes_from_the_newest_host_benchmark_run():
 
 
 def test_report_model_section_compares_each_norm_with_torch_in_the_same_run(tmp_path):
-    from rmsnorm_lab.analysis.report import model_section
+    from rmsnorm_lab.cli.report_sections import model_section
     rows = []
     for stamp, scale in (("2026-01-01T00:00:00+00:00", 2.0), ("2026-01-02T00:00:00+00:00", 1.0)):
         for choice, t in (("torch", 100.0), ("lab", 90.0)):

@@ -163,6 +163,24 @@ def test_timeline_legend_names_the_range_colours_and_the_title_the_gpu(tmp_path)
     assert ph.trace_gpu(trace) == ""  # a folder not named after a GPU
 
 
+def test_timeline_of_whole_iterations_draws_no_part_of_their_neighbours():
+    trace = nt.load_trace(TRACE)
+    nv = trace.nvtx.copy()  # iterations 0.1 µs apart: each neighbour's end inside the padding
+    its = nv["range"] == "iter"
+    nv.loc[its, "end_ns"] = nv.loc[its, "start_ns"].shift(-1).fillna(nv["end_ns"].max()) - 100
+    trace = nt.Trace(nv, trace.gpu, trace.api, trace.files)
+    fig, ax = plt.subplots()
+    ph.plot_timeline(trace, first=1, count=1, ax=ax)
+    lo, hi = ax.get_xlim()
+    for bars in ax.collections:  # every box drawn lies wholly inside the view
+        for path in bars.get_paths():
+            xs = path.vertices[:, 0]
+            assert xs.min() >= lo and xs.max() <= hi
+    its = nt.iterations(trace.nvtx)
+    assert len(its) > 2  # the fixture has neighbours on both sides to leave out
+    plt.close(fig)
+
+
 def test_model_vs_torch_keeps_its_range_to_the_differences_and_marks_bars_past_it():
     ratios = pd.DataFrame({"decode wall": [0.846, 2.163, 0.615], "train wall": [0.990, 1.10, 0.986]},
                           index=pd.MultiIndex.from_tuples([("llama", "lab"), ("llama", "shipped"),

@@ -18,7 +18,7 @@ from matplotlib.text import Text  # noqa: E402
 
 from rmsnorm_lab import results  # noqa: E402
 from rmsnorm_lab.analysis import model, specs, speed, tables  # noqa: E402
-from rmsnorm_lab.analysis.report import gpu_section, model_section  # noqa: E402
+from rmsnorm_lab.cli.report_sections import gpu_section, model_section  # noqa: E402
 from rmsnorm_lab.viz import gpus  # noqa: E402
 from rmsnorm_lab.viz import model_step as step_figs  # noqa: E402
 from test_figure_rules import _draw  # noqa: E402
@@ -108,7 +108,7 @@ def test_the_cross_gpu_table_says_which_device_ratio_is_modelled_and_which_measu
     head = md.split("CuTe / Triton time per call")[1].split("\n|---")[0]
     assert "| device ratio (modelled) | measured device ratio |" in head
     row = next(line for line in md.splitlines()
-               if line.startswith("| liger.cutedsl / liger.triton | h200 | 4096 |"))
+               if line.startswith("| liger.cutedsl / liger.triton | H200 | 4096 |"))
     assert row.split(" | ")[4] == f"{here.loc[4096, 'measured device ratio']:.2f}"
 
 
@@ -312,3 +312,10 @@ def test_the_reports_count_says_what_it_counts(df):
     assert f"of which {teach} are the lessons' teaching kernels" in line
     assert f"{len(df) - teach} without them" in line  # notebook 04's count
     assert f"the {steps} rows of model steps (notebook 05) are read apart" in line
+
+
+@pytest.mark.parametrize("minutes, text", [(12, "12 minutes"), (988, "16 hours"),
+                                           (5 * 1440, "5 days")])
+def test_how_long_before_the_run_reads_in_its_unit(minutes, text):
+    from rmsnorm_lab.analysis.model_step import _span
+    assert _span(minutes) == text

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from ..results import CEILINGS, latest
+from ..results.provenance import gpu_title
 from . import MEASURED, MODELLED
 from .crossover import (HOST_BENCHMARK, HOSTS_SHOWN, kernel_of,  # noqa: F401 (shared names)
                         crossover_table as measured_crossover_table, shown_hosts)
@@ -453,7 +454,7 @@ def finding(pr: pd.DataFrame, M: int = 8192) -> Dict[str, str]:
                                       r["bound (cute, triton)"].split(","))]
         out[gpu] = (f"{verdict}: modelled {ratio:.2f} against reported {rep:.2f} (kernels alone "
                     f"{r['device ratio (modelled)']:.2f}; {'; '.join(sides)})")
-    out["overall"] = "; ".join(f"{g}: {v.split(':')[0]}" for g, v in out.items())
+    out["overall"] = "; ".join(f"{gpu_title(g)}: {v.split(':')[0]}" for g, v in out.items())
     return out
 
 

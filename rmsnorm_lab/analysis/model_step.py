@@ -174,6 +174,13 @@ def decode_probe(logs: Path) -> Tuple[pd.DataFrame, dict]:
     return pd.DataFrame.from_dict(rows, orient="index"), {**prov, "name": name}
 
 
+def _span(minutes: float) -> str:
+    """A time span in the unit that reads best: minutes, hours or days."""
+    if minutes < 120:
+        return f"{minutes:.0f} minutes"
+    return f"{minutes / 60:.0f} hours" if minutes < 72 * 60 else f"{minutes / 1440:.0f} days"
+
+
 def decode_caveat(table: pd.DataFrame, run: pd.DataFrame, probe: pd.DataFrame,
                   prov: dict, arch: str = "llama") -> str:
     """What the decode-timer probe (``decode_probe``) says of ``run``'s eager decode column
@@ -192,7 +199,7 @@ def decode_caveat(table: pd.DataFrame, run: pd.DataFrame, probe: pd.DataFrame,
     moved = float((loops.max(axis=1) / loops.min(axis=1)).max())
     minutes = (pd.Timestamp(prov.get("timestamp")) - pd.to_datetime(run["timestamp"]).max()
                ).total_seconds() / 60 if prov.get("timestamp") else float("nan")
-    when = (f"{abs(minutes):.0f} minutes {'after' if minutes >= 0 else 'before'} this run"
+    when = (f"{_span(abs(minutes))} {'after' if minutes >= 0 else 'before'} this run"
             if minutes == minutes else "in another run")
     order = ("the same order as this run" if list(back.index) == list(ours.index) else
              f"where this run ranks them {', '.join(ours.index)}")

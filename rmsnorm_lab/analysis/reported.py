@@ -88,3 +88,17 @@ def load_reported(root: Optional[Union[str, Path]] = None) -> pd.DataFrame:
     df["M"] = df["M"].astype("Int64")
     df["N"] = df["N"].astype("Int64")
     return df.assign(kind="reported")
+
+
+#: the host cost per forward call that PR #1388 reported for Liger's CuTe kernel before TVM-FFI
+#: (results/reported/pr1388_b200_tvm_ffi.csv): the launch path the PR #1336 comparison ran on
+PR_ERA = ("liger.cutedsl", "fwd", "host")
+
+
+def pr_era_host(reported: pd.DataFrame) -> float:
+    """The reported pre-TVM-FFI host µs of Liger's CuTe forward (NaN when absent)."""
+    if reported.empty:
+        return math.nan
+    r = reported[(reported["impl"] == PR_ERA[0]) & (reported["op"] == PR_ERA[1])
+                 & (reported["metric"] == PR_ERA[2])]
+    return float(r["value"].iloc[0]) if len(r) else math.nan

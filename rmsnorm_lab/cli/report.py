@@ -16,6 +16,7 @@ from .. import results as results_io
 from ..bench.runner import OPS
 from ..registry import impl, impl_order
 from ..analysis import tables
+from ..results.provenance import gpu_title
 from ..viz import sweeps
 from .bench import run_bench
 from .common import EXIT_FAILED, EXIT_USAGE, error, existing_dir, reason, writable_dir
@@ -51,7 +52,7 @@ def count_line(df: pd.DataFrame, root: Path) -> str:
     teach = int(df["impl"].astype(str).str.startswith(tables.TEACH_PREFIX).sum())
     steps = len(results_io.load_all(root, model_steps=True))
     return (f"{len(df)} measurements from {len(files)} files of {len(gpus)} GPU(s) "
-            f"({', '.join(sweeps.gpu_title(g) for g in gpus)}), of which {teach} are the "
+            f"({', '.join(gpu_title(g) for g in gpus)}), of which {teach} are the "
             "lessons' teaching kernels "
             f"(`{tables.TEACH_PREFIX}*`; {len(df) - teach} without them); the {steps} rows of "
             "model steps (notebook 05) are read apart and not counted")
@@ -153,7 +154,7 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
                 ax.get_legend().remove()
         fig.legend(handles, labels, loc="outside lower center", ncol=len(labels),
                    fontsize="small", frameon=False)
-        fig.suptitle(f"{sweeps.gpu_title(gpu)}: {op}, µs per call, eager vs CUDA-graph replay "
+        fig.suptitle(f"{gpu_title(gpu)}: {op}, µs per call, eager vs CUDA-graph replay "
                      "(N=4096)\n"
                      f"{EAGER_NOTE}", linespacing=1.6)
         names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
@@ -318,7 +319,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     step = iter(range(1, total + 1))
     for gpu in gpus:
         g = df[df["gpu"] == gpu]
-        md += [f"## {sweeps.gpu_title(gpu)}", "", _provenance(g), ""]
+        md += [f"## {gpu_title(gpu)}", "", _provenance(g), ""]
         for op in [o for o in results_io.OPS if o in set(g["op"])]:
             progress(f"[{next(step)}/{total}] {gpu} {op}: tables, bandwidth and "
                      "eager-vs-graph figures")
@@ -331,7 +332,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        "newest run that measured it ('-': not measured in that run):", "",
                        tables.markdown_table(table[part], 0 if part == "GB/s" else 1,
                                             right_align=True), ""]
-                headline += [f"{sweeps.gpu_title(gpu)} {op} ({unit}, graph, median)",
+                headline += [f"{gpu_title(gpu)} {op} ({unit}, graph, median)",
                              table[part].to_string(float_format=lambda v: f"{v:.0f}"), ""]
             md += host_section(df, op, gpu)
             for name in _figures(df, gpu, op, out):
@@ -360,7 +361,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     md += ["## how the kernels work (notebooks 01 and 02)", ""]
     md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
     # notebooks 04 and 05's figures (reads only, no compiling)
-    from ..analysis.report import gpu_section, model_section
+    from .report_sections import gpu_section, model_section
 
     progress(f"[{next(step)}/{total}] across GPUs: roofline, crossover, reported vs "
              "modelled (notebook 04)")

@@ -49,6 +49,12 @@ def gpu_slug(name: str) -> str:
     return slug or "unknown"
 
 
+def gpu_title(gpu: str) -> str:
+    """A results slug (``gpu_slug``) as text names the GPU: ``h200`` -> H200, ``h100_sxm`` ->
+    H100 SXM, ``h100_pcie`` -> H100 PCIe."""
+    return gpu.upper().replace("_", " ").replace("PCIE", "PCIe")
+
+
 def _run(cmd, cwd: Optional[Path] = None) -> Optional[str]:
     """stdout of a command, or None when it is missing or fails (provenance never crashes)."""
     if shutil.which(cmd[0]) is None:

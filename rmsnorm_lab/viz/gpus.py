@@ -19,7 +19,7 @@ from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where 
 from ..analysis import MEASURED, MODELLED, REPORTED, model, speed
 from ..analysis.crossover import crossover_table
 from ..analysis.specs import measured_copy_bandwidth, spec
-from .sweeps import gpu_title
+from ..results.provenance import gpu_title
 
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
@@ -432,7 +432,7 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
         drawn.append((scenario_label or "scenario", scen.to_numpy(dtype=float),
                       dict(marker="D", fillstyle="none", color=GREEN, markersize=8)))
     drawn = [(label, v, kw) for label, v, kw in drawn if np.isfinite(v).any()]
-    width = 0.14  # series side by side within each (GPU, M) group, so none hides another
+    width = 0.19  # series side by side within each (GPU, M) group, so none hides another
     for x in xs[1:]:
         ax.axvline(x - 0.5, color=GREY, linewidth=0.6, alpha=0.5)
     for j, (label, v, kw) in enumerate(drawn):

@@ -29,7 +29,7 @@ from ..analysis.host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, DEFAULT_PATH, 
                              varying_table)
 from ..analysis.tables import one_gpu
 from ..registry import impl as registry_impl
-from .sweeps import gpu_title
+from ..results.provenance import gpu_title
 
 # Okabe and Ito's palette (distinct under the common colour-vision deficiencies)
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"

@@ -11,7 +11,7 @@ import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
 from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILLION, _axes
-from .sweeps import gpu_title
+from ..results.provenance import gpu_title
 
 NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURPLE,
                "torch": GREY}

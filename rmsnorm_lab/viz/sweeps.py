@@ -46,6 +46,7 @@ from ..analysis.tables import (CEILING_OF_OP, at_width, ceiling_gbps,  # noqa: E
                                fixed_cost_fit, library_rows, one_gpu, time_ratio)
 from ..registry import LAB_PREFIXES, impl, impl_order  # noqa: E402
 from ..results import CEILINGS  # noqa: E402
+from ..results.provenance import gpu_title  # noqa: E402
 
 #: series per axes, the ceiling line included
 MAX_SERIES = 5
@@ -53,12 +54,6 @@ MAX_SERIES = 5
 ON_WHITE = {"#F0E442": "#B8A200"}
 #: Okabe-Ito colours used outside the registry's series
 BLUE, VERMILLION, GREEN, GREY, BLACK = "#0072B2", "#D55E00", "#009E73", "#999999", "#000000"
-
-
-def gpu_title(gpu: str) -> str:
-    """A results slug as a title names the GPU: ``h200`` -> H200, ``h100_sxm`` -> H100 SXM,
-    ``h100_pcie`` -> H100 PCIe."""
-    return gpu.upper().replace("_", " ").replace("PCIE", "PCIe")
 
 
 def _axes(ax, size=(7, 4.5)):

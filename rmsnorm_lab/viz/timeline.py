@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..profiling.trace import (Trace, kernels, launches, stage_order, steady_state,
                                steady_window)
-from .sweeps import gpu_title
+from ..results.provenance import gpu_title
 
 # Okabe and Ito's palette (the yellow left out: it does not read on white)
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
@@ -109,9 +109,12 @@ def plot_timeline(trace: Trace, first: int = 1, count: int = 3, ax=None,
     lo, hi = t0 - pad, t1 + pad
 
     def clip(f):
+        # a window of whole iterations shows what lies wholly in it (not the neighbours' ends);
+        # a span shows whatever overlaps it
         if f is None or f.empty:
             return None
-        f = f[(f["end_ns"] >= lo) & (f["start_ns"] <= hi)]
+        f = (f[(f["start_ns"] >= lo) & (f["end_ns"] <= hi)] if span_us is None else
+             f[(f["end_ns"] >= lo) & (f["start_ns"] <= hi)])
         return f if not f.empty else None
 
     nv = clip(trace.nvtx)

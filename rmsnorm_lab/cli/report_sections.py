@@ -12,25 +12,11 @@ from typing import List, Optional, Tuple
 import pandas as pd
 
 from ..viz import gpus as figures
-from ..viz.sweeps import gpu_title
-from . import MODELLED, compiled, model, model_step, speed
-from .tables import markdown_table
-from .reported import load_reported
-from .specs import bandwidth_table
-
-#: the host cost per forward call that PR #1388 reported for Liger's CuTe kernel before TVM-FFI
-#: (results/reported/pr1388_b200_tvm_ffi.csv): the launch path the PR #1336 comparison ran on
-PR_ERA = ("liger.cutedsl", "fwd", "host")
-
-
-def pr_era_host(reported: pd.DataFrame) -> float:
-    """The reported pre-TVM-FFI host µs of Liger's CuTe forward (NaN when absent)."""
-    if reported.empty:
-        return math.nan
-    r = reported[(reported["impl"] == PR_ERA[0]) & (reported["op"] == PR_ERA[1])
-                 & (reported["metric"] == PR_ERA[2])]
-    return float(r["value"].iloc[0]) if len(r) else math.nan
-
+from ..results.provenance import gpu_title
+from ..analysis import MODELLED, compiled, model, model_step, speed
+from ..analysis.tables import markdown_table
+from ..analysis.reported import load_reported, pr_era_host
+from ..analysis.specs import SPECS, bandwidth_table
 
 def calibration_caveat(check: pd.DataFrame) -> str:
     """Two sentences from ``model.calibration_check``: how far the model's call ratio is from the
@@ -48,6 +34,26 @@ def calibration_caveat(check: pd.DataFrame) -> str:
             f"`do_bench` measured {measured}: off by up to {factor:.1f}×. The "
             f"verdicts are statements about the model with the host costs measured on the "
             f"{gpu}'s host, not measurements of those GPUs.")
+
+
+def _title(key: str) -> str:
+    """A verdict's key as the text names it: a GPU's slug as its name, ``overall`` as is."""
+    return gpu_title(key) if key in SPECS else key
+
+
+def _named(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the GPUs named as the text names them: the ``gpu`` column's slugs and
+    the columns named after a GPU (``h100_sxm (modelled)`` -> ``H100 SXM (modelled)``)."""
+    table = table.copy()
+    if "gpu" in table.columns:
+        table["gpu"] = table["gpu"].map(gpu_title)
+    if table.index.name == "gpu":
+        table.index = table.index.map(gpu_title)
+
+    def column(name):
+        gpu, _, kind = str(name).partition(" ")
+        return f"{gpu_title(gpu)} {kind}" if gpu in SPECS and kind.startswith("(") else name
+    return table.rename(columns=column)
 
 
 def _save(fig, path: Path) -> str:
@@ -76,7 +82,7 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
     md += ["Bandwidth, datasheet vs measured copy; each GPU's copy as measured in the run "
            "named (of its forward runs, the one that measured the most rows), the copy that "
            "run's cells of the forward's `% of copy` table are divided by:", "",
-           markdown_table(bandwidth_table(df).drop(columns="kind"), 0), ""]
+           markdown_table(_named(bandwidth_table(df).drop(columns="kind")), 0), ""]
     hosts = model.host_costs(df)
     pr = model.pr_comparison(df, reported, cal=cal, hosts=hosts)
     era = pr_era_host(reported)
@@ -107,7 +113,7 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
                "on the B200 CuTe faster because the host dominates; on the H100 parity), "
                "computed by the model at M=8192, N=4096, with the host costs measured on the "
                "H200's host:", ""]
-        md += [f"- {k}: {v}" for k, v in verdict.items()]
+        md += [f"- {_title(k)}: {v}" for k, v in verdict.items()]
         caveat = calibration_caveat(model.calibration_check(pr))
         if caveat:
             md += ["", caveat]
@@ -115,13 +121,13 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
             v2 = model.finding(pr_era)
             md += ["", f"With Liger's CuTe host cost of {era:.0f} µs reported before TVM-FFI "
                    "(a scenario, mixing a reported input into the model):", ""]
-            md += [f"- {k}: {v}" for k, v in v2.items()]
+            md += [f"- {_title(k)}: {v}" for k, v in v2.items()]
         cols = ["pair", "gpu", "M", "device ratio (modelled)", "measured device ratio",
                 "call ratio (modelled)", "reported ratio", "measured eager ratio"]
         md += ["", "CuTe / Triton time per call (device ratio: the kernels alone, modelled and, "
                f"on the {model.CALIBRATION_GPU.upper()}, measured by CUDA-graph replay; call "
                "ratio: with the host term; measured eager ratio: `do_bench`):", "",
-               markdown_table(pr[cols]), ""]
+               markdown_table(_named(pr[cols])), ""]
         shown = model.shown_hosts(hosts)
         if shown.empty:
             md += ["Crossover M: no host benchmark run (`bench --op host`) to take host costs "
@@ -132,14 +138,14 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
                    "host-bound), N=4096 bf16 forward. Host µs from the host benchmark "
                    "(`bench --op host`, every implementation interleaved on one host), the "
                    "lab's default launch path and the peers; the sweeps' own host rows do not "
-                   "compare with these and are left out:", "", markdown_table(cross, 0), ""]
+                   "compare with these and are left out:", "", markdown_table(_named(cross), 0), ""]
         headline += ["across GPUs (modelled, N=4096 fwd): " + verdict["overall"],
-                     *(f"  {k}: {v}" for k, v in verdict.items() if k != "overall"),
+                     *(f"  {_title(k)}: {v}" for k, v in verdict.items() if k != "overall"),
                      *([f"  caveat: {caveat[0].lower()}{caveat[1:]}"] if caveat else []), ""]
     rvm = model.reported_vs_modelled(reported, cal)
     if not rvm.empty:
         md += ["Reported device times vs the model:", "",
-               markdown_table(rvm.dropna(subset=["modelled_us"]).drop(columns="source")), ""]
+               markdown_table(_named(rvm.dropna(subset=["modelled_us"]).drop(columns="source"))), ""]
     ptx = compiled.table(root)
     if ptx.empty:
         md += ["Compiled-code table: no cache (`python -m rmsnorm_lab.analysis.compiled` "
