@@ -62,9 +62,9 @@ def exchange(tXrDw, tXcX, mDwP, mbar, sRecv, tidx, N: cutlass.Constexpr[int],
     S = N // cluster
     rank = cute.arch.block_idx_in_cluster()
     bidx, _, _ = cute.arch.block_idx()
-    if tidx == 0:
-        cute.arch.mbarrier_arrive_and_expect_tx(mbar, N * 4)
     cute.arch.cluster_wait()
+    if tidx == 0:  # peers' bytes may land first: the count goes below zero until this arrives
+        cute.arch.mbarrier_arrive_and_expect_tx(mbar, N * 4)
     for k in cutlass.range_constexpr(vecs_per_thread):
         col = tXcX[(0, k), 0, 0][1]
         if col < N:
