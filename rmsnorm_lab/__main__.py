@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="default: settings.backend (RMSNORM_LAB_BACKEND)")
     p.add_argument("--launch-path", choices=LAUNCH_PATHS, default=None,
-                   help="how tensors reach a CuTe kernel (default: settings.experiments.launch_path)")
+                   help="how tensors reach a CuTe kernel "
+                        "(default: settings.experiments.launch_path)")
     p.add_argument("--variant", choices=FORWARD_CHOICES, default=None,
                    help="CuTe forward kernel (default: settings.forward_variant)")
     p.add_argument("--backward", choices=BACKWARD_CHOICES, default=None,

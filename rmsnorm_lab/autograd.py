@@ -24,10 +24,10 @@ returns an empty ``dw`` and the autograd formula maps it to None.
 ``in_place=True`` writes dx into the storage of the incoming gradient dy and hands dy back as dx,
 so a training step holds one fewer activation-sized buffer. The Triton kernel writes dx there
 directly; the CuTe runner and the reference compute dx in a buffer of their own and it is copied
-over (same result, no memory saved on that path: the CuTe split backward's dW kernel reads dy after the dx
-kernel, so writing dx over dy needs care there). This is safe only when nothing else reads that
-gradient afterwards, which this library cannot see: autograd passes the *same* gradient tensor to
-every input of some ops (``y + r`` gives y and r one tensor; if the other branch's backward runs
+over (same result, no memory saved on that path: the CuTe split backward's dW kernel reads dy after
+the dx kernel, so writing dx over dy needs care there). This is safe only when nothing else reads
+that gradient afterwards, which this library cannot see: autograd passes the *same* gradient tensor
+to every input of some ops (``y + r`` gives y and r one tensor; if the other branch's backward runs
 after this one it reads dx instead of dy). Use it when ``y`` feeds a single op whose backward makes
 a fresh gradient (a matmul/linear, as in a transformer block), and never pass your own tensor to
 ``y.backward(g)`` unless you accept that ``g`` is overwritten. The backward refuses with a

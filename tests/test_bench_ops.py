@@ -185,8 +185,8 @@ def test_lab_impl_names():
         impls, problem = runner.lab_implementations(op)
         assert problem is None and set(impls) == set(lab.lab_impls(op))
     assert list(lab.lab_impls("fwd")) == ["cute.row", "cute.persistent", "cute.warp",
-                                          "cute.cluster", "cute.staged", "cute.auto", "cute.auto-pdl",
-                                          "triton.row"]
+                                          "cute.cluster", "cute.staged", "cute.auto",
+                                          "cute.auto-pdl", "triton.row"]
     assert list(lab.lab_impls("fwd-add")) == ["cute.auto+add", "triton.row+add"]
     assert list(lab.lab_impls("bwd-add")) == ["cute.auto+add", "triton.row+add", "cute.fused+add",
                                               "cute.split+add", "cute.cluster+add",

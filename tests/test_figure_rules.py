@@ -176,13 +176,13 @@ def test_timeline_of_whole_iterations_draws_no_part_of_their_neighbours():
         for path in bars.get_paths():
             xs = path.vertices[:, 0]
             assert xs.min() >= lo and xs.max() <= hi
-    its = nt.iterations(trace.nvtx)
-    assert len(its) > 2  # the fixture has neighbours on both sides to leave out
+    assert len(nt.iterations(trace.nvtx)) > 2  # neighbours on both sides to leave out
     plt.close(fig)
 
 
 def test_model_vs_torch_keeps_its_range_to_the_differences_and_marks_bars_past_it():
-    ratios = pd.DataFrame({"decode wall": [0.846, 2.163, 0.615], "train wall": [0.990, 1.10, 0.986]},
+    ratios = pd.DataFrame({"decode wall": [0.846, 2.163, 0.615],
+                           "train wall": [0.990, 1.10, 0.986]},
                           index=pd.MultiIndex.from_tuples([("llama", "lab"), ("llama", "shipped"),
                                                            ("llama", "lab+carry")]))
     span = (0.8, 1.25)  # a range kept to the differences: not stretched to 2.163 nor to 0.615

@@ -39,7 +39,8 @@ NVTX_KERN_SUM = DATA / "fixture_nvtx_kern_sum.csv"
 # --- FIXTURE: the numbers in tests/data/nsys/ (the H200 capture) ---------------------------------
 FIXTURE = {
     "kernel": ("kernel_cutlass_kernel_rmsnorm_labcuteforwardRMSNormForward_o"
-               "bject_at__tensorptrbf16gmemalign16o4096i64div81_tensorptrbf16gmemalign16o1409601_tensorptrbf16gmemalign16o4096i64div81_None___0"),
+               "bject_at__tensorptrbf16gmemalign16o4096i64div81_tensorptrbf16gmemalign16o1409601_"
+               "tensorptrbf16gmemalign16o4096i64div81_None___0"),
     "iters": 50,
     # range: (instances, wall total ns, kernel instances, kernel total ns)
     "ranges": {"iter": (50, 3_371_290, 50, 86_400),

@@ -126,9 +126,9 @@ def _workload(op: str, impl: str) -> Tuple[Optional[str], str]:
 
 def host_rows(df: pd.DataFrame, gpu: Optional[str] = None,
               shape: Tuple[int, int] = HOST_SHAPE) -> pd.DataFrame:
-    """The host µs rows at ``shape`` of the newest host benchmark run (``tables.host_benchmark_run``)
-    as ``impl`` (without ``+autograd``), ``workload``, ``p20``, ``p50``, ``p80``; rows of toggles
-    the settings no longer have are left out."""
+    """The host µs rows at ``shape`` of the newest host benchmark run
+    (``tables.host_benchmark_run``) as ``impl`` (without ``+autograd``), ``workload``, ``p20``,
+    ``p50``, ``p80``; rows of toggles the settings no longer have are left out."""
     _, gpu = one_gpu(df, gpu)
     d = df[(df["gpu"] == gpu) & (df["metric"] == "host") & (df["path"] == "host")
            & (df["M"] == shape[0]) & (df["N"] == shape[1])]

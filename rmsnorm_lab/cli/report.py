@@ -266,7 +266,8 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
         except (OSError, ValueError) as e:
             print(f"report: {gpu} nsys trace not read ({e})", file=sys.stderr)
         else:
-            render("nsys-timeline", lambda ax: plots_host.plot_timeline(trace, first=10, ax=ax), (11, 4.5))
+            render("nsys-timeline",
+                   lambda ax: plots_host.plot_timeline(trace, first=10, ax=ax), (11, 4.5))
     return names
 
 
@@ -305,7 +306,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     md = ["# rmsnorm-lab report", "",
           f"Measured by this lab's benchmark; results read from `{shown_path(root)}` (figures "
           "quoted from elsewhere, in `results/reported/`, appear only in the last section, "
-          "labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; `eager` is `triton.testing.do_bench` "
+          "labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; "
+          "`eager` is `triton.testing.do_bench` "
           "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
           "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "

@@ -145,7 +145,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
     rvm = model.reported_vs_modelled(reported, cal)
     if not rvm.empty:
         md += ["Reported device times vs the model:", "",
-               markdown_table(_named(rvm.dropna(subset=["modelled_us"]).drop(columns="source"))), ""]
+               markdown_table(_named(rvm.dropna(subset=["modelled_us"])
+                                     .drop(columns="source"))), ""]
     ptx = compiled.table(root)
     if ptx.empty:
         md += ["Compiled-code table: no cache (`python -m rmsnorm_lab.analysis.compiled` "

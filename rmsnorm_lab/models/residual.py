@@ -77,7 +77,8 @@ def _check_layer(i: int, layer: nn.Module) -> None:
                    if n.endswith("layernorm") and n not in LAYER_PARTS)
     if extra:
         raise ValueError(f"carry_residual: layer {i} ({type(layer).__name__}) has norms around "
-                         f"its MLP too ({', '.join(extra)}); only Llama-family layers are supported")
+                         f"its MLP too ({', '.join(extra)}); only Llama-family layers are "
+                         "supported")
     for part in ("input_layernorm", "post_attention_layernorm"):
         if not isinstance(getattr(layer, part), PatchedRMSNorm):
             raise ValueError(f"carry_residual: layer {i}'s {part} is not the lab's; call "

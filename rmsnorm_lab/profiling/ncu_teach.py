@@ -17,7 +17,8 @@ The child compiles the kernel (from the notebook's cells tagged ``kernel``: the 
 the notebooks, and this script runs exactly what a reader runs), allocates one input set at M x N
 (bf16) and launches the kernel twice; ncu profiles the second launch. Written:
 
-* ``<out>/<gpu>/ncu/ncu-teach.csv`` -- columns ``kernel,M,N,metric,unit,value,gpu,commit,timestamp``,
+* ``<out>/<gpu>/ncu/ncu-teach.csv`` -- columns
+  ``kernel,M,N,metric,unit,value,gpu,commit,timestamp``,
   one row per metric ncu reported (command-line metrics by their names, section metrics as
   ``<section>/<name>``);
 * ``<out>/<gpu>/ncu/sass-teach.txt`` -- per kernel, its register and stack use and the SASS lines

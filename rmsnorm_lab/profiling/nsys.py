@@ -42,7 +42,8 @@ STAGES = ("iter", "replay", "warmup", "compile", "marshal", "launch", "reduce")
 
 #: how ``profile`` must be started under nsys; {out} and {args} are filled in
 NSYS_PROFILE = ("nsys profile -t cuda,nvtx --cuda-graph-trace=node "
-                "--capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true -o {out} "
+                "--capture-range=cudaProfilerApi --capture-range-end=stop --force-overwrite true "
+                "-o {out} "
                 "python3 -m rmsnorm_lab profile{args}")
 NSYS_MISSING = ("nsys (the Nsight Systems command line) is not on PATH. Install Nsight Systems "
                 "(https://developer.nvidia.com/nsight-systems; also shipped with the CUDA toolkit "

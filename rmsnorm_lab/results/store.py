@@ -174,7 +174,8 @@ def load_all(root: Optional[PathLike] = None, *, model_steps: bool = False) -> p
     """Every ``<root>/<gpu>/*.csv`` (default root: ``results_dir()``) in one DataFrame.
 
     ``<root>/reported/`` and ``<root>/compiled/`` are skipped: quoted figures and compiler output
-    are not measurements. Rows must name the GPU of their directory. A model's step rows (``is_model_step``) share ops and
+    are not measurements. Rows must name the GPU of their directory. A model's step rows
+    (``is_model_step``) share ops and
     widths with the op's own rows, so they come only when asked for: ``model_steps=True``
     returns them alone."""
     root = Path(root) if root is not None else results_dir()

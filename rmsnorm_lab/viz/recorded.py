@@ -1,6 +1,7 @@
-"""The lessons' recorded measurements: the teaching kernels' times (``results/<gpu>/teach-<op>.csv``),
-their Nsight Compute metrics (``profiles/<gpu>/ncu/ncu-teach.csv``) and SASS excerpts
-(``sass-teach.txt`` beside it), read where no GPU can measure them."""
+"""The lessons' recorded measurements: the teaching kernels' times
+(``results/<gpu>/teach-<op>.csv``), their Nsight Compute metrics
+(``profiles/<gpu>/ncu/ncu-teach.csv``) and SASS excerpts (``sass-teach.txt`` beside it), read
+where no GPU can measure them."""
 
 from __future__ import annotations
 
@@ -97,8 +98,8 @@ NCU_VIEW = {
 
 
 def load_ncu(gpu: Optional[str] = None, root: Optional[Path] = None) -> Optional[pd.DataFrame]:
-    """``profiles/<gpu>/ncu/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a GPU)
-    or None."""
+    """``profiles/<gpu>/ncu/ncu-teach.csv`` (written by ``rmsnorm_lab.profiling.ncu_teach`` on a
+    GPU) or None."""
     path = ncu_path(gpu, root)
     if not path.exists():
         return None

@@ -1,5 +1,6 @@
 """Figures drawn from a results DataFrame (``results.load_all``), for the notebooks and the
-report (the tables they draw from: ``analysis/tables.py``). Each plot takes an ``ax`` (a new figure when omitted) and returns it; each draws the
+report (the tables they draw from: ``analysis/tables.py``). Each plot takes an ``ax`` (a new
+figure when omitted) and returns it; each draws the
 newest measurement of every point (``results.latest``) and the copy ceiling measured in the same
 kind of run, labelled as measured.
 
@@ -268,7 +269,8 @@ def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
     """Grouped bars of ratios, drawn from 1 (not from 0), so a bar's length is the difference
     that matters; the y range fits what is drawn (and 1). ``series`` maps a legend label to a
     frame with one row per label (in order) holding ``ratio`` and optional ``lo``/``hi``
-    (whiskers); NaN leaves a gap. ``refs`` adds dashed reference lines (label -> ratio), ``marks`` a reference value per
+    (whiskers); NaN leaves a gap. ``refs`` adds dashed reference lines (label -> ratio),
+    ``marks`` a reference value per
     label drawn as a black tick across its group (label -> values). Returns ``ax``."""
     import numpy as np
 
