@@ -116,7 +116,7 @@ IMPLS: Tuple[Impl, ...] = (
     Impl("cute.row", "lab", _SKY, "-", "s"),
     Impl("cute.persistent", "lab", _PURPLE, "-", "^"),
     Impl("cute.warp", "lab", _GREEN, "-", "v"),
-    Impl("cute.cluster", "lab", _BLACK, "-", ">"),
+    Impl("cute.cluster", "lab", _BLACK, "-", "8"),
     Impl("cute.staged", "lab", _ORANGE, "-", "D"),
     Impl("cute.fused", "lab", _SKY, "-", "s"),
     Impl("cute.split", "lab", _PURPLE, "-", "^"),

@@ -19,6 +19,7 @@ from matplotlib.text import Text  # noqa: E402
 from rmsnorm_lab import results  # noqa: E402
 from rmsnorm_lab.analysis import model, specs, speed, tables  # noqa: E402
 from rmsnorm_lab.cli.report_sections import gpu_section, model_section  # noqa: E402
+from rmsnorm_lab.registry import impl  # noqa: E402
 from rmsnorm_lab.viz import gpus  # noqa: E402
 from rmsnorm_lab.viz import model_step as step_figs  # noqa: E402
 from test_figure_rules import _draw  # noqa: E402
@@ -211,7 +212,8 @@ def test_eager_caption_names_kernels_alike_by_graph_and_apart_eagerly(df):
         assert f"{ga:.1f} and {gb:.1f}" not in text
     else:
         times = f"graph times within 2% ({ga:.1f} and {gb:.1f} µs)"
-    assert (f"At M={pair['M']}, two kernels with {times}, `{a}` and `{b}`, read {ea:.0f} and "
+    la, lb = (impl(n).label or n for n in (a, b))  # as the figure's legend names them
+    assert (f"At M={pair['M']}, two kernels with {times}, `{la}` and `{lb}`, read {ea:.0f} and "
             f"{eb:.0f} µs eager") in text
     assert "chosen as the furthest apart eagerly" in text
     # graph times that differ in the first decimal are both given, with the tolerance

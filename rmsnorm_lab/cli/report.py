@@ -97,6 +97,10 @@ def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
     if host.empty:
         return []
     host["commit"] = host["commit"].astype(str).str[:7]
+    # a varying-M row's M is the largest row count drawn: the calls draw from 1 to it
+    host.index = pd.MultiIndex.from_tuples(
+        [(i, f"1..{m}" if str(i).endswith("+varying_m") else m, n) for i, m, n in host.index],
+        names=host.index.names)
     if covered:
         caption = (f"{op}, host µs per call, from the host benchmark (`bench --op host`, its "
                    f"newest run, commit {', '.join(sorted(host['commit'].unique()))}): "
@@ -178,6 +182,7 @@ def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
         (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
         same = (f"the same graph time ({ga:.1f} µs)" if f"{ga:.1f}" == f"{gb:.1f}" else
                 f"graph times within {tables.SAME_GRAPH:.0%} ({ga:.1f} and {gb:.1f} µs)")
+        a, b = (impl(n).label or n for n in (a, b))  # the names the figure's legend gives
         text += (f" At M={pair['M']}, two kernels with {same}, `{a}` and `{b}`, read "
                  f"{ea:.0f} and {eb:.0f} µs eager (the pair is chosen as the furthest apart "
                  "eagerly among the lab's kernels whose graph times lie within "
@@ -258,7 +263,7 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
         render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax))
     if any(i.startswith("cute.auto@cached:") for i in g["impl"]):
         render("host-cache-cap", lambda axes: plots_host.plot_cache_cap(df, gpu=gpu, axes=axes),
-               (11, 4), panels=2)
+               (13, 4.5), panels=2)
     trace_dir = root.parent / "profiles" / gpu  # nsys exports beside results/, not in it
     if trace_dir.is_dir():
         try:
@@ -311,7 +316,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
           "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
           "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
-          f"in the same run. Read: {count_line(df, root)}.", ""]
+          "in the same run. `cute.auto-pdl` is `cute.auto` with programmatic dependent launch "
+          f"taken away. Read: {count_line(df, root)}.", ""]
     headline = []
     gpus = sorted(df["gpu"].unique())
     # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU
@@ -335,7 +341,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        tables.markdown_table(table[part], 0 if part == "GB/s" else 1,
                                             right_align=True), ""]
                 headline += [f"{gpu_title(gpu)} {op} ({unit}, graph, median)",
-                             table[part].to_string(float_format=lambda v: f"{v:.0f}"), ""]
+                             table[part].to_string(float_format=lambda v: f"{v:.0f}",
+                                                   sparsify=False), ""]  # every row's M
             md += host_section(df, op, gpu)
             for name in _figures(df, gpu, op, out):
                 md += [f"![{name}]({name})", ""]

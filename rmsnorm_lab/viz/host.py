@@ -444,7 +444,7 @@ def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAP
     ax_m.set_title(f"{gpu_title(gpu)}: memory per tensor_cache_cap", fontsize="medium")
     ax_m.grid(True, axis="y", alpha=0.3)
     _legend_right(ax_m)
-    plot_cache_steps(d, gpu, shape, ax=ax_t, references=(triton,))
+    plot_cache_steps(d, gpu, shape, ax=ax_t, references=(DEFAULT_IMPL, triton))
     return axes
 
 
