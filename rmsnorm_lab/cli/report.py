@@ -190,6 +190,16 @@ def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
     return text
 
 
+#: what the crossover figure's series are (notebook 03, section 7, builds it)
+CROSSOVER_CAPTION = (
+    "The kernels' device times come from the runs of the sweeps that measured them, one series "
+    "a run (solid, hollow markers), as measured rather than joined into one curve. `@tvm_ffi` "
+    "is the lab's default launch path; `+python_node` the same call made from Python (its "
+    "launch path and autograd node) instead of the C++ extension, what a machine without a "
+    "compiler runs. Where a kernel's curve crosses a host line (a ring), that call stops being "
+    "host-bound. Notebook 03, section 7, builds this figure.")
+
+
 def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
     """What the cache-cap figure's memory panel draws (each bar: the step's peak counted from its
     start, and stacked on it, hatched, the storage the cache pinned at that start), and why the
@@ -361,7 +371,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
         extra = _notebook_figures(df, gpu, out, root)
         if extra:
             md += ["### backward and host figures (notebooks 02 and 03)", ""]
-            captions = {f"{gpu}-host-cache-cap.png": cache_cap_caption(df, gpu)}
+            captions = {f"{gpu}-host-cache-cap.png": cache_cap_caption(df, gpu),
+                        f"{gpu}-host-crossover.png": CROSSOVER_CAPTION}
             for name in extra:
                 md += [f"![{name}]({name})", ""]
                 md += [captions[name], ""] if captions.get(name) else []

@@ -262,6 +262,24 @@ def _fit_ratio_range(ax, values) -> None:
     ax.set_ylim(lo - pad, hi + pad)
 
 
+def _write_values(ax, notes, ticks) -> None:
+    """Each bar's value at its end (above a bar past 1, below one short of it), moved past a
+    mark of its group that the text would sit on."""
+    lo, hi = ax.get_ylim()
+    box = ax.get_position()
+    per_pt = (hi - lo) / max(box.height * ax.figure.get_figheight() * 72, 1.0)  # data per point
+    for x, v, at, group in notes:
+        up = v >= 1
+        for t in ticks:  # the text spans 3 to 13 points past ``at``; a tick is ~2 points thick
+            m = t[group]
+            if up and at - 2 * per_pt <= m <= at + 14 * per_pt:
+                at = m + 2 * per_pt
+            elif not up and at - 14 * per_pt <= m <= at + 2 * per_pt:
+                at = m - 2 * per_pt
+        ax.annotate(f"{v:.2f}", (x, at), textcoords="offset points",
+                    xytext=(0, 3 if up else -10), ha="center", fontsize="x-small")
+
+
 def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
                colours: Optional[Dict[str, str]] = None, annotate: bool = True,
                refs: Optional[Dict[str, float]] = None,
@@ -279,6 +297,7 @@ def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
     palette = [BLUE, VERMILLION, GREEN, GREY]
     seen = []  # every value drawn: the y range fits them
     xs = np.arange(len(labels))
+    notes = []  # (x, value, where the text starts, group): written once the y range is set
     for j, (name, r) in enumerate(series.items()):
         colour = (colours or {}).get(name, palette[j % len(palette)])
         pos = xs + (j - (n - 1) / 2) * width
@@ -295,12 +314,9 @@ def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
         if annotate:
             tips = r["hi"].to_numpy(dtype=float) if "hi" in r.columns else vals
             lows = r["lo"].to_numpy(dtype=float) if "lo" in r.columns else vals
-            for x, v, hi, lo in zip(pos, vals, tips, lows):
-                if not np.isfinite(v):
-                    continue
-                at = (np.nanmax([v, hi]) if v >= 1 else np.nanmin([v, lo]))
-                ax.annotate(f"{v:.2f}", (x, at), textcoords="offset points",
-                            xytext=(0, 3 if v >= 1 else -10), ha="center", fontsize="x-small")
+            for i, (x, v, hi, lo) in enumerate(zip(pos, vals, tips, lows)):
+                if np.isfinite(v):
+                    notes.append((x, v, np.nanmax([v, hi]) if v >= 1 else np.nanmin([v, lo]), i))
     for name, v in (refs or {}).items():
         ax.axhline(v, color=GREY, linestyle="--", linewidth=1.2, label=name)
         seen.append(v)
@@ -310,6 +326,7 @@ def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
                 color=BLACK, label=name)
         seen += list(vals)
     _fit_ratio_range(ax, seen)
+    _write_values(ax, notes, [np.asarray(v, dtype=float) for v in (marks or {}).values()])
     ax.axhline(1.0, color=BLACK, linewidth=1)
     ax.set_xticks(list(xs), list(labels), rotation=30 if len(labels) > 4 else 0)
     ax.grid(True, axis="y", alpha=0.3)
