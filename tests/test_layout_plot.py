@@ -126,3 +126,12 @@ def test_a_zoom_inside_one_warp_says_so():
     draw_row_layout(plan("row", 4096), ax=ax, lanes=8)
     assert "all threads shown are in warp 0" in ax.get_title()
     plt.close(fig)
+
+
+def test_long_column_ranges_take_a_line_of_their_own():
+    p = plan("row", 4096)  # 256 threads x 2 blocks: the second block starts at column 2048
+    fig, ax = plt.subplots()
+    draw_row_layout(p, ax=ax, lanes=8)
+    cells = [t.get_text() for t in ax.texts if t.get_text().startswith("t")]
+    plt.close(fig)
+    assert "t1\ncols 8–15" in cells and "t0\ncols\n2048–2055" in cells

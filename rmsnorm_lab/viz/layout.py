@@ -140,7 +140,8 @@ def _cells(ax, plan, lay, line: int, y: int, labelled: bool, tall: bool, label_t
             a = int(lay.col_start[line, j])
             cols = f"{a}–{a + plan.vec - 1}" if plan.vec > 1 else f"{a}"
             t = int(lay.thread[line, j])
-            ax.text(j, y, f"t{t}" + (f"\ncols {cols}" if tall else ""), ha="center",
+            gap = "\n" if len(cols) > 7 else " "  # a long range gets a line of its own
+            ax.text(j, y, f"t{t}" + (f"\ncols{gap}{cols}" if tall else ""), ha="center",
                     va="center", fontsize=8, color=_ink(WARP_COLOURS[(t // 32) % 8]))
 
 
