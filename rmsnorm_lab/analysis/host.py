@@ -155,12 +155,9 @@ def host_order(impls: Sequence[str]) -> List[str]:
 
 def host_table(df: pd.DataFrame, gpu: Optional[str] = None,
                shape: Tuple[int, int] = HOST_SHAPE, quantile: str = "p50") -> pd.DataFrame:
-    """Host µs per call (``quantile``), one row per implementation, one column per workload. A
-    forward-only peer's autograd workloads are left out: its inputs that require grad build no
-    autograd graph, so those calls are inference again."""
-    from ..bench.peers import forward_only
+    """Host µs per call (``quantile``), one row per implementation, one column per workload (a
+    forward-only peer's inference only: ``tables.host_benchmark_run``)."""
     h = host_rows(df, gpu, shape)
-    h = h[~(h["impl"].isin(forward_only()) & (h["workload"] != "fwd"))]
     t = h.pivot_table(index="impl", columns="workload", values=quantile, aggfunc="last")
     t = t.reindex(index=host_order(t.index), columns=[w for w in WORKLOADS if w in t.columns])
     t.columns.name = None

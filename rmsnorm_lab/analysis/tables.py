@@ -195,12 +195,19 @@ def host_benchmark_run(d: pd.DataFrame) -> pd.DataFrame:
     that times the lab's launch paths, ``cute.auto@tvm_ffi``...), where every implementation was
     timed interleaved on one host, so their costs compare; ``d`` itself when it holds no such
     run. The sweeps time host rows too, each in its own run (and the lab's variants inside
-    ``settings.override``, whose cost they include): those are left out."""
-    runs = d.loc[d["impl"].astype(str).str.contains("@", regex=False), "timestamp"]
+    ``settings.override``, whose cost they include): those are left out. So are a forward-only
+    peer's rows with autograd or a backward: its inputs that require grad build no autograd
+    graph, so such a call is its inference again, not a row of its own."""
+    from ..bench.peers import forward_only
+
+    impl = d["impl"].astype(str)
+    runs = d.loc[impl.str.contains("@", regex=False), "timestamp"]
     if runs.empty:
         return d
     newest = runs.iloc[pd.to_datetime(runs, utc=True).argmax()]
-    return d[d["timestamp"] == newest]
+    inference_again = (impl.str.split("+").str[0].isin(forward_only())
+                       & (impl.str.endswith("+autograd") | (d["op"] == "full")))
+    return d[(d["timestamp"] == newest) & ~inference_again]
 
 
 #: the lab as a user calls it (the default variant and backward; the fused add): what the host
@@ -222,19 +229,14 @@ def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
     timed ``op`` (``host_benchmark_covers``): its newest run (``host_benchmark_run``), the lab's
     launch paths and the peers. Elsewhere (``bwd``): the sweeps' own host rows, the newest of
     each implementation, the lab's by its default (``LAB_DEFAULT_HOST``), its pinned variants
-    and backward modes left out; a forward-only peer's ``+autograd`` row left out. ``with_commit``:
-    each row's run's commit beside it."""
+    and backward modes left out. ``with_commit``: each row's run's commit beside it."""
     d, gpu = every_run(df, gpu)
     d = d[(d["op"] == op) & (d["metric"] == "host")]
     covered = host_benchmark_covers(df, op, gpu)
     d = latest(host_benchmark_run(d))  # one row per key: an op the host benchmark does not
     impl = d["impl"].astype(str)         # time (bwd) has its sweeps' rows, one set per run
     lab = impl.str.contains("@") if covered else impl.isin(LAB_DEFAULT_HOST)
-    # a forward-only peer's inputs that require grad build no autograd graph: that call is
-    # its inference again, not a row of its own
-    from ..bench.peers import forward_only
-    no_graph = impl.str.split("+").str[0].isin(forward_only()) & impl.str.endswith("+autograd")
-    d = d[(lab | ~impl.str.startswith(("cute.", TEACH_PREFIX))) & ~no_graph]
+    d = d[lab | ~impl.str.startswith(("cute.", TEACH_PREFIX))]
     d = d.assign(impl=pd.Categorical(d["impl"], impl_order(d["impl"]), ordered=True))
     columns = ["p20", "p50", "p80"] + (["commit"] if with_commit else [])
     return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[columns]

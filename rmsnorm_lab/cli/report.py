@@ -16,6 +16,7 @@ from .. import results as results_io
 from ..bench.runner import OPS
 from ..registry import impl, impl_order
 from ..analysis import tables
+from ..analysis.host import VARYING
 from ..results.provenance import gpu_title
 from ..viz import sweeps
 from .bench import run_bench
@@ -99,7 +100,7 @@ def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
     host["commit"] = host["commit"].astype(str).str[:7]
     # a varying-M row's M is the largest row count drawn: the calls draw from 1 to it
     host.index = pd.MultiIndex.from_tuples(
-        [(i, f"1..{m}" if str(i).endswith("+varying_m") else m, n) for i, m, n in host.index],
+        [(i, f"1..{m}" if str(i).endswith(VARYING) else m, n) for i, m, n in host.index],
         names=host.index.names)
     if covered:
         caption = (f"{op}, host µs per call, from the host benchmark (`bench --op host`, its "
@@ -182,7 +183,7 @@ def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
         (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
         same = (f"the same graph time ({ga:.1f} µs)" if f"{ga:.1f}" == f"{gb:.1f}" else
                 f"graph times within {tables.SAME_GRAPH:.0%} ({ga:.1f} and {gb:.1f} µs)")
-        a, b = (impl(n).label or n for n in (a, b))  # the names the figure's legend gives
+        a, b = (impl(n).style["label"] for n in (a, b))  # as the figure's legend names them
         text += (f" At M={pair['M']}, two kernels with {same}, `{a}` and `{b}`, read "
                  f"{ea:.0f} and {eb:.0f} µs eager (the pair is chosen as the furthest apart "
                  "eagerly among the lab's kernels whose graph times lie within "
