@@ -14,6 +14,7 @@ pytest.importorskip("tvm_ffi")
 
 from native_standins import EPS, StandIns, functions, make_launch  # noqa: E402
 from rmsnorm_lab import api, dispatch, settings  # noqa: E402
+from rmsnorm_lab.cute.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX  # noqa: E402
 from rmsnorm_lab.native import build as native_node  # noqa: E402
 from rmsnorm_lab.native import launch as native_launch  # noqa: E402
 
@@ -81,6 +82,78 @@ def test_every_input_of_a_plan_is_in_the_key(native, memo):
     assert memo.find(x.detach(), w.detach(), EPS, 0.0, "llama") is None  # not a training call
     with torch.no_grad():
         assert memo.find(x, w, EPS, 0.0, "llama") is None
+
+
+def test_a_single_row_keys_its_row_stride(native, memo):
+    """torch ignores a size-1 dimension's stride when it decides contiguity, so (1, 8193)[:, :4096]
+    is "contiguous" with a row stride of 8193 elements. The planner reads that stride (it makes
+    the rows unaligned), so the key must too: an ordinary aligned call of the same width and row
+    class must not find the odd view's launch."""
+    w = torch.randn(4096, dtype=torch.bfloat16, requires_grad=True)
+    odd = torch.randn(1, 8193, dtype=torch.bfloat16)[:, :4096].requires_grad_()
+    assert odd.is_contiguous() and odd.stride(0) == 8193
+    planned(native, memo, odd, w)
+    ordinary = torch.randn(300, 4096, dtype=torch.bfloat16, requires_grad=True)
+    assert memo.find(ordinary, w, EPS, 0.0, "llama") is None
+    assert memo.find(torch.randn(1, 4096, dtype=torch.bfloat16, requires_grad=True), w, EPS,
+                     0.0, "llama") is None
+
+
+def _layouts(n=64):
+    """Tensors of width n laid out every way the memo may see: contiguous, row-strided views,
+    size-1 dimensions with odd strides, offset pointers, 3-D views, transposed leading dims."""
+    base = torch.randn(4 * 3 * (2 * n + 8) + 16)
+    out = {
+        "contiguous": torch.randn(6, n),
+        "one row": torch.randn(1, n),
+        "one row, odd stride": torch.randn(1, 2 * n + 1)[:, :n],
+        "one row, aligned stride": torch.randn(1, 2 * n)[:, :n],
+        "one row of 3-D, odd strides": torch.randn(1, 1, 2 * n + 1)[..., :n],
+        "rows, aligned stride": torch.randn(6, 2 * n)[:, :n],
+        "rows, odd stride": torch.randn(6, 2 * n + 1)[:, :n],
+        "offset pointer": base[1:1 + 6 * n].view(6, n),
+        "offset one row": base[2:2 + n].view(1, n),
+        "3-D": torch.randn(2, 3, n),
+        "3-D, size-1 middle, odd stride": torch.randn(3, 1, n).as_strided((3, 1, n), (n, 5, 1)),
+        "3-D row-strided": torch.randn(2, 3, 2 * n)[..., :n],
+        "3-D transposed": torch.randn(3, 2, n).transpose(0, 1),
+    }
+    return {k: v.requires_grad_() for k, v in out.items()}
+
+
+def _python_plans(x, w):
+    """What Python plans for a training call of x (forward and backward), as the native planner
+    asks for them (native/launch.py plan_launch); None where Python refuses the layout."""
+    from rmsnorm_lab.common.rows import as_rows
+    from rmsnorm_lab.cute import backward_runner, runner
+    try:
+        x2 = as_rows(x)
+    except ValueError:
+        return None
+    fwd = runner.entry_for(x2, w, "llama", True, "auto", True).plan
+    bwd = backward_runner.entry_for(x2, x2, w, "llama", "auto", True)
+    return fwd, bwd.mode, bwd.fused, bwd.dx, bwd.dw
+
+
+def test_calls_of_one_key_are_planned_alike(native):
+    """The key holds every input a plan reads: any two calls the memo files under one key are
+    planned identically by Python (size-1 dimensions' strides and offset pointers included)."""
+    w = torch.randn(64, requires_grad=True)
+    layouts = _layouts()
+    plans = {k: _python_plans(x, w) for k, x in layouts.items()}
+    shared = 0
+    for a, xa in layouts.items():
+        if plans[a] is None:
+            continue
+        memo = native.CallMemo(16, AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)  # the planner's
+        if not memo.insert(xa, w, EPS, 0.0, "llama", make_launch(native, functions(StandIns()),
+                                                                  xa, True), 0):
+            continue
+        for b, xb in layouts.items():
+            if memo.find(xb, w, EPS, 0.0, "llama") is not None:
+                assert plans[b] == plans[a], (a, b)
+                shared += a != b
+    assert shared > 0  # the check compared distinct calls of one key, not only each with itself
 
 
 def test_the_row_count_is_not_in_the_key(native, memo):

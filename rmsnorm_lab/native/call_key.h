@@ -16,10 +16,10 @@ namespace rmsnorm_lab {
 // ------------------------------------------------------------------------------- call memo
 // Everything a Launch was decided from, read off the call's arguments: the row width and how x
 // is laid out as rows, dtypes and devices of x and the weight, the 16-byte alignment of their
-// pointers, the casting mode, eps and offset, the class of the row count (the two thresholds a
-// plan reads: auto's few-rows tiles, cute/auto.py row_class), and a code of the settings the plan
-// read
-// (native/launch.py, Snapshot), which Python updates on every settings change. The row count
+// pointers and of x's row stride, the casting mode, eps and offset, the class of the row count
+// (the two thresholds a plan reads: auto's few-rows tiles, cute/auto.py row_class), and a code
+// of the settings the plan read (native/launch.py, Snapshot), which Python updates on every
+// settings change. The row count
 // itself is not in the key: a Launch's grids follow it (RowsRule), so calls whose M changes
 // every call (packed batches, serving) all find one Launch.
 constexpr int kMaxDims = 8;
@@ -111,7 +111,11 @@ inline bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::han
   }
   const int64_t n = x.size(-1), m = x.numel() / n;
   key->n = n;
-  if (x.is_contiguous()) {
+  // The row stride is the one the planner reads (common/rows.py as_rows): a 2-D tensor is its
+  // own rows, so its stride(0) counts even where torch calls it contiguous (torch ignores a
+  // size-1 dimension's stride: (1, 8193)[:, :4096] is "contiguous"); as_rows views any other
+  // contiguous tensor as rows of n.
+  if (x.is_contiguous() && (dims != 2 || x.stride(0) == n)) {
     key->layout = kContiguous;
     key->row_stride = n;
   } else if (dims == 2 && x.stride(1) == 1) {
@@ -139,7 +143,10 @@ inline bool call_key(py::handle x_obj, py::handle w_obj, py::handle eps, py::han
     ptrs |= reinterpret_cast<uintptr_t>(w.data_ptr());
     requires_grad = requires_grad || w.requires_grad();
   }
-  key->aligned = (ptrs & 15) == 0;
+  // as the planner decides it: the pointers and the row stride (kExact: sizes and strides are
+  // in the key, so the view's row stride is too)
+  const uintptr_t row_bytes = static_cast<uintptr_t>(key->row_stride) * x.element_size();
+  key->aligned = ((ptrs | row_bytes) & 15) == 0;
   key->training = requires_grad && at::GradMode::is_enabled();
   key->eps = PyFloat_AsDouble(eps.ptr());
   key->offset = PyFloat_AsDouble(offset.ptr());
