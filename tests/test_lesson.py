@@ -291,3 +291,16 @@ def test_show_code_shows_a_function_or_a_slice_of_a_source_file(capsys):
     assert out.startswith("`rmsnorm_lab/native/native_node.cpp`:") and "```cpp" in out
     body = out.split("```cpp\n")[1]
     assert body.startswith("at::Tensor apply(") and "// ----" not in body
+
+
+def test_a_stated_number_is_checked_against_the_data(monkeypatch):
+    monkeypatch.setattr(lesson, "gpu_available", lambda: False)
+    lesson.stated(96, 96.4, 0.5)
+    with pytest.raises(AssertionError, match="the text says 96, the data give 97.2"):
+        lesson.stated(96, 97.2, 0.5)
+
+
+def test_a_live_run_reports_a_number_that_moved_instead_of_failing(monkeypatch, capsys):
+    monkeypatch.setattr(lesson, "gpu_available", lambda: True)
+    lesson.stated(96, 97.2, 0.5, "cta_row % of copy")
+    assert "this run: cta_row % of copy: the text says 96" in capsys.readouterr().out

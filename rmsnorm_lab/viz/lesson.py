@@ -75,6 +75,21 @@ def say(markdown: str) -> None:
         print(text)
 
 
+def stated(text_value: float, measured: float, within: float, what: str = "") -> None:
+    """The check beside a number the markdown states: ``measured`` (from the data) must lie within
+    ``within`` of ``text_value`` (the number as the text writes it). On recorded results, which is
+    how CI executes the notebooks, a stale sentence fails here. Live on a GPU the run's own number
+    may differ from the recorded run the text was written from: one line says so instead."""
+    if abs(measured - text_value) <= within:
+        return
+    message = (f"{what + ': ' if what else ''}the text says {text_value:g}, the data give "
+               f"{measured:.4g}")
+    if gpu_available():
+        print(f"(this run: {message}; the text was written from the recorded run)")
+        return
+    raise AssertionError(message)
+
+
 def show_code(obj, start: Optional[str] = None, end: Optional[str] = None) -> None:
     """Show the code a step runs, as it is in the package: a Python function's source, or, for a
     file path, its lines from the first holding ``start`` up to (not including) the next holding
