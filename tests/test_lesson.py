@@ -304,3 +304,9 @@ def test_a_live_run_reports_a_number_that_moved_instead_of_failing(monkeypatch, 
     monkeypatch.setattr(lesson, "gpu_available", lambda: True)
     lesson.stated(96, 97.2, 0.5, "cta_row % of copy")
     assert "this run: cta_row % of copy: the text says 96" in capsys.readouterr().out
+
+
+def test_revealed_evidence_prints_in_a_script(capsys):
+    lesson.reveal(pd.DataFrame({"µs": [1.5]}, index=["cta_row"]), "Answer: the time")
+    out = capsys.readouterr().out
+    assert out.startswith("Answer: the time:\n") and "cta_row  1.5" in out

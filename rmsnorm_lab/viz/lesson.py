@@ -75,6 +75,23 @@ def say(markdown: str) -> None:
         print(text)
 
 
+def reveal(obj, summary: str = "Answer: the measurement") -> None:
+    """Evidence a prediction asks for, collapsed until the reader opens it: in Jupyter a table (or
+    text) inside a ``<details>`` block; in a script, printed after ``summary``. The text form is
+    kept beside the HTML, so what it says is compared and counted as any printed table."""
+    text = obj.to_string() if isinstance(obj, (pd.DataFrame, pd.Series)) else str(obj)
+    if not in_notebook():
+        print(f"{summary}:\n{text}")
+        return
+    import html
+    from IPython.display import display
+    body = (obj.to_frame().to_html() if isinstance(obj, pd.Series) else obj.to_html()) \
+        if isinstance(obj, (pd.DataFrame, pd.Series)) else f"<pre>{html.escape(text)}</pre>"
+    display({"text/html": f"<details><summary><b>{html.escape(summary)}</b> (click to open)"
+                          f"</summary>{body}</details>",
+             "text/plain": text}, raw=True)
+
+
 def stated(text_value: float, measured: float, within: float, what: str = "") -> None:
     """The check beside a number the markdown states: ``measured`` (from the data) must lie within
     ``within`` of ``text_value`` (the number as the text writes it). On recorded results, which is
