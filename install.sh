@@ -116,13 +116,13 @@ fi
 # --- 3. the lab ----------------------------------------------------------------------------------
 # skipped when nothing it depends on changed since the last install (the stamp records it)
 STAMP="$VENV/.rmsnorm_lab-installed"
-stamp=$("$PY" -c "import hashlib, sys; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sys.argv[1:]) + sys.version.encode()).hexdigest())" pyproject.toml "$CONSTRAINTS")
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$stamp" ] && "$PY" -c "import rmsnorm_lab" 2>/dev/null; then
+stamp=$("$PY" -c "import hashlib, sys; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in sys.argv[1:]) + sys.version.encode()).hexdigest())" pyproject.toml workbook/pyproject.toml "$CONSTRAINTS")
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$stamp" ] && "$PY" -c "import rmsnorm_lab, rmsnorm_workbook" 2>/dev/null; then
   say "the lab and its dependencies are installed (pyproject.toml and the constraints are unchanged)"
 else
   say "installing the lab (editable) and its dependencies under $CONSTRAINTS"
   rm -f "$STAMP"
-  "$PY" -m pip install -e ".[test]"
+  "$PY" -m pip install -e . -e "./workbook[test]"
   printf '%s\n' "$stamp" > "$STAMP"
 fi
 

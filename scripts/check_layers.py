@@ -1,5 +1,7 @@
-"""Checks the shape of the package: no import cycle, the library never importing the lab's
-tooling, no source file over 500 lines, at most 8 modules beside the packages at the top.
+"""Checks the shape of the two packages: no import cycle; the library (``rmsnorm_lab``) never
+importing the workbook (``rmsnorm_workbook``); the workbook reaching the library through its
+public modules only (``PUBLIC``); no source file over 500 lines; at most 8 modules beside the
+packages at the top of the library.
 
     python3 scripts/check_layers.py          # prints what it found; exit status 1 on a breach
 
@@ -16,32 +18,40 @@ from typing import Dict, List, Set
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "rmsnorm_lab"
-#: the lab's measuring tools: they import the library, the library never imports them
-TOOLING = ("bench", "profiling", "viz", "analysis", "results", "cli")
+#: the workbook: it imports the library, the library never imports it
+WORKBOOK = "rmsnorm_workbook"
+#: where each package's sources are
+SOURCES = {PACKAGE: ROOT / PACKAGE, WORKBOOK: ROOT / "workbook" / WORKBOOK}
+#: the library modules the workbook may import: the top-level names, the oracle, the settings,
+#: and the workbook's surface (rmsnorm_lab/lab.py)
+PUBLIC = (PACKAGE, f"{PACKAGE}.reference", f"{PACKAGE}.settings", f"{PACKAGE}.lab")
+#: the library's command-line entry point hands over to the workbook by name; nothing imports it
+ENTRY = f"{PACKAGE}.__main__"
 #: modules beside __init__/__main__ at the top of the package
 MAX_TOP_MODULES = 8
 MAX_LINES = 500
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    top = next(name for name, src in SOURCES.items() if path.is_relative_to(src))
+    parts = (top,) + path.relative_to(SOURCES[top]).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of(path: Path, name: str) -> Set[str]:
-    """The package's modules ``path`` imports (relative imports resolved)."""
+    """The two packages' modules ``path`` imports (relative imports resolved)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith(PACKAGE))
+            found.update(a.name for a in node.names if a.name.startswith(tuple(SOURCES)))
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
                 anchor = anchor[:len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            if not base.startswith(PACKAGE):
+            if not base.startswith(tuple(SOURCES)):
                 continue
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)
@@ -49,7 +59,7 @@ def imports_of(path: Path, name: str) -> Set[str]:
 
 
 def graph() -> Dict[str, Set[str]]:
-    files = {module_name(p): p for p in (ROOT / PACKAGE).rglob("*.py")}
+    files = {module_name(p): p for src in SOURCES.values() for p in src.rglob("*.py")}
     return {name: {m for m in imports_of(path, name) if m in files and m != name}
             for name, path in files.items()}
 
@@ -91,17 +101,27 @@ def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
     return found
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def layer_breaches(edges: Dict[str, Set[str]]) -> List[str]:
-    """Library modules that import the lab's tooling."""
-    tooling = tuple(f"{PACKAGE}.{t}" for t in TOOLING)
-    library = [m for m in edges if not m.startswith(tooling) and m != f"{PACKAGE}.__main__"]
-    return [f"{m} imports {t}" for m in sorted(library) for t in sorted(edges[m])
-            if t.startswith(tooling)]
+    """Library modules that import the workbook, and workbook modules that import a library
+    module outside ``PUBLIC``."""
+    found = []
+    for m in sorted(edges):
+        for t in sorted(edges[m]):
+            if _in(m, PACKAGE) and m != ENTRY and _in(t, WORKBOOK):
+                found.append(f"{m} imports {t}")
+            elif _in(m, WORKBOOK) and _in(t, PACKAGE) and t not in PUBLIC:
+                found.append(f"{m} imports {t}, not a public module of the library")
+    return found
 
 
 def long_files() -> List[str]:
-    sources = [p for ext in ("py", "cpp", "h") for p in (ROOT / PACKAGE).rglob(f"*.{ext}")]
-    sources += list((ROOT / "tests").glob("*.py")) + list((ROOT / "scripts").glob("*.py"))
+    sources = [p for src in SOURCES.values() for ext in ("py", "cpp", "h")
+               for p in src.rglob(f"*.{ext}")]
+    sources += list((ROOT / "tests").rglob("*.py")) + list((ROOT / "scripts").glob("*.py"))
     return [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted(sources)
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
 

@@ -1,4 +1,4 @@
-"""The decisions behind install.sh, in Python so that they can be tested (tests/test_packaging.py).
+"""The decisions behind install.sh, in Python so that they can be tested (tests/workbook/test_packaging.py).
 
 Standard library only: it runs before anything is installed, under whichever Python install.sh
 was given. Subcommands (each prints one line, or nothing, on stdout):

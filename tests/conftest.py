@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-# CuTe compiles for this target when no GPU is present (tests/test_cute_compile.py names its own).
+# CuTe compiles for this target when no GPU is present (tests/library/test_cute_compile.py names its own).
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
@@ -66,17 +66,17 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 @pytest.fixture(scope="module")
 def df():
-    from rmsnorm_lab import results
+    from rmsnorm_workbook import results
     return results.load_all(RESULTS)
 
 
 @pytest.fixture(scope="module")
 def rep():
-    from rmsnorm_lab.analysis import reported
+    from rmsnorm_workbook.analysis import reported
     return reported.load_reported(RESULTS)
 
 
 @pytest.fixture(scope="module")
 def cal(df):
-    from rmsnorm_lab.analysis import model
+    from rmsnorm_workbook.analysis import model
     return model.calibrate(df)

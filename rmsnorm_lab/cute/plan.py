@@ -35,7 +35,7 @@ MAX_COPIES_PER_CHUNK = 8
 # Register model for "does the row fit in registers": a CTA of T threads may use 65536/T registers
 # per thread (at most 255); about REG_OVERHEAD of them go to addresses, predicates and
 # temporaries, the rest hold this thread's x and w elements. ptxas -v confirms no spills for
-# every plan the tests compile (tests/test_cute_compile.py).
+# every plan the tests compile (tests/library/test_cute_compile.py).
 REG_OVERHEAD = 40
 ELEM_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
@@ -182,7 +182,7 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
     """Does ptxas fit the tiles of one copy a chunk in the 32 registers their launch bounds
     allow, without spilling? Yes for a weight no wider than x (or none) in the llama and gemma
     modes; an fp32 weight on bf16 x, and the none mode's extra roundings, made them spill
-    (ptxas -v, sm_90a: results/NOTES.md; tests/test_cute_compile.py compiles every case)."""
+    (ptxas -v, sm_90a: results/NOTES.md; tests/library/test_cute_compile.py compiles every case)."""
     narrow_weight = w_dtype is None or ELEM_BYTES[w_dtype] <= ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 

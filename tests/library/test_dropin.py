@@ -1,0 +1,127 @@
+"""``rms_norm`` and ``RMSNorm`` as drop-ins under real use, on the CPU: the path a call takes,
+CPU tensors, any layout, and torch's machinery (fake and meta tensors, dispatch modes,
+functorch transforms, forward-mode AD). tests/library/test_gpu_dropin.py runs the CUDA side."""
+
+import itertools
+
+import pytest
+import torch
+from torch.autograd import forward_ad
+
+from rmsnorm_lab import RMSNorm, api, reference, rms_norm
+
+EPS = 1e-6
+
+
+def test_choose_path_covers_every_combination():
+    seen = set()
+    for compiling, machinery, native, training, empty in itertools.product(
+            (False, True), (None, "transform", "dispatcher"), (False, True), (False, True),
+            (False, True)):
+        path = api.choose_path(compiling=compiling, machinery=machinery, native=native,
+                               training=training, empty=empty)
+        seen.add(path)
+        if machinery == "transform":
+            assert path == "reference"
+        elif compiling or machinery == "dispatcher":
+            assert path == "custom_op"
+        elif native:
+            assert path == "native"
+        elif training:
+            assert path == "python_node"
+        else:
+            assert path == ("empty" if empty else "kernels")
+    assert seen == set(api.PATHS)
+
+
+def test_module_runs_on_the_cpu_as_torchs_does():
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    ours, theirs = RMSNorm(8), torch.nn.RMSNorm(8)
+    y = ours(x)
+    torch.testing.assert_close(y, theirs(x))
+    y.sum().backward()
+    assert x.grad is not None and ours.weight.grad is not None
+
+
+def test_an_explicit_cuda_backend_on_the_cpu_is_refused():
+    for backend in ("cute", "triton"):
+        with pytest.raises(ValueError, match="needs CUDA tensors"):
+            rms_norm(torch.randn(4, 8), None, backend=backend)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(4, 16, 3).transpose(1, 2),            # last dim not unit-stride
+    lambda: torch.randn(3, 4, 8).permute(1, 0, 2),            # rows that do not collapse
+    lambda: torch.randn(6, 32)[:, ::2],                       # every other column
+], ids=["transposed", "permuted", "strided columns"])
+def test_any_layout_is_computed_with_a_copy_where_the_kernels_need_one(make):
+    x = make().requires_grad_()
+    prepared, _, _ = api._as_torch_would_compute(x, None)
+    assert prepared.stride(-1) == 1 and prepared.is_contiguous()
+    y = rms_norm(x, None, EPS)
+    torch.testing.assert_close(y, reference.rms_norm(x.detach(), None, EPS))
+    y.backward(torch.ones_like(y))
+    assert x.grad.shape == x.shape
+
+
+def test_row_strided_inputs_and_weights_are_not_copied_unless_needed():
+    x = torch.randn(6, 32)[:, :16]  # rows of 16 with a row stride of 32: the kernels take it
+    assert api._as_torch_would_compute(x, None)[0] is x
+    w = torch.randn(32)[::2]
+    assert api._as_torch_would_compute(x, w)[1].stride(0) == 1
+
+
+def test_fake_tensors_get_the_ops_fake_implementation():
+    """A memory estimator's fake tensors: shapes and dtypes out, no kernel. (Fake CUDA tensors
+    that require grad need a CUDA build of torch: autograd asks for a device guard.)"""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(4, 8, device="cuda", dtype=torch.bfloat16)
+        y = rms_norm(x, torch.empty(8, device="cuda", dtype=torch.bfloat16), backend="cute")
+        assert isinstance(y, FakeTensor) and y.shape == (4, 8) and y.device.type == "cuda"
+        x = torch.empty(4, 8, dtype=torch.bfloat16, requires_grad=True)
+        y = rms_norm(x, torch.empty(8, dtype=torch.bfloat16))
+        assert isinstance(y, FakeTensor) and y.dtype == torch.bfloat16
+        y.sum().backward()  # the backward op's fake implementation
+        assert x.grad.shape == (4, 8)
+
+
+def test_meta_tensors_and_dispatch_modes_see_the_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    y = rms_norm(torch.empty(4, 8, device="meta"), torch.empty(8, device="meta"))
+    assert y.device.type == "meta" and y.shape == (4, 8)
+    ops = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    x = torch.randn(4, 8)
+    with Record():
+        rms_norm(x, None)
+    assert any("rmsnorm_lab.rms_norm_fwd" in op for op in ops)
+
+
+def test_functorch_transforms_and_forward_ad_differentiate_the_reference_math():
+    w = torch.randn(8)
+    x = torch.randn(3, 4, 8)
+    batched = torch.func.vmap(lambda t: rms_norm(t, w))(x)
+    torch.testing.assert_close(batched, reference.rms_norm(x, w, EPS))
+    grad = torch.func.grad(lambda t: rms_norm(t, w).sum())(x[0])
+    x0 = x[0].clone().requires_grad_()
+    reference.rms_norm(x0, w, EPS).sum().backward()
+    torch.testing.assert_close(grad, x0.grad)
+    tangent = torch.randn(4, 8)
+    with forward_ad.dual_level():
+        out = rms_norm(forward_ad.make_dual(x[0], tangent), w)
+        jvp = forward_ad.unpack_dual(out).tangent
+    _, expected = torch.func.jvp(lambda t: reference.rms_norm(t, w, EPS), (x[0],), (tangent,))
+    torch.testing.assert_close(jvp, expected)
+
+
+def test_sparse_and_nested_inputs_are_refused_by_name():
+    with pytest.raises(TypeError, match="x must be a dense .*sparse"):
+        rms_norm(torch.randn(4, 8).to_sparse(), None)
+    nested = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
+    with pytest.raises(TypeError, match="x must be a dense .*nested"):
+        rms_norm(nested, None)

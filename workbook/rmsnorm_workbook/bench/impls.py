@@ -1,0 +1,102 @@
+"""The lab's implementations as the benchmarks call them: ``fn(x, w) -> y``, one per kernel
+variant the registry lists, pinned with ``settings.override`` for the duration of a call."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+
+from rmsnorm_lab import rms_norm, settings
+from rmsnorm_lab.lab import RMSNormFunction, VARIANTS, native_node, routed_to_native, validate
+
+
+def lab_impls(op: str) -> Dict[str, Callable]:
+    """The lab's implementations of ``op``, named as in the results.
+
+    ``fwd``: ``cute.<variant>`` for every benchmarked forward variant, ``cute.auto``,
+    ``cute.auto-pdl`` (auto with ``settings.pdl`` off, to show what programmatic dependent launch
+    buys in the same run) and ``triton.row``. ``bwd`` and ``full``: the differentiable
+    ``rms_norm`` (the benchmark takes the gradient) with each backward pinned (``cute.fused``,
+    ``cute.split``, ``cute.auto``), ``cute.auto-pdl`` and ``triton.split``. ``fwd-add`` and
+    ``bwd-add``: ``fn(x, r, w) -> (y, h)``, ``cute.auto+add`` and ``triton.row+add``, and for
+    ``bwd-add`` each benchmarked backward mode pinned (``cute.fused+add``...)."""
+    if op == "fwd":
+        def cute_variant(variant: str, **toggles) -> Callable:
+            if variant == settings.forward_variant and not toggles:  # as a user calls it
+                return lambda x, w: rms_norm(x, w, backend="cute")
+
+            def run(x, w):  # the override's own cost is in eager and host times
+                with settings.override(forward_variant=variant, **toggles):
+                    return rms_norm(x, w, backend="cute")
+            return run
+
+        names = [v.name for v in VARIANTS
+                 if v.backend == "cute" and v.op == "fwd" and v.benchmarked] + ["auto"]
+        impls = {f"cute.{v}": cute_variant(v) for v in names}
+        impls["cute.auto-pdl"] = cute_variant("auto", pdl=False)
+        impls["triton.row"] = lambda x, w: rms_norm(x, w, backend="triton")
+        return impls
+    if op in ("bwd", "full"):
+        names = [v.name for v in VARIANTS
+                 if v.backend == "cute" and v.op == "bwd" and v.benchmarked] + ["auto"]
+        impls = {f"cute.{mode}": pinned_backward(mode) for mode in names}
+        impls["cute.auto-pdl"] = pinned_backward("auto", pdl=False)
+        impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
+        return impls
+    if op in ("fwd-add", "bwd-add"):  # the fused residual add: fn(x, r, w) -> (y, h)
+        impls = {f"{impl}+add": (lambda backend: lambda x, r, w: rms_norm(
+                     x, w, residual=r, backend=backend))(backend)
+                 for impl, backend in (("cute.auto", "cute"), ("triton.row", "triton"))}
+        if op == "bwd-add":  # each backward mode beside auto's choice
+            impls.update({f"cute.{v.name}+add": pinned_add_backward(v.name) for v in VARIANTS
+                          if v.backend == "cute" and v.op == "bwd" and v.benchmarked})
+        return impls
+    raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full, fwd-add, "
+                     "bwd-add")
+
+
+def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:
+    """``fn(x, w) -> y``: ``rms_norm(x, w, backend=backend)`` whose backward runs with
+    ``settings.backward == mode``, on the tape node the library itself would use. The native
+    node fixes its backward at the forward, so the forward runs under ``settings.override``; the
+    Python node reads the toggle when its backward runs, so there ``RMSNormFunction`` is
+    subclassed only to wrap its backward in the override. ``toggles`` (other settings, e.g.
+    ``pdl=False``) hold for the forward and the backward alike."""
+
+    class Pinned(RMSNormFunction):
+        @staticmethod
+        def backward(ctx, dy):
+            with settings.override(backward=mode, **toggles):
+                return RMSNormFunction.backward(ctx, dy)
+
+    Pinned.__name__ = Pinned.__qualname__ = f"RMSNormFunction_{mode}"
+
+    def run(x, w, eps: float = 1e-6):
+        if not (torch.is_grad_enabled()
+                and (x.requires_grad or (w is not None and w.requires_grad))):
+            with settings.override(**toggles):
+                return rms_norm(x, w, eps, backend=backend)  # no tape: a plain forward
+        with settings.override(**toggles):
+            native = routed_to_native(backend) and native_node() is not None
+        if native and x.numel():
+            with settings.override(backward=mode, **toggles):
+                return rms_norm(x, w, eps, backend=backend)
+        validate(x, w, "llama", backend)  # what rms_norm checks before taping
+        with settings.override(**toggles):  # the forward under the same toggles
+            return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
+    return run
+
+
+def pinned_add_backward(mode: str) -> Callable:
+    """``fn(x, r, w) -> (y, h)``: the fused add whose backward runs with ``settings.backward ==
+    mode``. The native node fixes its backward at the forward, so the forward runs under the
+    override; without the native node the pin would not hold, and the call says so (the
+    benchmark then skips it, as a shape a mode cannot take)."""
+    def run(x, r, w):
+        if not (routed_to_native("cute") and native_node() is not None):
+            raise ValueError(f"cute.{mode}+add is pinned on the native autograd node, which "
+                             "is not built here")
+        with settings.override(backward=mode):
+            return rms_norm(x, w, residual=r, backend="cute")
+    return run

@@ -1,0 +1,458 @@
+"""``python -m rmsnorm_lab report``: benchmark on a GPU, then render every recorded result into
+figures and ``report.md``; without a GPU, render what is recorded."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import pandas as pd
+import torch
+
+from .. import results as results_io
+from ..bench.runner import OPS
+from ..legend import impl, impl_order
+from ..analysis import tables
+from ..analysis.host import VARYING
+from ..results.provenance import gpu_title
+from ..viz import sweeps
+from .bench import run_bench
+from .common import EXIT_FAILED, EXIT_USAGE, error, existing_dir, reason, writable_dir
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as report.md names it: relative to the repository when inside it (report.md is
+    shared, and an absolute path names one machine's clone), else as given."""
+    repo = results_io.results_dir().parent
+    try:
+        return str(Path(path).resolve().relative_to(repo))
+    except ValueError:
+        return str(path)
+
+
+def _provenance(df: pd.DataFrame) -> str:
+    d = results_io.latest(df)
+    lines = []
+    for col in ("sm_count", "driver", "torch", "triton", "cutlass_dsl", "commit"):
+        lines.append(f"- {col}: " + ", ".join(str(v) for v in sorted(d[col].unique())))
+    times = sorted(d["timestamp"].unique())
+    lines.append(f"- measured: {times[0]}" + (f" to {times[-1]}" if len(times) > 1 else ""))
+    return "\n".join(lines)
+
+
+def count_line(df: pd.DataFrame, root: Path) -> str:
+    """What the report reads, said as counted: the rows of ``results.load_all`` (every
+    ``<gpu>/*.csv`` but ``reported/``), of which the lessons' teaching kernels (``teach.*``,
+    which notebook 04 leaves out), and the model steps' rows, read apart (notebook 05)."""
+    files = [p for p in Path(root).glob("*/*.csv")
+             if p.parent.name not in results_io.NOT_MEASURED_DIRS]
+    gpus = sorted(df["gpu"].unique())
+    teach = int(df["impl"].astype(str).str.startswith(tables.TEACH_PREFIX).sum())
+    steps = len(results_io.load_all(root, model_steps=True))
+    return (f"{len(df)} measurements from {len(files)} files of {len(gpus)} GPU(s) "
+            f"({', '.join(gpu_title(g) for g in gpus)}), of which {teach} are the "
+            "lessons' teaching kernels "
+            f"(`{tables.TEACH_PREFIX}*`; {len(df) - teach} without them); the {steps} rows of "
+            "model steps (notebook 05) are read apart and not counted")
+
+
+def ceiling_note(df: pd.DataFrame, op: str, gpu: str) -> str:
+    """What a "% of copy" table divides by: each row by the ceiling measured in its own run,
+    the runs listed by commit, with the count of the table's cells each holds where runs share
+    a commit (a run that measured none: the sweep's, said so)."""
+    runs = tables.ceiling_per_run(df, op, gpu)
+    if runs.empty:
+        return ""
+    shared = runs["commit"].duplicated(keep=False)
+    each = ", ".join(f"{str(commit)[:7]} {gbps:.0f} GB/s"
+                     + (f" ({cells} cells)" if same else "")
+                     + ("" if own else " (measured in another run: the sweep's)")
+                     for commit, gbps, own, cells, same in zip(
+                         runs["commit"], runs["GB/s"], runs["own"], runs["cells"], shared))
+    return f" (each row against the {tables.CEILING_OF_OP[op]} measured in its own run: {each})"
+
+
+def host_method(op: str) -> str:
+    """How the host benchmark times (``bench.host``) and why the sweeps' host rows of ``op``
+    differ, said next to its table."""
+    return ("every implementation timed on one host in interleaved rounds (one sample of each "
+            "per round, so the host's drift falls on all alike), the lab's settings entered "
+            "once outside the timed loop (Python's garbage collector is off inside each "
+            "sample here and in the sweeps). "
+            f"The host rows of the sweep files (`{op}.csv` and the other `{op}-*.csv`) are not "
+            "shown and do not compare with these: there each implementation is timed in a "
+            "block of its own after the sweep's device timings, not interleaved, and a lab row "
+            "that pins a kernel variant or backward mode runs inside `settings.override`, whose "
+            "entry and exit re-run the settings' listeners in every timed call; those rows can "
+            "put the lab behind torch")
+
+
+def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
+    """The op's host table with the method that produced it: the host benchmark's newest run
+    where it timed the op, else the sweeps' own host rows (each row's run named)."""
+    covered = tables.host_benchmark_covers(df, op, gpu)
+    host = tables.host_table(df, op, gpu, with_commit=True)
+    if host.empty:
+        return []
+    host["commit"] = host["commit"].astype(str).str[:7]
+    # a varying-M row's M is the largest row count drawn: the calls draw from 1 to it
+    host.index = pd.MultiIndex.from_tuples(
+        [(i, f"1..{m}" if str(i).endswith(VARYING) else m, n) for i, m, n in host.index],
+        names=host.index.names)
+    if covered:
+        caption = (f"{op}, host µs per call, from the host benchmark (`bench --op host`, its "
+                   f"newest run, commit {', '.join(sorted(host['commit'].unique()))}): "
+                   f"{host_method(op)}:")
+        host = host.drop(columns="commit")
+    else:
+        caption = (f"{op}, host µs per call, from the sweeps' own host rows (the host benchmark "
+                   f"does not time `{op}`; the newest row of each implementation, its run's "
+                   "commit beside it; the lab's row is its default, `cute.auto`): each "
+                   "implementation timed in a block of its own after its sweep's device "
+                   "timings, not interleaved with the others, so rows of different runs and "
+                   "hosts compare loosely:")
+    return [caption, "", tables.markdown_table(host, 1, right_align=True), ""]
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
+    """Render the op's figures for one GPU; returns the file names (those with data only)."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state in a loop
+
+    d = df[(df["gpu"] == gpu) & (df["op"] == op)]
+    bw = tables.library_rows(d[(d["metric"] == "bandwidth") & (d["path"] == "graph")
+                               & ~d["impl"].isin(results_io.CEILINGS)])
+    names = []
+    if not bw[bw["N"] == 4096].empty:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        sweeps.plot_bandwidth_vs_M(df, op, N=4096, gpu=gpu, ax=fig.subplots())
+        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"))
+    if not bw[bw["M"] == 16384].empty:
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        sweeps.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
+        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
+    timed = tables.library_rows(d[(d["metric"] == "time") & (d["N"] == 4096)
+                                  & ~d["impl"].isin(results_io.CEILINGS)])
+    both = timed.groupby("impl")["path"].agg(lambda p: {"eager", "graph"} <= set(p))
+    impls = impl_order(both.index[both])  # measured both ways: what the figure compares
+    if impls:
+        cols = min(3, len(impls))
+        rows = -(-len(impls) // cols)
+        fig = Figure(figsize=(4.5 * cols, 3.4 * rows), layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+        for ax, name in zip(axes, impls):
+            sweeps.plot_eager_vs_graph(df, op, name, N=4096, gpu=gpu, ax=ax)
+            ax.set_title(impl(name).style["label"], fontsize="medium")  # the registry's words
+        for ax in axes[len(impls):]:
+            ax.set_visible(False)
+        # one legend for the grid: every panel draws the same two series
+        handles, labels = axes[0].get_legend_handles_labels()
+        for ax in axes[:len(impls)]:
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
+        fig.legend(handles, labels, loc="outside lower center", ncol=len(labels),
+                   fontsize="small", frameon=False)
+        fig.suptitle(f"{gpu_title(gpu)}: {op}, µs per call, eager vs CUDA-graph replay "
+                     "(N=4096)\n"
+                     f"{EAGER_NOTE}", linespacing=1.6)
+        names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
+    return names
+
+
+#: the eager-vs-graph grid's second title line
+EAGER_NOTE = ("eager at small M times the host (the launch path and its noise), not the "
+              "kernel: compare kernels by the graph lines")
+
+
+def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
+    """The caveat under the eager-vs-graph grid of ``op``, with the lab's two implementations
+    whose kernels take the same time yet read furthest apart eagerly (``tables.eager_pair``),
+    where they read more than a quarter apart."""
+    text = ("Eager (`do_bench`) at small M is host-bound: it times the launch path and its "
+            "noise more than the kernel; read where the eager line leaves the graph line, not "
+            "the eager order of the implementations.")
+    pair = tables.eager_pair(df, op, gpu)
+    if pair is not None and pair["eager"][0] > 1.25 * pair["eager"][1]:
+        (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
+        same = (f"the same graph time ({ga:.1f} µs)" if f"{ga:.1f}" == f"{gb:.1f}" else
+                f"graph times within {tables.SAME_GRAPH:.0%} ({ga:.1f} and {gb:.1f} µs)")
+        a, b = (impl(n).style["label"] for n in (a, b))  # as the figure's legend names them
+        text += (f" At M={pair['M']}, two kernels with {same}, `{a}` and `{b}`, read "
+                 f"{ea:.0f} and {eb:.0f} µs eager (the pair is chosen as the furthest apart "
+                 "eagerly among the lab's kernels whose graph times lie within "
+                 f"{tables.SAME_GRAPH:.0%} of each other there).")
+    return text
+
+
+#: what the crossover figure's series are (notebook 03, section 7, builds it)
+CROSSOVER_CAPTION = (
+    "The kernels' device times come from the runs of the sweeps that measured them, one series "
+    "a run (solid, hollow markers), as measured rather than joined into one curve. `@tvm_ffi` "
+    "is the lab's default launch path; `+python_node` the same call made from Python (its "
+    "launch path and autograd node) instead of the C++ extension, what a machine without a "
+    "compiler runs. Where a kernel's curve crosses a host line (a ring), that call stops being "
+    "host-bound. Notebook 03, section 7, builds this figure.")
+
+
+def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
+    """What the cache-cap figure's memory panel draws (each bar: the step's peak counted from its
+    start, and stacked on it, hatched, the storage the cache pinned at that start), and why the
+    solid part of a bounded cap reads below the cache off (notebook 03, section 8), from
+    ``analysis.host.cache_memory_table``."""
+    from ..analysis import host as host_tables
+    from ..bench.host import LAYERS
+
+    mem = host_tables.cache_memory_table(df, LAYERS, gpu)
+    if "0" not in mem.index:
+        return ""
+    act = host_tables.CACHE_SHAPE[0] * host_tables.CACHE_SHAPE[1] * 2 / 2**20
+    capped = mem.drop(index=["0", "unbounded"], errors="ignore").dropna(subset=["peak MiB"])
+    text = ("Left panel: peak memory counted from what was allocated when the measured step "
+            "began, after one warm-up step (`step_peak_and_time`, `workbook/rmsnorm_workbook/bench/host.py`), "
+            "as the solid part of each bar; stacked on it, hatched, the storage the cache's "
+            f"handles held at that start (activation-sized tensors of {act:.0f} MiB each), "
+            "which that count leaves out. A bar's top is what the step needs beside "
+            "everything else.")
+    if not capped.empty:
+        off = (capped["below cap 0 (MiB)"] - capped["freed in the step (MiB)"]).abs().max()
+        caps = ", ".join(capped.index)
+        cap0 = mem.loc["0", "peak with pinned (MiB)"]
+        text += (" A bounded cache still holds handles of the warm-up step's last layers when "
+                 "the measured step begins ("
+                 + ", ".join(f"cap {c}: {int(n)}" for c, n in capped["pinned tensors"].items())
+                 + " tensors), and its FIFO frees them during the step: the solid parts of caps "
+                 f"{caps} read "
+                 + ", ".join(f"{v:,.0f}" for v in capped["below cap 0 (MiB)"])
+                 + " MiB below the cache off (cap 0), "
+                 + ("exactly what those tensors hold" if off < 1 else
+                    f"what those tensors hold to within {off:,.0f} MiB")
+                 + ", and their bars reach "
+                 + ", ".join(f"{v:,.0f}" for v in capped["peak with pinned (MiB)"])
+                 + f" MiB against cap 0's {cap0:,.0f}. They do not need less memory.")
+    if "unbounded" in mem.index:
+        n = int(mem.loc["unbounded", "pinned tensors"])
+        total = mem.loc["unbounded", "peak with pinned (MiB)"]
+        text += (f" Unbounded, nothing is evicted: {n} such tensors ({n * act:,.0f} MiB) stay "
+                 f"allocated after every step, its bar reaches {total:,.0f} MiB, and each step "
+                 "adds as many again, growth that a count from each step's start does not show "
+                 "(notebook 03, section 8).")
+    return text
+
+
+def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List[str]:
+    """The other notebooks' data figures for one GPU: 02's fused/split ratio, 03's host µs per
+    launch path, host/device crossover, tensor-cache cost and nsys timeline."""
+    from matplotlib.figure import Figure
+
+    from ..profiling import trace as nsys_trace
+    from ..viz import host as plots_host
+
+    g = df[df["gpu"] == gpu]
+    names = []
+
+    def render(name, draw, size=(8, 4.5), panels=1):
+        fig = Figure(figsize=size, layout="constrained")
+        axes = fig.subplots(1, panels) if panels > 1 else fig.subplots()
+        try:
+            draw(axes)
+        except (KeyError, ValueError) as e:  # not enough rows for this figure in these results
+            print(f"report: {gpu} {name} not drawn ({e})", file=sys.stderr)
+            return
+        names.append(_save(fig, out / f"{gpu}-{name}.png"))
+
+    if {"cute.fused", "cute.split"} <= set(g[g["op"] == "bwd"]["impl"]):
+        render("bwd-fused-vs-split", lambda ax: sweeps.plot_time_ratio(df, gpu=gpu, ax=ax))
+    if any("@" in i for i in g[g["path"] == "host"]["impl"]):
+        render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6))
+        render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax))
+    if any(i.startswith("cute.auto@cached:") for i in g["impl"]):
+        render("host-cache-cap", lambda axes: plots_host.plot_cache_cap(df, gpu=gpu, axes=axes),
+               (13, 4.5), panels=2)
+    trace_dir = root.parent / "profiles" / gpu  # nsys exports beside results/, not in it
+    if trace_dir.is_dir():
+        try:
+            trace = nsys_trace.load_trace(trace_dir)
+        except (OSError, ValueError) as e:
+            print(f"report: {gpu} nsys trace not read ({e})", file=sys.stderr)
+        else:
+            render("nsys-timeline",
+                   lambda ax: plots_host.plot_timeline(trace, first=10, ax=ax), (11, 4.5))
+    return names
+
+
+def _explainer_figures(out: Path) -> List[str]:
+    """The figures that need no measurements: notebook 01's thread/value layout of the row and
+    warp kernels, notebook 02's data flow of the split and fused backward."""
+    import torch
+    from matplotlib.figure import Figure
+
+    from ..viz import flow as flow_plot
+    from rmsnorm_lab.lab import plan_forward
+    from ..viz.layout import draw_row_layout
+
+    names = []
+    fig = Figure(figsize=(12, 10), layout="constrained")
+    for ax, variant in zip(fig.subplots(2, 1, height_ratios=(1, 3)), ("row", "warp")):
+        draw_row_layout(plan_forward(variant, 4096, torch.bfloat16, torch.bfloat16, "llama",
+                                     True, True), ax=ax, lanes=8)
+    names.append(_save(fig, out / "layout-row-and-warp-4096-bf16.png"))
+    flows, sizes = flow_plot.backward_flows(16384, 4096, 132)
+    fig = Figure(figsize=(15, 4.8), layout="constrained")
+    for ax, (mode, steps) in zip(fig.subplots(1, 2), flows.items()):
+        flow_plot.draw_flow(ax, f"{mode}: 16384×4096 bf16", steps, sizes, kernels="library")
+    names.append(_save(fig, out / "backward-data-flow-16384x4096-bf16.png"))
+    return names
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def write_report(df: pd.DataFrame, out: Path, root: Path,
+                 progress: Callable[[str], None] = _quiet) -> str:
+    """Render figures into ``out`` and write ``out/report.md``; returns the headline text.
+    ``progress`` is told what is being rendered, one line per group of figures."""
+    md = ["# rmsnorm-lab report", "",
+          f"Measured by this lab's benchmark; results read from `{shown_path(root)}` (figures "
+          "quoted from elsewhere, in `results/reported/`, appear only in the last section, "
+          "labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; "
+          "`eager` is `triton.testing.do_bench` "
+          "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
+          "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
+          "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
+          "in the same run. `cute.auto-pdl` is `cute.auto` with programmatic dependent launch "
+          f"taken away. Read: {count_line(df, root)}.", ""]
+    headline = []
+    gpus = sorted(df["gpu"].unique())
+    # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU
+    # comparison, the model step
+    total = sum(len(set(df[df["gpu"] == gpu]["op"]) & set(results_io.OPS)) + 1
+                for gpu in gpus) + 3
+    step = iter(range(1, total + 1))
+    for gpu in gpus:
+        g = df[df["gpu"] == gpu]
+        md += [f"## {gpu_title(gpu)}", "", _provenance(g), ""]
+        for op in [o for o in results_io.OPS if o in set(g["op"])]:
+            progress(f"[{next(step)}/{total}] {gpu} {op}: tables, bandwidth and "
+                     "eager-vs-graph figures")
+            md += [f"### {op}", ""]
+            table = tables.bandwidth_table(df, op, gpu)
+            for part in table.columns.get_level_values(0).unique():
+                unit = "GB/s" if part == "GB/s" else part
+                note = "" if part == "GB/s" else ceiling_note(df, op, gpu)
+                md += [f"{op}, CUDA-graph replay, median, {unit}{note}; each shape from the "
+                       "newest run that measured it ('-': not measured in that run):", "",
+                       tables.markdown_table(table[part], 0 if part == "GB/s" else 1,
+                                            right_align=True), ""]
+                headline += [f"{gpu_title(gpu)} {op} ({unit}, graph, median)",
+                             table[part].to_string(float_format=lambda v: f"{v:.0f}",
+                                                   sparsify=False), ""]  # every row's M
+            md += host_section(df, op, gpu)
+            for name in _figures(df, gpu, op, out):
+                md += [f"![{name}]({name})", ""]
+                if name.endswith("-eager-vs-graph.png"):
+                    md += [eager_caption(df, op, gpu), ""]
+        for op in ("fwd", "bwd"):
+            add = tables.fused_add_table(df, op, gpu)
+            if not add.empty:
+                md += [f"### fused residual add, {op}", "",
+                       f"`bench --op {op}-add`: µs per call, CUDA-graph replay, median, each "
+                       "shape from the newest run that measured it; "
+                       f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes:", "",
+                       tables.markdown_table(add, 2, right_align=True), ""]
+        progress(f"[{next(step)}/{total}] {gpu}: backward and host figures "
+                 "(notebooks 02 and 03)")
+        extra = _notebook_figures(df, gpu, out, root)
+        if extra:
+            md += ["### backward and host figures (notebooks 02 and 03)", ""]
+            captions = {f"{gpu}-host-cache-cap.png": cache_cap_caption(df, gpu),
+                        f"{gpu}-host-crossover.png": CROSSOVER_CAPTION}
+            for name in extra:
+                md += [f"![{name}]({name})", ""]
+                md += [captions[name], ""] if captions.get(name) else []
+    progress(f"[{next(step)}/{total}] how the kernels work: thread layout and backward "
+             "data flow (notebooks 01 and 02)")
+    md += ["## how the kernels work (notebooks 01 and 02)", ""]
+    md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
+    # notebooks 04 and 05's figures (reads only, no compiling)
+    from .report_sections import gpu_section, model_section
+
+    progress(f"[{next(step)}/{total}] across GPUs: roofline, crossover, reported vs "
+             "modelled (notebook 04)")
+    section, lines = gpu_section(df, out, root)
+    md += section
+    headline += lines
+    progress(f"[{next(step)}/{total}] in a model: the model step against torch's norm "
+             "(notebook 05)")
+    section, lines = model_section(results_io.load_all(root, model_steps=True), out, root)
+    md += section
+    headline += lines
+    (out / "report.md").write_text("\n".join(md))
+    return "\n".join(headline)
+
+
+def _progress(line: str) -> None:
+    print(f"report: {line}", file=sys.stderr, flush=True)
+
+
+def _mtimes(out: Path) -> Dict[str, int]:
+    return {f.name: f.stat().st_mtime_ns for f in out.iterdir() if f.is_file()}
+
+
+def _written(out: Path, before: Dict[str, int], start_ns: int) -> List[Path]:
+    """The files in ``out`` written since ``before`` was taken at ``start_ns``: new, changed, or
+    stamped since then (a rewrite within the file system's time resolution); report.md first."""
+    files = [out / name for name, t in _mtimes(out).items()
+             if before.get(name) != t or t >= start_ns]
+    return sorted(files, key=lambda f: (f.name != "report.md", f.name))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    bench = not args.no_bench and torch.cuda.is_available()
+    root = args.results if args.results is not None else results_io.results_dir()
+    label = "--results" if args.results is not None else "the results folder (--results)"
+    if bench:  # benchmarking writes into it
+        writable_dir(root, label)
+    else:
+        existing_dir(root, label)
+    writable_dir(args.out, "--out")  # before benchmarking or rendering anything
+    status = 0
+    if bench:
+        for op in OPS:  # every op the bench knows, so a new op joins the report by itself
+            _progress(f"benchmarking {op} on {torch.cuda.get_device_name()}")
+            status = max(status, run_bench(op, args.quick, root, None))
+    elif not args.no_bench:
+        print(f"no CUDA GPU here: rendering the recorded results in {root}")
+    _progress(f"reading the results in {root}")
+    try:
+        df = results_io.load_all(root)
+    except results_io.ResultsError as e:
+        return error(f"malformed results: {e}", EXIT_FAILED)
+    before, start_ns, started = _mtimes(args.out), time.time_ns(), time.perf_counter()
+    report_md = args.out / "report.md"
+    try:
+        if df.empty:
+            report_md.write_text(
+                "# rmsnorm-lab report\n\nThere are no results: no `<gpu>/*.csv` files in "
+                f"`{shown_path(root)}`. Record some on a GPU with "
+                "`python -m rmsnorm_lab bench --op fwd`.\n")
+            print(f"no results in {root}; wrote {report_md} saying so")
+            return status
+        _progress(f"{count_line(df, root)}; rendering into {args.out}")
+        headline = write_report(df, args.out, root, progress=_progress)
+    except OSError as e:
+        where = e.filename if e.filename else args.out
+        return error(f"could not write {where} ({reason(e)})", EXIT_USAGE)
+    print(headline)
+    written = _written(args.out, before, start_ns)
+    print(f"wrote {len(written)} files to {args.out} in {time.perf_counter() - started:.0f} s:")
+    for f in written:
+        print(f"  {args.out / f.name}")
+    return status

@@ -1,0 +1,236 @@
+"""The sections of ``python -m rmsnorm_lab report`` that follow notebooks 04 and 05: across GPUs
+(figures as PNGs and a short markdown summary) and in a model (the model step against torch's
+norm). Reads committed results only; never compiles (the compiled-code table comes from its
+cache, ``compiled/ptx_table.csv``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pandas as pd
+
+from ..viz import gpus as figures
+from ..results.provenance import gpu_title
+from ..analysis import MODELLED, compiled, model, model_step, speed
+from ..analysis.tables import markdown_table
+from ..analysis.reported import load_reported, pr_era_host
+from ..analysis.specs import SPECS, bandwidth_table
+
+def calibration_caveat(check: pd.DataFrame) -> str:
+    """Two sentences from ``model.calibration_check``: how far the model's call ratio is from the
+    eager ratio measured on the calibration GPU itself, the GPU whose host costs every verdict
+    puts in (empty when nothing was measured there)."""
+    if check.empty:
+        return ""
+    off = check["off by"]
+    factor = float(max(off.max(), 1 / off.min()))  # either way from 1
+    rows = " and ".join(f"{r['call ratio (modelled)']:.2f} at {int(r['M'])} rows"
+                        for _, r in check.iterrows())
+    measured = " and ".join(f"{v:.2f}" for v in check["measured eager ratio"])
+    gpu = model.CALIBRATION_GPU.upper()
+    return (f"On the {gpu} itself the model's call ratio for the same pair is {rows}, where "
+            f"`do_bench` measured {measured}: off by up to {factor:.1f}×. The "
+            f"verdicts are statements about the model with the host costs measured on the "
+            f"{gpu}'s host, not measurements of those GPUs.")
+
+
+def _title(key: str) -> str:
+    """A verdict's key as the text names it: a GPU's slug as its name, ``overall`` as is."""
+    return gpu_title(key) if key in SPECS else key
+
+
+def _named(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the GPUs named as the text names them: the ``gpu`` column's slugs and
+    the columns named after a GPU (``h100_sxm (modelled)`` -> ``H100 SXM (modelled)``)."""
+    table = table.copy()
+    if "gpu" in table.columns:
+        table["gpu"] = table["gpu"].map(gpu_title)
+    if table.index.name == "gpu":
+        table.index = table.index.map(gpu_title)
+
+    def column(name):
+        gpu, _, kind = str(name).partition(" ")
+        return f"{gpu_title(gpu)} {kind}" if gpu in SPECS and kind.startswith("(") else name
+    return table.rename(columns=column)
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], List[str]]:
+    """Render the roofline (attainable TFLOP/s against arithmetic intensity, per GPU), the
+    crossover and the reported-vs-modelled figures into ``out``; return (markdown lines,
+    headline lines for stdout)."""
+    from matplotlib.figure import Figure
+
+    reported = load_reported(root)
+    cal = model.calibrate(df)
+    md = ["## Across GPUs: measured, modelled, reported", "",
+          "Measured: this lab's benchmark (`results/<gpu>/`). Modelled: device time = t0 + bytes "
+          "/ (efficiency x datasheet bandwidth), fitted on the H200's CUDA-graph times, host time "
+          "as measured on the H200's host; per call as `triton.testing.do_bench` sees it "
+          "(device + host time beyond its 256 MiB L2 flush). Reported: quoted from elsewhere "
+          "with its source (`results/reported/`). Details: `notebooks/04_gpus.ipynb`.", ""]
+    headline: List[str] = []
+    if cal.empty:
+        md += ["No CUDA-graph measurements to calibrate the model on: nothing to model.", ""]
+        return md, headline
+    md += ["Bandwidth, datasheet vs measured copy; each GPU's copy as measured in the run "
+           "named (of its forward runs, the one that measured the most rows), the copy that "
+           "run's cells of the forward's `% of copy` table are divided by:", "",
+           markdown_table(_named(bandwidth_table(df).drop(columns="kind")), 0), ""]
+    hosts = model.host_costs(df)
+    pr = model.pr_comparison(df, reported, cal=cal, hosts=hosts)
+    era = pr_era_host(reported)
+    pr_era = (model.pr_comparison(df, reported, cal=cal,
+                                  hosts=model.with_host(hosts, "liger.cutedsl", era))
+              if math.isfinite(era) else None)
+    names = []
+    gpus = model.MODEL_GPUS
+    fig = Figure(figsize=(4.6 * len(gpus) + 2.4, 4.2), layout="constrained")
+    figures.plot_speed_of_light(speed.sol_points(df, reported, cal), gpus, df=df,
+                                axes=fig.subplots(1, len(gpus), sharey=True))
+    names.append(_save(fig, out / "gpus-roofline.png"))
+    if not hosts.empty:
+        fig = Figure(figsize=(4.2 * len(gpus) + 2.4, 4.0), layout="constrained")
+        figures.plot_crossover(df, cal=cal, hosts=hosts,
+                               axes=fig.subplots(1, len(gpus), sharey=True))
+        names.append(_save(fig, out / "gpus-crossover.png"))
+        fig = Figure(figsize=(11, 4.6), layout="constrained")
+        liger = pr["pair"].str.startswith("liger")
+        scenario = (pr_era[pr_era["pair"].str.startswith("liger")]
+                    if pr_era is not None else None)
+        figures.plot_reported_vs_modelled(
+            pr[liger], scenario, f"per call, CuTe host {era:.0f} µs as reported "
+            f"({MODELLED} scenario)", ax=fig.subplots())
+        names.append(_save(fig, out / "gpus-reported-vs-modelled.png"))
+        verdict = model.finding(pr)
+        md += ["Liger-Kernel PR #1336's finding (its CuTe DSL RMSNorm against its Triton one: "
+               "on the B200 CuTe faster because the host dominates; on the H100 parity), "
+               "computed by the model at M=8192, N=4096, with the host costs measured on the "
+               "H200's host:", ""]
+        md += [f"- {_title(k)}: {v}" for k, v in verdict.items()]
+        caveat = calibration_caveat(model.calibration_check(pr))
+        if caveat:
+            md += ["", caveat]
+        if pr_era is not None:
+            v2 = model.finding(pr_era)
+            md += ["", f"With Liger's CuTe host cost of {era:.0f} µs reported before TVM-FFI "
+                   "(a scenario, mixing a reported input into the model):", ""]
+            md += [f"- {_title(k)}: {v}" for k, v in v2.items()]
+        cols = ["pair", "gpu", "M", "device ratio (modelled)", "measured device ratio",
+                "call ratio (modelled)", "reported ratio", "measured eager ratio"]
+        md += ["", "CuTe / Triton time per call (device ratio: the kernels alone, modelled and, "
+               f"on the {model.CALIBRATION_GPU.upper()}, measured by CUDA-graph replay; call "
+               "ratio: with the host term; measured eager ratio: `do_bench`):", "",
+               markdown_table(_named(pr[cols])), ""]
+        shown = model.shown_hosts(hosts)
+        if shown.empty:
+            md += ["Crossover M: no host benchmark run (`bench --op host`) to take host costs "
+                   "from.", ""]
+        else:
+            cross = model.crossover_table(df, cal=cal, hosts=shown)
+            md += ["Crossover M (device time reaches host time; below it a call is "
+                   "host-bound), N=4096 bf16 forward. Host µs from the host benchmark "
+                   "(`bench --op host`, every implementation interleaved on one host), the "
+                   "lab's default launch path and the peers; the sweeps' own host rows do not "
+                   "compare with these and are left out:", "", markdown_table(_named(cross), 0), ""]
+        headline += ["across GPUs (modelled, N=4096 fwd): " + verdict["overall"],
+                     *(f"  {_title(k)}: {v}" for k, v in verdict.items() if k != "overall"),
+                     *([f"  caveat: {caveat[0].lower()}{caveat[1:]}"] if caveat else []), ""]
+    rvm = model.reported_vs_modelled(reported, cal)
+    if not rvm.empty:
+        md += ["Reported device times vs the model:", "",
+               markdown_table(_named(rvm.dropna(subset=["modelled_us"])
+                                     .drop(columns="source"))), ""]
+    ptx = compiled.table(root)
+    if ptx.empty:
+        md += ["Compiled-code table: no cache (`python -m rmsnorm_workbook.analysis.compiled` "
+               "writes `compiled/ptx_table.csv`).", ""]
+    else:
+        keep = ["kernel", "arch", "registers", "spill_bytes", "ld.global 16B", "st.global 16B",
+                "shuffles", "barriers", "instructions", "fma", "mul", "packed f32x2"]
+        md += ["Compiled code, sm_90a vs sm_100a (from the cached PTX table; compiler output, "
+               "not a measurement):", "",
+               markdown_table(ptx[[c for c in keep if c in ptx.columns]], 0),
+               ""]
+    md += [f"![{n}]({n})" for n in names] + [""]
+    return md, headline
+
+
+#: the model-step columns the report shows, and those it compares with torch's norm
+MODEL_COLUMNS = ["train wall", "prefill wall", "decode wall", "decode events", "decode graph"]
+MODEL_RATIOS = ["train wall", "prefill wall", "decode wall", "decode graph"]
+
+
+def model_section(steps: pd.DataFrame, out: Path,
+                  root: Optional[Path] = None) -> Tuple[List[str], List[str]]:
+    """Notebook 05's step table per GPU: the newest run of ``bench --op model`` (every norm
+    choice, ms, p50), each choice over torch's norm in the same model and run (also as a figure),
+    with what the decode-timer probe in ``root/<gpu>/logs`` says of its eager decode column, and
+    the torch.compile run; (markdown lines, headline lines for stdout)."""
+    from matplotlib.figure import Figure
+
+    from ..viz import model_step as step_figures
+
+    md = ["## In a model (notebook 05)", "",
+          "`bench --op model`: transformers' Llama and Qwen3 architectures (8 layers, hidden "
+          "4096, random weights), a training step and a prefill of 8×2048 tokens and a decode "
+          "step of batch 8, per norm choice: `shipped` (transformers' own), `torch` "
+          "(`torch.nn.RMSNorm`), `lab` (`rmsnorm_lab.patch`), `lab+carry` (the residual add "
+          "fused into the next norm), `liger`. ms per step, median; `wall` a back-to-back loop, "
+          "`events` CUDA events around `triton.testing.do_bench`'s loop (for the eager decode "
+          "step, which the host paces, they time the host's enqueue, not the GPU: notebook 05 "
+          "§4), `graph` replayed from a CUDA graph. Ratios are against "
+          "`torch` in the same model and run.", ""]
+    headline: List[str] = []
+    if steps.empty:
+        return md + ["No model-step results.", ""], headline
+    for gpu in sorted(steps["gpu"].unique()):
+        g = steps[steps["gpu"] == gpu]
+        run = model_step.one_run(g, "llama.lab")
+        if run.empty:
+            continue
+        table = model_step.step_table(run)
+        ratios = model_step.versus(table)
+        md += [f"### {gpu_title(gpu)}", "", "ms per step:", "",
+               markdown_table(table[[c for c in MODEL_COLUMNS if c in table.columns]]
+                              .reset_index(), 2), "",
+               "time over torch's norm's:", "",
+               markdown_table(ratios[MODEL_RATIOS].reset_index(), 3), ""]
+        probe, prov = (model_step.decode_probe(root / gpu / "logs") if root is not None
+                       else (pd.DataFrame(), {}))
+        caveat = model_step.decode_caveat(table, run, probe, prov)
+        md += [caveat, ""] if caveat else []
+        archs = sorted(ratios.index.get_level_values("arch").unique())
+        # eager decode, paced by the host, on a range of its own: nothing cut, nothing squeezed
+        groups = [[c for c in MODEL_RATIOS if c != "decode wall"], ["decode wall"]]
+        fig = Figure(figsize=(6.6 * len(archs), 1.6 + 0.75 * sum(len(c) + 1 for c in groups)),
+                     layout="constrained")
+        step_figures.plot_step_ratios(ratios, archs, groups, gpu=gpu, fig=fig,
+                                      notes=["eager decode by the wall clock, on a range of "
+                                             "its own (the host's pace)"],
+                                      spread=model_step.versus_spread(run))
+        name = _save(fig, out / f"{gpu}-model-vs-torch.png")
+        md += [f"![{name}]({name})", ""]
+        compiled_run = model_step.one_run(g, "llama.compile.lab")
+        if not compiled_run.empty:
+            ct = model_step.step_table(compiled_run, {
+                "train wall": ("train", "eager", "wall"),
+                "prefill wall": ("prefill", "eager", "wall")})
+            md += ["Under `torch.compile` (its own run): `compile.torch` is the model with "
+                   "torch's norm compiled, `compile.lab` with the lab's op (opaque to Inductor):",
+                   "", markdown_table(ct.reset_index(), 2), ""]
+        for arch in archs:
+            if (arch, "lab") in ratios.index:
+                r = ratios.loc[(arch, "lab")]
+                headline.append(f"{gpu_title(gpu)} {arch} in a model, lab / torch: train "
+                                f"{r['train wall']:.3f}, decode {r['decode wall']:.3f} eager, "
+                                f"{r['decode graph']:.3f} from a graph")
+        if caveat:
+            headline.append(f"  caveat: {caveat[0].lower()}{caveat[1:]}")
+    return md, headline + [""]

@@ -1,0 +1,108 @@
+r"""A small workload for ``compute-sanitizer``: every CuTe kernel at the shapes the GPU checklist
+names, each launch checked against the reference.
+
+    compute-sanitizer --tool memcheck --report-api-errors no \
+        python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd]
+    compute-sanitizer --tool racecheck python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd]
+
+``--report-api-errors no``: the CUDA driver bindings look up entry points with cuGetProcAddress
+while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
+an error, though no kernel is involved (34 of them in one forward run: results/NOTES.md).
+Memory errors in the kernels are still reported.
+"""
+
+import sys
+
+import torch
+
+from rmsnorm_lab import reference, rms_norm, settings
+from rmsnorm_lab.lab import kernel_backward as backward
+from rmsnorm_lab.lab import BACKWARD_MODES, FORWARD_VARIANTS
+
+# (3, 1023) only admits the forward fallback; (3, 1024) runs every variant on the same tiny grid;
+# (5, 32768): rows too wide for one CTA's registers (cluster, staged); (1001, 128): per-head
+# rows, two tiles a CTA, the last CTA's second tile holding one row.
+FWD_SHAPES = [(3, 1023), (3, 1024), (133, 8192), (5, 32768), (1001, 128)]
+FWD_VARIANTS = list(FORWARD_VARIANTS)
+# the fused add's forward: one tile a CTA, column chunks (its second pass re-reads h), and
+# per-head rows (two tiles a CTA)
+ADD_FWD_SHAPES = [(131, 4096), (5, 32768), (1001, 64)]
+# (131, 4096) and (1001, 1024): the fused kernel's CTAs in pairs that sum dW in each other's
+# shared memory, the odd row counts leaving CTAs without rows; (131, 16384): chunked fused with dW
+# in shared memory, and a cluster of 4; (3, 32768): of 8
+BWD_SHAPES = [(131, 4096), (1001, 1024), (1000, 8192), (131, 16384), (3, 32768)]
+BWD_MODES = list(BACKWARD_MODES)
+# the fused add's backward: fused and staged at one shape, split where the row is too wide
+ADD_SHAPES = [(131, 4096), (5, 16384)]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a.float(), b.float(), atol=0.05, rtol=0.02)
+
+
+def forward_cases() -> int:
+    """Every forward variant at FWD_SHAPES, and the fused add's forward (h beside y) at
+    ADD_FWD_SHAPES."""
+    failures = 0
+    cases = [(M, N, False) for M, N in FWD_SHAPES] + [(M, N, True) for M, N in ADD_FWD_SHAPES]
+    for M, N, add in cases:
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if add else None
+        h_ref = reference.add_residual(x, r) if add else x
+        expect = reference.rms_norm(h_ref, w)
+        name = "fwd+add" if add else "fwd"
+        for variant in FWD_VARIANTS:
+            with settings.override(forward_variant=variant):
+                try:
+                    out = rms_norm(x, w, backend="cute", residual=r)
+                except ValueError as e:  # not eligible for this shape
+                    print(f"{name} {variant:>10} {M}x{N}: skipped ({e})")
+                    continue
+            torch.cuda.synchronize()
+            y, h = out if add else (out, None)
+            ok = _close(y, expect) and (h is None or torch.equal(h, h_ref))
+            failures += not ok
+            print(f"{name} {variant:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
+def backward_cases() -> int:
+    """Every backward mode at BWD_SHAPES, and the fused add's backward (dh joins dx) at
+    ADD_SHAPES."""
+    failures = 0
+    cases = [(M, N, False) for M, N in BWD_SHAPES] + [(M, N, True) for M, N in ADD_SHAPES]
+    for M, N, add in cases:
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        dh = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if add else None
+        rstd = reference.rstd_of(x, 1e-6)
+        dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd, dh=dh)
+        name = "bwd+add" if add else "bwd"
+        for mode in BWD_MODES:
+            with settings.override(backward=mode):
+                try:
+                    dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "cute", dh=dh)
+                except ValueError as e:  # not eligible for this shape
+                    print(f"{name} {mode:>10} {M}x{N}: skipped ({e})")
+                    continue
+            torch.cuda.synchronize()
+            ok = _close(dx, dx_ref) and _close(dw, dw_ref)
+            failures += not ok
+            print(f"{name} {mode:>10} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
+def main(argv) -> int:
+    ops = argv or ["fwd", "bwd"]
+    failures = 0
+    if "fwd" in ops:
+        failures += forward_cases()
+    if "bwd" in ops:
+        failures += backward_cases()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
