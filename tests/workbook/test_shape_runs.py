@@ -55,15 +55,8 @@ def test_bandwidth_table_shows_no_older_number_beside_the_newest_run(two_runs):
     assert dict(zip(runs["commit"], runs["cells"])) == {"old": 2, "new": 1}
 
 
-def test_the_recorded_wide_forward_shows_no_staged_kernel_the_newest_run_refused():
-    """results/h200/fwd-wide.csv (the newest run at 4096x65536) has no cute.staged row there;
-    an older run's (fwd-wide-6455ffc.csv) does, and the report's tables leave it out."""
-    df = results.load_all(RESULTS)
-    wide = df[(df["op"] == "fwd") & (df["M"] == 4096) & (df["N"] == 65536)
-              & (df["path"] == "graph") & (df["metric"] == "bandwidth")]
-    newest = wide[wide["timestamp"] == max(wide["timestamp"], key=pd.Timestamp)]
-    assert "cute.staged" in set(wide["impl"]) and "cute.staged" not in set(newest["impl"])
-    t = tables.bandwidth_table(df, "fwd", "h200")
-    for part in t.columns.get_level_values(0).unique():
-        assert pd.isna(t[part].loc[(4096, 65536), "cute.staged"]), part
-    assert t["GB/s"].loc[(4096, 65536)].notna().sum() == newest["impl"].nunique() - 1  # copy.shape
+def test_the_tree_holds_one_file_per_run_and_no_superseded_copy():
+    """An older run lives in git history, not beside the newest as ``<op>-<commit>.csv``."""
+    import re
+    copies = [p.name for p in RESULTS.glob("*/*.csv") if re.search(r"-[0-9a-f]{7,12}$", p.stem)]
+    assert copies == []
