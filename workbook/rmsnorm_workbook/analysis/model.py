@@ -52,7 +52,9 @@ SPECS_KEYS = frozenset(SPECS)
 REF_N = 4096
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 CALIBRATION_GPU = "h200"
-MODEL_GPUS = ("h200", "h100_sxm", "b200")
+#: the GPUs the model draws: the calibration GPU first, then the others its specs mark
+MODEL_GPUS = (CALIBRATION_GPU,) + tuple(k for k, s in SPECS.items()
+                                        if s.modelled and k != CALIBRATION_GPU)
 MODEL_M = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 #: the PR's pair (Liger-Kernel's CuTe DSL and Triton kernels) and the lab's own pair
 PAIRS = (("liger.cutedsl", "liger.triton"), ("cute.auto", "triton.row"))

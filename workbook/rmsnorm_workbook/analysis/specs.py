@@ -4,7 +4,8 @@ Adding a GPU is adding files: run the benchmarks on it (``python -m rmsnorm_lab 
 ``--op bwd``, ``--op full``, ``--op host``), which write ``results/<slug>/*.csv`` with the slug
 ``results.provenance.gpu_slug`` makes of the device name; then add its ``GPUSpec`` below under
 that slug, with the datasheet's bandwidth and the page it came from (SMs, L2 and clock with
-theirs). Every notebook and the report pick both up; nothing else names a GPU.
+theirs, its colour in figures, and whether the cross-GPU model draws it). Every notebook and the
+report pick both up; nothing else names a GPU.
 
 ``measured_copy_bandwidth`` reads the copy ceiling that the lab's own benchmark measured on a GPU
 (``impl`` ``copy``: an SM kernel reading 1 GiB and writing 1 GiB, CUDA-graph replay): every run
@@ -40,6 +41,10 @@ class GPUSpec:
     #: RMSNorm, which runs on the CUDA cores; from ``fp32_source``
     fp32_tflops: float = float("nan")
     fp32_source: str = ""
+    #: its colour wherever a figure tells GPUs apart (Okabe-Ito)
+    colour: str = "#999999"
+    #: drawn by the cross-GPU model's figures and tables (``model.MODEL_GPUS``)
+    modelled: bool = False
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -57,16 +62,16 @@ SPECS: Dict[str, GPUSpec] = {s.key: s for s in (
     GPUSpec("h100_sxm", "H100 SXM5 80GB", "9.0", "sm_90a", "80 GB HBM3", 3.35, 132, 50, 1980,
             "https://www.nvidia.com/en-us/data-center/h100/", _H100_WP,
             "SMs, L2 and boost clock from the Hopper whitepaper's H100 SXM5 column",
-            67.0, "https://www.nvidia.com/en-us/data-center/h100/"),
+            67.0, "https://www.nvidia.com/en-us/data-center/h100/", "#E69F00", True),
     GPUSpec("h100_pcie", "H100 PCIe 80GB", "9.0", "sm_90a", "80 GB HBM2e", 2.0, 114, 50, 1755,
             "https://www.nvidia.com/en-us/data-center/h100/", _H100_WP,
             "SMs, L2 and boost clock from the Hopper whitepaper's H100 PCIe column",
-            51.0, "https://www.nvidia.com/en-us/data-center/h100/"),
+            51.0, "https://www.nvidia.com/en-us/data-center/h100/", "#D55E00"),
     GPUSpec("h200", "H200 SXM 141GB", "9.0", "sm_90a", "141 GB HBM3e", 4.8, 132, 50, 1980,
             "https://www.nvidia.com/en-us/data-center/h200/", _H100_WP,
             "same GH100 die as H100 SXM5 (SMs, L2, clock from the Hopper whitepaper); "
             "the lab's results record 132 SMs",
-            67.0, "https://www.nvidia.com/en-us/data-center/h200/"),
+            67.0, "https://www.nvidia.com/en-us/data-center/h200/", "#0072B2", True),
     GPUSpec("b200", "B200 (HGX B200)", "10.0", "sm_100a", "180 GB HBM3e", 8.0, 148, 126, 1965,
             "https://www.nvidia.com/en-us/data-center/hgx/",
             "https://resources.nvidia.com/en-us-blackwell-architecture",
@@ -74,7 +79,7 @@ SPECS: Dict[str, GPUSpec] = {s.key: s for s in (
             "clock are NOT datasheet figures (the datasheet gives none): commonly reported "
             "device-query values, treat as approximate; FP32 from the HGX B200 column of "
             "NVIDIA's per-GPU Blackwell specifications",
-            75.0, "https://www.nvidia.com/en-us/data-center/hgx/"),
+            75.0, "https://www.nvidia.com/en-us/data-center/hgx/", "#009E73", True),
 )}
 
 #: other names a caller may use for a spec (results directories use the keys themselves)

@@ -18,13 +18,11 @@ from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
 from ..analysis import MEASURED, MODELLED, REPORTED, model, speed
 from ..analysis.crossover import crossover_table
-from ..analysis.specs import measured_copy_bandwidth, spec
+from ..analysis.specs import has_spec, measured_copy_bandwidth, spec
 from ..results.provenance import gpu_title
 
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
-GPU_COLORS = {"h200": BLUE, "h100_sxm": ORANGE, "h100": ORANGE, "h100_pcie": VERMILLION,
-              "b200": GREEN}
 OP_MARKERS = {"fwd": "o", "bwd": "^"}
 OP_COLORS = {"fwd": BLUE, "bwd": VERMILLION}
 STYLE = {
@@ -35,7 +33,7 @@ STYLE = {
 
 
 def _color(gpu: str) -> str:
-    return GPU_COLORS.get(gpu, GREY)
+    return spec(gpu).colour if has_spec(gpu) else GREY
 
 
 def _axes(ax, size=(7.5, 4.8)):
@@ -458,7 +456,3 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
     _legend_right(ax)
     return ax
 
-
-def kind_counts(points: pd.DataFrame) -> Dict[str, int]:
-    """How many points of each kind a figure drew (for the text under it)."""
-    return {k: int((points["kind"] == k).sum()) for k in (MEASURED, MODELLED, REPORTED)}

@@ -28,7 +28,6 @@ from ..analysis.host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, DEFAULT_PATH, 
                              recorded_name, savings_table, split_impl, step_of, triton_step,
                              varying_table)
 from ..analysis.tables import one_gpu
-from ..legend import impl as registry_impl
 from ..results.provenance import gpu_title
 
 # Okabe and Ito's palette (distinct under the common colour-vision deficiencies)
@@ -471,11 +470,6 @@ def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
     left.set_title(title or "forward with autograd, layer by layer")
     right.set_title("forward + backward")
     return ax
-
-
-def impl_label(name: str) -> str:
-    """The registry's legend text of an implementation (``cute.auto (the default)``...)."""
-    return registry_impl(name).style["label"]
 
 
 # the timelines live in their own module; imported last (it takes this module's helpers)
