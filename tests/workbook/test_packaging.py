@@ -105,7 +105,7 @@ def test_the_tested_versions_meet_pyproject_bounds_and_the_install_doc_names_the
 
 def _setup_commands():
     readme = (REPO / "README.md").read_text()
-    setup = readme.split("## Setup", 1)[1].split("\n## ", 1)[0]
+    setup = readme.split("## Set up", 1)[1].split("\n## ", 1)[0]
     block = setup.split("```bash", 1)[1].split("```", 1)[0]
     return [ln.split("#", 1)[0].strip() for ln in block.splitlines()
             if ln.strip() and not ln.lstrip().startswith("#")]
@@ -271,9 +271,9 @@ def test_shell_scripts_parse():
 
 
 def test_the_readme_script_example_runs_on_a_cpu():
-    """The "Use from a script" block, as a reader copies it, on a machine without a GPU."""
+    """The "Use it" block, as a reader copies it, on a machine without a GPU."""
     readme = (REPO / "README.md").read_text()
-    section = readme.split("## Use from a script", 1)[1]
+    section = readme.split("## Use it", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     if torch.cuda.is_available():
         pytest.skip("the block picks the GPU where there is one")
