@@ -7,6 +7,15 @@
 
 __version__ = "0.1.0"
 
+import sys as _sys
+
+# The compile, plan and handle caches and the native call memo rely on the GIL to serialise
+# their updates; a free-threaded interpreter would race them.
+if not getattr(_sys, "_is_gil_enabled", lambda: True)():
+    raise ImportError("rmsnorm_lab needs the GIL: its kernel caches and the native call memo are "
+                      "not safe without it; run with PYTHON_GIL=1 (or -X gil=1) or a standard "
+                      "(not free-threaded) build of CPython")
+
 from .settings import settings  # noqa: E402
 from .reference import CASTING_MODES  # noqa: E402
 from .api import rms_norm  # noqa: E402

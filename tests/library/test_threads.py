@@ -46,3 +46,15 @@ def test_concurrent_first_compiles_neither_raise_nor_abort():
     r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "compiled 8" in r.stdout
+
+
+def test_a_free_threaded_interpreter_is_refused_with_what_to_do(tmp_path):
+    """Without the GIL the caches and the call memo would race: the import says so and how to run
+    instead (a stand-in for a free-threaded build: sys._is_gil_enabled returning False)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys._is_gil_enabled = lambda: False\n"
+            "try:\n    import rmsnorm_lab\nexcept ImportError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert "rmsnorm_lab needs the GIL" in done.stdout and "PYTHON_GIL=1" in done.stdout
