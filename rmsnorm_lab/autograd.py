@@ -3,8 +3,8 @@
 
 * **Eager, CuTe on the tvm_ffi path** (the default): the native node (rmsnorm_lab/native/), a
   hand-written C++ autograd node whose backward runs without Python, as torch's own RMSNorm
-  does (results/NOTES.md). ``dispatch`` routes calls there; this
-  module is not involved.
+  does (docs/design-record.md, 'Host: the native tape node'). ``dispatch`` routes calls there;
+  this module is not involved.
 * **Eager, everything else**: ``RMSNormFunction``, a plain ``torch.autograd.Function`` (the
   custom op below costs more per training call through its dispatcher and autograd wrapper).
   ``settings.experiments.autograd_node = "python"`` puts CuTe calls here too, to measure the

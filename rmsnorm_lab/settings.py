@@ -7,9 +7,12 @@ handle cache's cap, a forced strip count, the cost of reading the environment pe
 defaults are the fast path and a user has no reason to touch them.
 
 Both are read once, when this module is imported, from ``RMSNORM_LAB_<TOGGLE>`` environment
-variables (an unknown ``RMSNORM_LAB_*`` name is an error that lists the valid ones). The launch
-path reads these objects (an attribute load), never ``os.environ``. ``settings.override(...)``
-changes any toggle of either group for a block of code and restores it on exit::
+variables: an unknown ``RMSNORM_LAB_*`` name is ignored with a warning (``UnknownVariableWarning``)
+that lists the valid ones; a known one with a value it cannot take is an error. The launch path
+reads these objects (an attribute load), never ``os.environ``: re-reading the environment per call
+costs more than the rest of the call (docs/design-record.md, 'Host: settings read once').
+``settings.override(...)`` changes any toggle of either group for a block of code and restores it
+on exit::
 
     from rmsnorm_lab import settings
     with settings.override(forward_variant="warp", launch_path="cached"):

@@ -67,15 +67,15 @@ DW_CTAS_PER_SM = 2
 # a thread issues 2 x DW_UNROLL 16-byte loads (x and dy) before it needs the first result.
 DW_UNROLL = 4
 # A cap on the fused kernel's strips per SM: every strip writes (and the dW reduction reads) one
-# fp32 partial row of N. On the H200 8/SM was the best at N=1024
-# (results/h200/logs/bwd-strips-sweep-d40a735.jsonl). A strip of one warp (rows of at most 256
-# bf16) may take up to 32 per SM: at 8 an SM held 8 warps, each waiting on one short row's loads,
-# and a partial row of N <= 256 costs at most 1 KB.
+# fp32 partial row of N; 8 an SM is the best at N=1024
+# (docs/design-record.md, 'Backward: strips per SM'). A strip of one warp (rows of at most 256
+# bf16) may take up to 32 per SM: at 8 an SM holds 8 warps, each waiting on one short row's
+# loads, and a partial row of N <= 256 costs at most 1 KB.
 MAX_FUSED_CTAS_PER_SM = 8
 MAX_ONE_WARP_STRIPS_PER_SM = 32
 # One-warp strips share a CTA this many at a time and sum their dW rows in shared memory before
-# writing one partial row: with a partial row per strip (25 per SM at N = 128) the reduction
-# kernel, one CTA per 32 columns, read ~3300 rows on each of 4 SMs, a fixed ~20 µs at N = 128.
+# writing one partial row: a partial row per strip leaves the reduction kernel (one CTA per 32
+# columns) thousands of rows to read at N = 128 (docs/design-record.md, 'Backward: per-head rows').
 ONE_WARP_STRIPS_PER_CTA = 8
 # Shared memory: what one SM offers CTAs on sm_90/sm_100 (228 KB less 1 KB reserved per CTA), and
 # the most a wide fused row's fp32 dW accumulator may take (N <= 40960).
@@ -239,16 +239,16 @@ def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[tor
     vecs_per_thread = -(-n_vecs // threads)
     if kind == "fused":
         # Per element of its row a thread holds x, dy, w and the fp32 dW accumulator, plus the
-        # fp32 x_hat and m that the compiler keeps live across the row reduction; the row has to
-        # stay in registers across the whole strip, so there is no chunked fused kernel.
+        # fp32 x_hat and m that the compiler keeps live across the row reduction; a row that
+        # does not fit goes through registers in column chunks (``_wide_fused``).
         per_elem = ((3 if dh else 2) * x_bytes + w_bytes + (4 if w_dtype is not None else 0)
                     + FP32_LIVE)
         max_elems = min(cap_elems, elems_in_registers(threads, per_elem))
         if vecs_per_thread * vec > max_elems:
             return _wide_fused(threads, vecs_per_thread, x_bytes, w_bytes, cap_elems, common)
         # Prefetching the next row costs a second copy of x and dy; take it where it fits and
-        # costs no strip per SM: one strip less per SM loses more than the prefetch hides (the
-        # fused add's backward at N = 4096 ran one strip per SM with it, ptxas 166 registers).
+        # costs no strip per SM: one strip less per SM loses more than the prefetch hides
+        # (docs/design-record.md, 'Backward: next-row prefetch').
         most = MAX_ONE_WARP_STRIPS_PER_SM if threads == 32 else MAX_FUSED_CTAS_PER_SM
 
         def strips_per_sm(elem_bytes: int) -> int:
@@ -288,8 +288,8 @@ def _wide_fused(threads: int, vecs_per_thread: int, x_bytes: int, w_bytes: int, 
     max_vecs = max(1, min(cap_elems, elems_in_registers(threads, per_elem)) // vec)
     vecs_per_thread, chunks = chunked(vecs_per_thread, max_vecs)
     # Two CTAs per SM where shared memory allows, the kernel's launch bound holding ptxas to
-    # the 128 registers that takes (left to itself it took 184, leaving one CTA per SM, which
-    # was slower: 604.5 against 479.8 µs at 16384×16384 bf16 on the H200; results/NOTES.md).
+    # the 128 registers that takes: left to itself ptxas leaves one CTA per SM, which is slower
+    # (docs/design-record.md, 'Backward: wide rows under a launch bound').
     plan = BackwardPlan(threads_per_row=threads, rows_per_cta=1, vecs_per_thread=vecs_per_thread,
                         chunks=chunks, ctas_per_sm=WIDE_FUSED_CTAS_PER_SM, **common)
     dw_smem = plan.dw_smem_bytes  # 0 without a weight: nothing to accumulate
@@ -363,17 +363,15 @@ def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], cas
 def backward_uses_pdl(arch: Optional[str]) -> bool:
     """Do the backward kernels (fused or dx + dw) and the dW reduction launch with programmatic
     dependent launch on ``arch`` (when ``settings.pdl`` allows it)? Each kernel then overlaps
-    its launch with the previous one's drain (plan.py, ``uses_pdl``). Back to back in one CUDA
-    graph, fused + reduce and split's three kernels both got faster, except the wide fused row
-    (dW in shared memory), which is long enough for the gaps not to matter; the reduction alone on
-    PDL gained nothing: the kernel before it must release it early too
-    (results/h200/logs/bwd-pdl-probe-b7d7db1236bb.jsonl). Measured on Hopper only."""
+    its launch with the previous one's drain (plan.py, ``uses_pdl``). All of them or none: the
+    reduction alone on PDL gains nothing, since the kernel before it must release it early.
+    Measured on Hopper only (docs/design-record.md, 'Backward: PDL on Hopper')."""
     return arch in PDL_ARCHS
 
 
-# CTAs of a thread-block cluster that sum their fused strips' dW rows on chip (dw_cluster.py).
-# On the H200 two took up to 22% off the fused backward at few rows (1024×1024) and cost nothing
-# at many; four and eight ran about 1.4× as long as two from 4096 rows of 4096 (results/NOTES.md).
+# CTAs of a thread-block cluster that sum their fused strips' dW rows on chip (dw_cluster.py):
+# two halve the partial rows, which pays at few rows and costs nothing at many; four and eight
+# lose (docs/design-record.md, 'Backward: paired dW exchange').
 DW_CLUSTER = 2
 
 
@@ -393,9 +391,9 @@ def with_dw_cluster(plan: Optional[BackwardPlan], arch: Optional[str]) -> Option
 
 # A row that the fused plan takes in at least this many column chunks goes to a cluster under
 # `auto`: each chunk past the first re-reads the row, mostly from L2, against one exchange per row
-# in a cluster. On the H200 (bf16) the cluster won from 3 chunks (N=32768) and lost at 2
-# (N=16384) (results/h200/bwd-wide-9aa30e6.csv). The forward's `auto` takes no cluster: its
-# chunked row beat it at every width measured (plan.py, WIDE_THREADS).
+# in a cluster: the cluster wins from 3 chunks and loses at 2
+# (docs/design-record.md, 'Backward: clusters from three chunks'). The forward's `auto` takes no
+# cluster: its chunked row wins at every width measured (plan.py, WIDE_THREADS).
 AUTO_CLUSTER_MIN_CHUNKS = 3
 
 
@@ -418,15 +416,15 @@ def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtyp
               arch: Optional[str] = None) -> str:
     """``cluster`` where ``clusters_pay`` (rows the fused plan takes in many column chunks,
     or cannot take, on an architecture with clusters); ``staged`` where the fused plan takes the
-    row in column chunks and two rows of x and dy fit shared memory (the row then comes from DRAM
-    once, where the chunks read it a second time, mostly from L2: 413 against 478 µs at
-    16384×16384 bf16 on the H200); for the fused add (``dh``), ``staged`` where its fused plan
-    holds no next row in registers or has no plan (528.7 against 612.8 µs at 65536×4096 bf16 on
-    the H200, results/h200/bwd-add-deea882.csv); else ``fused`` whenever there is a weight and a
-    fused plan exists (the row in registers, or in column chunks with dW in shared memory): it
-    reads x and dy once where split reads them twice. On the H200 (bf16, results/h200/bwd.csv)
-    fused beat split at every shape of the sweep. Without a weight there is no dW to accumulate,
-    and ``split`` is the dx kernel alone (one CTA per row)."""
+    row in column chunks and two rows of x and dy fit shared memory: the row then comes from DRAM
+    once, where the chunks read it a second time, mostly from L2
+    (docs/design-record.md, 'Backward: the staged ring'); for the fused add (``dh``), ``staged``
+    where its fused plan holds no next row in registers or has no plan
+    (docs/design-record.md, 'Backward: the staged ring for the fused add'); else ``fused`` whenever
+    there is a weight and a fused plan exists (the row in registers, or in column chunks with dW
+    in shared memory): it reads x and dy once where split reads them twice, and wins at every
+    shape (docs/design-record.md, 'Backward: fused strips over split'). Without a weight there
+    is no dW to accumulate, and ``split`` is the dx kernel alone (one CTA per row)."""
     if w_dtype is None:
         return "split"
     if arch in CLUSTER_ARCHS and not dh and clusters_pay(

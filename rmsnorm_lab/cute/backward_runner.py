@@ -86,7 +86,7 @@ def _kernel_object(plan: BackwardPlan):
 
 
 def compile_backward(plan: BackwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
-    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
+    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; the PTX reader calls it too)."""
     return compile_tvm_ffi(_COMPILED, (plan, arch), arch, plan.kind,
                            lambda: (_kernel_object(plan), _fake_args(plan)), keep_ptx_dir)
 

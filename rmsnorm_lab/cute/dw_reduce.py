@@ -4,8 +4,7 @@ Both backward paths leave G fp32 partial rows of dW (one per fused strip, or per
 split path's dW kernel). Finishing with torch, ``partial.sum(0).to(w.dtype)``, takes two
 launches and two dispatches on the host, a share of the fused backward at 16384 x 4096 worth
 saving; this kernel does it in one launch, in a fraction of that device time, and rounds once, at
-the store (torch's sum and cast of 264 x 4096 partials took 5.1 + 1.6 µs on an H200:
-results/NOTES.md).
+the store (docs/design-record.md, 'Backward: the dW reduction kernel').
 
 Mapping: CTA b owns 32 consecutive columns; its 32 warps are *row lanes*: lane l sums rows l,
 l + 32, l + 64, ... of those columns (a warp reads 128 contiguous bytes of one row per load, and

@@ -66,11 +66,9 @@ class RMSNormForward(RowTiles):
 
         32-bit sizes and strides (the launcher refuses tensors of 2^31 elements or more):
         TVM-FFI hands over 64-bit ones, and 64-bit index math costs the row kernel registers,
-        resident CTAs per SM and bandwidth (N=4096 bf16 on an H200: 50 registers against 40,
-        4 CTAs an SM against 6, 3803 against 4144 GB/s at 65536×4096;
-        results/h200/fwd-ed1c9d3.csv, fwd-9f42973.csv). The launcher guarantees row strides
-        divisible by the copy width (plan eligibility); telling the compiler lets it prove every
-        copy is 16-byte aligned."""
+        resident CTAs per SM and bandwidth (docs/design-record.md, 'Kernels: 32-bit indices').
+        The launcher guarantees row strides divisible by the copy width (plan eligibility);
+        telling the compiler lets it prove every copy is 16-byte aligned."""
         ld = cute.assume(Int32(g.stride[0]), divby=self.plan.vec)
         return cute.make_tensor(g.iterator, cute.make_layout((M, self.plan.N), stride=(ld, 1)))
 

@@ -3,13 +3,11 @@
 ``staged``: a persistent grid whose CTAs walk strips of rows. Each CTA keeps a ring of
 ``plan.stages`` rows in shared memory, filled by ``cp.async`` (``.cg``: through L2, past L1)
 ``stages - 1`` rows ahead of the row it works on, so what is in flight is bounded by shared memory
-(228 KB an SM on Hopper) rather than by registers, which is what limits the register-resident
-variants on wide rows (4096×65536 bf16 on an H200: quack, staging rows by ``cp.async``, at 97% of
-copy, the lab's register-resident kernels at 79%:
-results/h200/logs/fwd-cluster-probe-bebc1abb1257.csv). The row is read from DRAM
-once; both passes (the sum of squares, then normalize and store) read it from shared memory, and
-w sits in registers for the whole strip. The backward's ``staged`` mode (backward_staged.py) rings
-its rows the same way.
+(228 KB an SM on Hopper) rather than by registers. The row is read from DRAM once; both passes
+(the sum of squares, then normalize and store) read it from shared memory, and w sits in
+registers for the whole strip. The backward's ``staged`` mode (backward_staged.py) rings its rows
+the same way. A variant to pick, not ``auto``'s: the chunked row is faster at every width
+(docs/design-record.md, 'Forward: variants auto does not launch').
 
 Naming follows forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice of one
 of its rows.

@@ -24,8 +24,8 @@ from ..common.rows import INT32_LIMIT
 from ..registry import FORWARD_VARIANTS as VARIANTS
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
-# at most 256 threads; one-pass CTAs of 512 and 1024 threads lost (results/h200/logs/
-# dev-probe2-d916d49.txt). The tiles of one copy a chunk (below) are another matter.
+# at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
+# below, are another matter; docs/design-record.md, 'Forward: the row in registers').
 MAX_THREADS = 256
 COPIES_PER_THREAD = 2
 # At most this many 16-byte copies per thread per chunk on the row path: the register model's
@@ -93,10 +93,9 @@ class ForwardPlan(RowTilePlan):
     def stream_y(self) -> bool:
         """Store y evict-first (``st.global.cs``)? For rows too wide for the registers, whose
         second pass reads the row back from L2 while y streams past it: column chunks, not the
-        two-pass tile of 16 KB rows (its rows in flight fit L2), not staged in shared memory.
-        On the H200 (32768 bf16): 136.7 against 137.6 µs at 4096 rows, 527.9 against 533.8 at
-        16384; on the two-pass tile it cost 1%
-        (results/h200/logs/fwd-streaming-stores-probe-b15ec6908597.jsonl)."""
+        two-pass tile of 16 KB rows (its rows in flight fit L2, and evict-first stores cost time
+        there), not rows staged in shared memory
+        (docs/design-record.md, 'Forward: L2 policies on wide rows')."""
         return (self.chunks > 1 and not self.stages
                 and self.N > self.vec * MAX_THREADS * MAX_COPIES_PER_CHUNK)
 
@@ -104,19 +103,16 @@ class ForwardPlan(RowTilePlan):
     def l2_hints(self) -> bool:
         """Load x with L2 eviction priorities? Where ``stream_y``, without a residual: the
         chunks the second pass re-reads evict last in the first pass, every other load of x
-        evicts first, as torch.compile's kernel loads them. On the H200 (bf16, 4096 rows):
-        32768 134.0 against 136.8 µs, 49152 200.2 against 213.6
-        (results/h200/logs/fwd-l2-hints-probe-1da54f2b1a02.jsonl)."""
+        evicts first, as torch.compile's kernel loads them
+        (docs/design-record.md, 'Forward: L2 policies on wide rows')."""
         return self.stream_y and not self.residual
 
     @property
     def weight_up_front(self) -> bool:
         """Load w before the row rather than after the reduction? The persistent grids, which
         load it once for every row they visit. A CTA of one tile loads it after the reduction:
-        on the H200 up front cost 4-13% on the plain forward from per-head rows to N=4096 and
-        moved the fused add by under 1% either way (not profiled;
-        results/h200/logs/fwd-weight-and-last-chunk-probe-dc1065203df4.jsonl), and it made
-        warp-per-row at N=4096 bf16 spill (ptxas -v)."""
+        up front it costs registers, made warp-per-row spill and lost time
+        (docs/design-record.md, 'Forward: the weight after the reduction')."""
         return self.chunks == 1 and self.persistent
 
     @property
@@ -147,13 +143,9 @@ class ForwardPlan(RowTilePlan):
 FEW_ROWS_COPIES_PER_THREAD = 4
 # Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
 # thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
-# tiles and issues all their loads before it reduces the first. On the H200 (bf16, µs, without
-# the PDL these tiles launch with: see PDL_ARCHS), against one tile of 256 threads: 262144x128
-# 33.96 against 34.75, 65536x256 17.28 against 18.20, 65536x64 5.25 against 5.41, the fused add
-# at 65536x128 17.63 against 18.25. Three, four and eight tiles lost: each tile's 64-bit row
-# address takes registers of its own (eight tiles: 86), so fewer CTAs fit an SM
-# (results/h200/logs/fwd-tile-groups-probe-2d69a6d5b700.jsonl,
-# fwd-tile-groups-more-probe-470229e86a21.jsonl).
+# tiles and issues all their loads before it reduces the first. Two, not more: each tile's 64-bit
+# row address takes registers of its own, so more tiles fit fewer CTAs an SM
+# (docs/design-record.md, 'Forward: per-head rows').
 SHORT_ROW_THREADS = 128
 SHORT_ROW_TILES = 2
 
@@ -163,12 +155,11 @@ SHORT_ROW_TILES = 2
 # 64 warps an SM, the shape of torch.compile's kernels at these widths. Without the bound ptxas
 # takes more registers and fewer CTAs fit.
 # * Rows of exactly TWO_PASS_ROW_COPIES copies (16 KB: N=8192 bf16): 512 threads x 2 chunks,
-#   4 CTAs an SM. The one-pass tile stayed faster at N=4096 and N=16384
-#   (results/h200/logs/fwd-knobs-probe-24ef327.jsonl, fwd-knobs2-probe-24ef327.jsonl).
+#   4 CTAs an SM; the one-pass tile stays faster at N=4096 and N=16384
+#   (docs/design-record.md, 'Forward: the two-pass tile at 16 KB rows').
 # * Rows wider than the registers (``stream_y``): 1024 threads x as many chunks as the row needs,
-#   2 CTAs an SM, against 256 threads x 8 copies a chunk: at 4096 rows bf16 on the H200 24576
-#   97.6 against 100.6 µs, 32768 128.9 against 133.6, 65536 275.1 against 304.0 (and the
-#   cluster's 282.0) (results/h200/logs/fwd-wide-512-threads-probe-1da54f2b1a02.jsonl).
+#   2 CTAs an SM; faster than 256 threads x 8 copies a chunk, and than the cluster variant
+#   (docs/design-record.md, 'Forward: wide rows at 1024 threads').
 TWO_PASS_ROW_COPIES = 1024
 TWO_PASS_THREADS = 512
 TWO_PASS_CTAS_PER_SM = 4
@@ -182,7 +173,7 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
     """Does ptxas fit the tiles of one copy a chunk in the 32 registers their launch bounds
     allow, without spilling? Yes for a weight no wider than x (or none) in the llama and gemma
     modes; an fp32 weight on bf16 x, and the none mode's extra roundings, made them spill
-    (ptxas -v, sm_90a: results/NOTES.md; tests/library/test_cute_compile.py compiles every case)."""
+    (ptxas -v, sm_90a; tests/library/test_cute_compile.py compiles every case)."""
     narrow_weight = w_dtype is None or ELEM_BYTES[w_dtype] <= ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 
@@ -190,16 +181,12 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # Programmatic dependent launch (PDL): the kernel is launched with programmatic stream
 # serialization, so its CTAs may become resident while the previous kernel on the stream drains;
 # they wait (griddepcontrol.wait) before touching global memory, and each triggers its own
-# dependents at once. What it saves is the gap between one grid's end and the next one's start,
-# which pays in back-to-back launches of the row kernel with CTAs of 128 threads or more. It lost
-# on the persistent grid (every CTA is resident from the start), on 64-thread row CTAs at many
-# rows and on warp-per-row's one-tile CTAs, so those launch plainly
-# (results/h200/logs/fwd-pdl-probe-8f7f65d410e1.jsonl; warp-per-row:
-# results/h200/fwd-d1797d7.csv). At few rows (``row_class``)
-# `auto`'s row kernel launches with PDL at any CTA size, and so do warp-per-row's short-row tiles
-# (SHORT_ROW_TILES): on the H200 65536x128 8.29 against 8.54-8.91 µs, 262144x128 33.12 against
-# 33.71 (results/h200/logs/fwd-tile-groups-more-probe-470229e86a21.jsonl). Measured on Hopper
-# only.
+# dependents at once. What it saves is the gap between one grid's end and the next one's start:
+# it pays for the row kernel with CTAs of 128 threads or more, for `auto`'s row kernel at few
+# rows (``row_class``) at any CTA size and for warp-per-row's short-row tiles (SHORT_ROW_TILES).
+# The persistent grid (every CTA resident from the start), 64-thread row CTAs at many rows and
+# warp-per-row's one-tile CTAs lost with it, so those launch plainly. Measured on Hopper only
+# (docs/design-record.md, 'Forward: PDL on Hopper').
 PDL_ARCHS = ("sm_90a",)
 PDL_VARIANTS = ("row",)
 PDL_MIN_THREADS = 128
@@ -218,8 +205,8 @@ def uses_pdl(variant: str, threads: int, arch: Optional[str], few_rows: bool = F
 
 def check_int32_addressable(M: int, row_stride: int, N: int) -> None:
     """The kernels index with 32-bit arithmetic (64-bit index math costs registers, and so
-    resident CTAs: the N=4096 row kernel 50 registers against 40, 4 CTAs an SM against 6;
-    results/NOTES.md); refuse, naming the way out, what that cannot address."""
+    resident CTAs: docs/design-record.md, 'Kernels: 32-bit indices'); refuse, naming the way
+    out, what that cannot address."""
     if M * max(row_stride, N) >= INT32_LIMIT:
         raise ValueError(f"x spans {M * max(row_stride, N)} elements; the CuTe kernels address "
                          f"at most 2^31 - 1 with 32-bit indices: use backend='triton', or split x")
@@ -312,9 +299,9 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         # A row of fewer copies than a warp has lanes (a per-head row: 128 bf16 are 16 copies)
         # takes a power-of-two group of lanes, so two or more rows share a warp and no lane idles.
         lanes = min(32, 1 << (n_vecs - 1).bit_length())
-        # Rows per CTA: 2 for long rows, up to 8 for short ones (on the H200, 2 rows beat 4 and
-        # 8 at N=4096 bf16, and 8 rows were best at N=1024:
-        # results/h200/logs/dev-probe2-d916d49.txt); as many more as rows share a warp.
+        # Rows per CTA: 2 for long rows, up to 8 for short ones, the best measured at N=4096 and
+        # N=1024 (docs/design-record.md, 'Forward: warp-per-row for short rows'); as many more
+        # as rows share a warp.
         rows = max(2, min(8, 32 // vecs_per_thread)) * (32 // lanes)
         if vecs_per_thread > max_vecs_of(lanes * rows):
             raise NotEligible(f"warp-per-row keeps the row in one warp's registers: at most "
@@ -368,9 +355,8 @@ CLUSTER_COPIES_PER_THREAD = 4
 # The cluster kernels' persistent grids hold this many times the clusters that would be resident
 # if every SM were filled. A cluster is placed inside one GPC, and GPCs whose SM counts are not
 # multiples of the cluster leave some of the nominally resident clusters for a second wave, which
-# doubles the time of their strips; several waves of shorter strips keep that tail short. On the
-# H200 (bf16) 8 waves against 1: forward 4096×65536 282 against 373 µs, backward 16384×32768 860
-# against 1102 (results/h200/logs/{fwd,bwd}-cluster-grid-probe-09b815d826bc.jsonl).
+# doubles the time of their strips; several waves of shorter strips keep that tail short
+# (docs/design-record.md, 'Kernels: cluster grids of eight waves').
 CLUSTER_GRID_WAVES = 8
 
 
@@ -465,11 +451,10 @@ def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
 
 def pipelines(chunks: int, vecs_per_thread: int) -> bool:
     """Do the chunked passes load chunk c+1 while chunk c is used? Where ptxas keeps the second
-    register copy within the CTAs already resident: over 4 or 8 chunks, and on the two-pass tile
-    of one copy per chunk, pipelining won. Over 2 chunks of several copies (32768 bf16 at 256
-    threads: 8 copies) ptxas kept both chunks live across the passes, which left room for one
-    CTA per SM instead of two, and it lost; such rows keep the plain chunk loop
-    (results/h200/logs/fwd-tiles16k-probe-bea1ea6.jsonl)."""
+    register copy within the CTAs already resident: over more than 2 chunks, and over 2 chunks of
+    one copy each. Over 2 chunks of several copies ptxas keeps both chunks live across the
+    passes, which leaves room for one CTA per SM instead of two; such rows keep the plain chunk
+    loop (docs/design-record.md, 'Forward: pipelined chunks')."""
     return chunks > 2 or (chunks == 2 and vecs_per_thread == 1)
 
 

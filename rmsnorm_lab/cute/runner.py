@@ -82,7 +82,7 @@ def _kernel_object(plan: ForwardPlan):
 
 
 def compile_forward(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
-    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; also used to read PTX)."""
+    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached; the PTX reader calls it too)."""
     return compile_tvm_ffi(_COMPILED, (plan, arch), arch, plan.variant,
                            lambda: (_kernel_object(plan), _fake_args(plan)), keep_ptx_dir)
 
@@ -117,8 +117,8 @@ def clear_caches() -> None:
 
 class _Entry:
     """Everything a launch of one configuration needs, looked up with one dict probe per call:
-    building a plan and hashing the frozen plan each cost microseconds of Python (~5 and ~2 µs on
-    the H200's host: results/NOTES.md), so neither happens on the hot path."""
+    building a plan and hashing the frozen plan each cost microseconds of Python, so neither
+    happens on the hot path (docs/design-record.md, 'Host: one dict probe per call')."""
     __slots__ = ("plan", "arch", "ffi_kernel", "dlpack_kernel", "empty_w", "empty_rstd")
 
     def __init__(self, plan: ForwardPlan, device: torch.device):
@@ -172,8 +172,8 @@ def forward(x2: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset
     M, N = x2.shape
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
-    # empty_like skips torch.empty's device and dtype argument parsing (1.8 against 3.1 µs an
-    # output on the H200's host: results/h200/logs/host-breakdown-99ae21f.txt)
+    # empty_like: it skips torch.empty's device and dtype argument parsing
+    # (docs/design-record.md, 'Host: one dict probe per call')
     y = torch.empty_like(x2, memory_format=torch.contiguous_format)
     rstd = x2.new_empty((M,), dtype=torch.float32) if need_rstd else None
     entry = entry_for(x2, weight, casting_mode, need_rstd, variant, settings.pdl)

@@ -1,10 +1,10 @@
 // The native tape nodes: the autograd nodes of rms_norm and of the fused residual add, in C++.
 //
-// Why it exists (results/NOTES.md): with the kernels launched through
-// TVM-FFI, the host cost of a training call was dominated by the Python autograd.Function, whose
-// backward runs Python on autograd's device thread. torch's own RMSNorm keeps its tape in C++,
-// and so does this node: the forward launch, the saved tensors and the backward's kernel calls
-// run in C++.
+// Why it exists: with the kernels launched through TVM-FFI, the host cost of a training call is
+// dominated by a Python autograd.Function, whose backward runs Python on autograd's device
+// thread. torch's own RMSNorm keeps its tape in C++, and so does this node: the forward launch,
+// the saved tensors and the backward's kernel calls run in C++
+// (docs/design-record.md, 'Host: the native tape node').
 //
 // The kernels are the CuTe DSL compilations the Python path launches: TVM-FFI functions, called
 // through TVM-FFI's C ABI with DLTensor views of the torch tensors on torch's current stream.
@@ -42,7 +42,7 @@ constexpr const char* kNoCompiledAutograd =
 
 // The tape nodes, written like torch's generated ones rather than as a torch::autograd::Function,
 // whose generic input/output bookkeeping and saved_data map are per-call work these nodes do not
-// need (results/NOTES.md).
+// need (docs/design-record.md, 'Host: the native tape node').
 // `Base` is always torch::autograd::Node: a template only so that both of torch's ownership
 // models compile (std::shared_ptr<Node> up to 2.11, c10::intrusive_ptr<Node> after; record()).
 // What both share: the Launch they were recorded with, the forward's row count, the saved weight
@@ -244,7 +244,8 @@ std::tuple<at::Tensor, at::Tensor> apply_add(const at::Tensor& x, const at::Tens
 
 // ------------------------------------------------------------------------------- call memo
 // Launches by call key, filled by Python (rmsnorm_lab/native/launch.py) as it plans each new
-// call. `call` is a call's whole host path once its key is known (results/NOTES.md).
+// call. `call` is a call's whole host path once its key is known
+// (docs/design-record.md, 'Host: the call memo').
 // A key is only ever inserted after Python validated and planned a call with that key, so a
 // hit needs no further checks. Python threads reach it holding the GIL, one at a time.
 class CallMemo {

@@ -63,8 +63,9 @@ PARITY = 0.05
 CALL_MODELS = ("do_bench", "pipelined")
 #: triton.testing.do_bench's L2 flush buffer (zeroed before every timed call)
 FLUSH_BYTES = 256 * 2**20
-#: copy / datasheet on the calibration GPU when its copy ceiling is not in the results (the
-#: H200's measured copy over its datasheet 4800 GB/s: results/NOTES.md, "The two numbers")
+#: copy / datasheet on the calibration GPU when its copy ceiling is not in the results: the
+#: H200's measured copy over its datasheet 4800 GB/s
+#: (docs/design-record.md, 'Measurement: same-shape copy ceilings')
 DEFAULT_COPY_EFFICIENCY = 0.89
 
 

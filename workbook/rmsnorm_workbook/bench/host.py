@@ -145,7 +145,7 @@ def _calls_per_sample(call: Callable, calls: int) -> int:
     and the second of a ``full`` task is the first to *accumulate* into ``x.grad``, which can
     load that kernel lazily (milliseconds). Sized from the second call alone, the first
     implementation timed got 2-call samples dominated by per-sample overhead, and its ``full`` row
-    read far above the same code path under neutral toggles (results/h200/host-d883718.csv)."""
+    read far above the same code path under neutral toggles."""
     import time
     for _ in range(3):
         call()

@@ -32,7 +32,8 @@ step, N the hidden size; per workload:
   time with the host taken out.
 
 Decode's wall, host and graph timers compare steps that differ by tens of microseconds on a host
-whose cost per step drifts by more than that between minutes (results/NOTES.md). So each
+whose cost per step drifts by more than that between minutes
+(docs/design-record.md, 'Measurement: interleaved timers'). So each
 choice's decode step is kept (its model and its graph with it) until every choice of the
 architecture has run; then each of the three timers takes its samples in interleaved rounds, one
 sample of every choice per round (``timing.interleaved_host_time_us``,

@@ -130,7 +130,7 @@ def interleaved_graph_time_us(graphs: Dict[Hashable, CapturedGraph], *, rounds: 
     every graph is replayed once untimed, then ``replays`` times timed, back to back. Each
     graph's quantiles are over all its rounds' samples. The untimed replay absorbs what
     switching costs: on an H200 a model's decode step replayed right after another model's took
-    a median 0.7-2.5% longer than the replays that followed it (results/NOTES.md), and a
+    a median 0.7-2.5% longer than the replays that followed it, and a
     server's loop replays one graph. Interleaving exposes every graph to the same drift of the
     device, as ``interleaved_host_time_us`` does for the host."""
     samples: Dict[Hashable, list] = {key: [] for key in graphs}
@@ -171,7 +171,7 @@ def _host_sample(fn: Callable[[], object], n: int) -> float:
     ``timeit`` does): a training call allocates enough Python objects to trigger collections,
     and a collection lands on whichever function is timed when it falls due. (Collecting before
     every sample instead was slow with the peers' modules loaded, ~0.7 s a collection: the
-    benchmark ran past its time limit; results/NOTES.md.)"""
+    benchmark ran past its time limit.)"""
     torch.cuda.synchronize()
     enabled = gc.isenabled()
     gc.disable()
@@ -199,7 +199,8 @@ def interleaved_host_time_us(tasks: Dict[Hashable, HostTask], *, repeats: int = 
                              ) -> Dict[Hashable, Quantiles]:
     """``host_time_us`` for several functions, their samples interleaved: round r takes one
     sample of each. A shared host's speed drifts by tens of percent within a minute
-    (results/NOTES.md); interleaving exposes every function to the same drift, so their ratios
+    (docs/design-record.md, 'Measurement: interleaved timers'); interleaving exposes every
+    function to the same drift, so their ratios
     hold where the absolute numbers move."""
     for task in tasks.values():
         with task.context():

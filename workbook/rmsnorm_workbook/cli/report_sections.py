@@ -184,8 +184,8 @@ def model_section(steps: pd.DataFrame, out: Path,
           "(`torch.nn.RMSNorm`), `lab` (`rmsnorm_lab.patch`), `lab+carry` (the residual add "
           "fused into the next norm), `liger`. ms per step, median; `wall` a back-to-back loop, "
           "`events` CUDA events around `triton.testing.do_bench`'s loop (for the eager decode "
-          "step, which the host paces, they time the host's enqueue, not the GPU: notebook 05 "
-          "§4), `graph` replayed from a CUDA graph. Ratios are against "
+          "step, which the host paces, they time the host's enqueue, not the GPU: notebook 05), "
+          "`graph` replayed from a CUDA graph. Ratios are against "
           "`torch` in the same model and run.", ""]
     headline: List[str] = []
     if steps.empty:

@@ -7,7 +7,7 @@ names, each launch checked against the reference.
 
 ``--report-api-errors no``: the CUDA driver bindings look up entry points with cuGetProcAddress
 while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
-an error, though no kernel is involved (34 of them in one forward run: results/NOTES.md).
+an error, though no kernel is involved (dozens in one forward run).
 Memory errors in the kernels are still reported.
 """
 

@@ -235,8 +235,7 @@ def read_jsonl(path: PathLike) -> List[dict]:
 def load_probe(path: PathLike) -> pd.DataFrame:
     """A probe log (``results/<gpu>/logs/*-probe-*.jsonl``: one JSON object per timed
     configuration, with at least ``impl`` and ``us``) as a DataFrame. Probes are not results
-    files: they compare kernel configurations within one process, and ``NOTES.md`` says which
-    commit and what each configuration is."""
+    files: they compare kernel configurations within one process."""
     df = pd.DataFrame(read_jsonl(path))
     missing = {"impl", "us"} - set(df.columns)
     if missing:
