@@ -267,12 +267,12 @@ def test_ncu_teach_writes_every_kernel_it_profiled_the_librarys_last_included(tm
     written = pd.read_csv(tmp_path / "testgpu" / "ncu" / "ncu-teach.csv")
     assert sorted(written["kernel"]) == ["cute.auto", "teach.fused"]
     # a run of other kernels keeps these records; one of the same kernel replaces its own
-    for kernels in ("cluster_row", "fused"):
+    for kernels in ("persistent", "fused"):
         assert ncu_teach.main(["--out", str(tmp_path), "--kernels", kernels]) == 0
     written = pd.read_csv(tmp_path / "testgpu" / "ncu" / "ncu-teach.csv")
-    assert sorted(written["kernel"]) == ["cute.auto", "teach.cluster_row", "teach.fused"]
+    assert sorted(written["kernel"]) == ["cute.auto", "teach.fused", "teach.persistent"]
     sass = (tmp_path / "testgpu" / "ncu" / "sass-teach.txt").read_text()
-    assert sass.count("== teach.fused ") == 1 and sass.count("== teach.cluster_row ") == 1
+    assert sass.count("== teach.fused ") == 1 and sass.count("== teach.persistent ") == 1
     assert "\n\n\n" not in sass
 
 

@@ -5,7 +5,7 @@ GPU.
                                                [--kernels scalar,fused]
 
 On a GPU host with ``ncu`` on PATH (or ``$NCU``), from the repository root. For every teaching
-kernel (the six forward kernels of ``notebooks/01_forward.ipynb``, the three backward kernels of
+kernel (the five forward kernels of ``notebooks/01_forward.ipynb``, the three backward kernels of
 ``notebooks/02_backward.ipynb``) and the library's default forward (``cute.auto``, for
 comparison), one child process is profiled:
 
@@ -53,7 +53,7 @@ from .. import paths
 
 NOTEBOOKS = {"fwd": paths.NOTEBOOKS / "01_forward.ipynb",
              "bwd": paths.NOTEBOOKS / "02_backward.ipynb"}
-FWD_KERNELS = ("scalar", "vectorized", "cta_row", "warp_row", "persistent", "cluster_row")
+FWD_KERNELS = ("scalar", "vectorized", "cta_row", "warp_row", "persistent")
 BWD_KERNELS = ("split_dx", "split_dw", "fused")
 LIBRARY = ("cute.auto",)
 SHAPE = (16384, 4096)
