@@ -24,6 +24,9 @@
 #      compiler and cached by torch in <venv>/torch_extensions (the environment's python sets
 #      TORCH_EXTENSIONS_DIR there unless it is set); without a compiler the lab uses its Python
 #      node.
+#
+# Its own lines start with [install]. pip's output (hundreds of lines) goes to <venv>/pip.log;
+# when pip fails, the last lines of that log are shown and the install stops.
 set -euo pipefail
 CALLER_PWD=$PWD
 cd "$(dirname "$0")"
@@ -75,6 +78,24 @@ Path(sysconfig.get_path("purelib"), "_rmsnorm_lab_env.pth").write_text(line)
 EOF
 export PATH="$VENV_ABS/bin:$PATH"  # ninja (the native build) and jupyter of the environment
 
+# pip's output, this run's, for when something goes wrong: the [install] lines tell the story
+PIP_LOG="$VENV/pip.log"
+: > "$PIP_LOG"
+pip_logged() {  # pip_logged ARGS...: pip install ARGS, its output appended to $PIP_LOG
+  printf '\n$ pip install %s\n' "$*" >> "$PIP_LOG"
+  # unbuffered: pip's errors (stderr) land in the log after what it printed before them
+  PYTHONUNBUFFERED=1 "$PY" -m pip install --disable-pip-version-check "$@" >> "$PIP_LOG" 2>&1
+}
+pip_or_die() {  # pip_or_die ARGS...: pip_logged; on failure, the log's last lines, and stop
+  pip_logged "$@" && return 0
+  local status=$?
+  {
+    printf '[install] pip install %s failed (exit status %s); the last lines of %s:\n' "$*" "$status" "$PIP_LOG"
+    tail -n 25 "$PIP_LOG" | sed 's/^/    /'
+  } >&2
+  die "pip could not install what the lab needs (above; all of pip's output: $PIP_LOG)"
+}
+
 # --- 2. torch ----------------------------------------------------------------------------------
 CONSTRAINTS="$VENV/constraints.txt"
 callers=()  # the caller's PIP_CONSTRAINT: a space-separated list of files, as pip reads it
@@ -101,16 +122,18 @@ elif [ "$venv_torch" != none ] && torch_satisfies; then
   set -- $venv_torch
   say "torch $2 ($1) is installed"
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  say "an NVIDIA GPU and no $TORCH_REQ here: installing it from the default index (the CUDA build, several GB with its nvidia-* libraries)"
-  "$PY" -m pip install "$TORCH_REQ"
+  say "an NVIDIA GPU and no $TORCH_REQ here: installing it from the default index (the CUDA build, several GB with its nvidia-* libraries; pip's output: $PIP_LOG)"
+  pip_or_die "$TORCH_REQ"
+  say "installed $TORCH_REQ"
 else
-  say "no GPU and no $TORCH_REQ here: installing its CPU build (~190 MB), asking $CPU_INDEX first"
-  if "$PY" "$HELPER" reachable "${CPU_INDEX%/}/torch/" 10 && "$PY" -m pip install --timeout 30 --index-url "$CPU_INDEX" "$TORCH_REQ"; then
+  say "no GPU and no $TORCH_REQ here: installing its CPU build (~190 MB), asking $CPU_INDEX first (pip's output: $PIP_LOG)"
+  if "$PY" "$HELPER" reachable "${CPU_INDEX%/}/torch/" 10 && pip_logged --timeout 30 --index-url "$CPU_INDEX" "$TORCH_REQ"; then
     :
   else
     say "$CPU_INDEX could not be reached (10 s timeout) or has no $TORCH_REQ for this platform: trying the default index (on Linux x86_64 PyPI's torch is the CUDA build, several GB, unless pip is configured to find another)"
-    "$PY" -m pip install "$TORCH_REQ"
+    pip_or_die "$TORCH_REQ"
   fi
+  say "installed $TORCH_REQ"
 fi
 
 # --- 3. the lab ----------------------------------------------------------------------------------
@@ -120,10 +143,11 @@ stamp=$("$PY" -c "import hashlib, sys; print(hashlib.sha256(b''.join(open(f, 'rb
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$stamp" ] && "$PY" -c "import rmsnorm_lab, rmsnorm_workbook" 2>/dev/null; then
   say "the lab and its dependencies are installed (pyproject.toml and the constraints are unchanged)"
 else
-  say "installing the lab (editable) and its dependencies under $CONSTRAINTS"
+  say "installing the lab (editable) and its dependencies under $CONSTRAINTS (pip's output: $PIP_LOG)"
   rm -f "$STAMP"
-  "$PY" -m pip install -e . -e "./workbook[test]"
+  pip_or_die -e . -e "./workbook[test]"
   printf '%s\n' "$stamp" > "$STAMP"
+  say "the lab and its dependencies are installed"
 fi
 
 # --- 4. the native autograd node ---------------------------------------------------------------

@@ -8,11 +8,12 @@ defaults are the fast path and a user has no reason to touch them.
 
 Both are read once, when this module is imported, from ``RMSNORM_LAB_<TOGGLE>`` environment
 variables: an unknown ``RMSNORM_LAB_*`` name is ignored with a warning (``UnknownVariableWarning``)
-that lists the valid ones; a known one with a value it cannot take is an error. The launch path
-reads these objects (an attribute load), never ``os.environ``: re-reading the environment per call
-costs more than the rest of the call (docs/design-record.md, 'Host: settings read once').
-``settings.override(...)`` changes any toggle of either group for a block of code and restores it
-on exit::
+that lists the valid ones; a known one with a value it cannot take is a ``SettingsError`` (a
+``ValueError``) naming the variable and the values it takes, which the lab's own command lines
+print as one line before exiting with status 2. The launch path reads these objects (an attribute
+load), never ``os.environ``: re-reading the environment per call costs more than the rest of the
+call (docs/design-record.md, 'Host: settings read once'). ``settings.override(...)`` changes any
+toggle of either group for a block of code and restores it on exit::
 
     from rmsnorm_lab import settings
     with settings.override(forward_variant="warp", launch_path="cached"):
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping
 
@@ -159,7 +161,8 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
                 return True
             if low in ("0", "false", "no", "off"):
                 return False
-            raise ValueError(f"settings.{name} expects a boolean, got {value!r}")
+            raise ValueError(f"settings.{name} expects a boolean (1, true, yes, on or 0, false, "
+                             f"no, off), got {value!r}")
         return bool(value)
     if kind == "int":
         try:
@@ -175,6 +178,10 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
     if choices is not None and value not in choices:
         raise ValueError(f"settings.{name} must be one of {choices}, got {value!r}")
     return value
+
+
+class SettingsError(ValueError):
+    """An ``RMSNORM_LAB_*`` environment variable set to a value its toggle cannot take."""
 
 
 class UnknownVariableWarning(UserWarning):
@@ -201,12 +208,56 @@ def from_environ(environ: Mapping[str, str]) -> Settings:
             try:
                 _Toggles._assign(target, name, raw)
             except ValueError as e:  # name the variable the user set, not the attribute
-                raise ValueError(f"environment variable {key}={raw!r}: {e}") from None
+                raise SettingsError(f"environment variable {key}={raw!r}: {e}") from None
         else:
             warnings.warn(f"unknown environment variable {key} (ignored); the lab reads: "
                           + ", ".join(environment_names()), UnknownVariableWarning, stacklevel=2)
     return s
 
 
-settings = from_environ(os.environ)
+#: the lab's command lines: ``python -m`` of a module of these packages, and the workbook's
+#: console script. Python imports a package before it runs the package's ``__main__``, so these
+#: import this module before any code of their own runs and cannot catch a bad variable themselves
+COMMAND_PACKAGES = ("rmsnorm_lab", "rmsnorm_workbook")
+COMMAND_SCRIPTS = ("rmsnorm-lab",)
+
+
+def _started_as() -> str:
+    """What this interpreter was started to run: the module of ``python -m MODULE``, the file
+    name of a script, ``-c``, or "" (interactive)."""
+    args = list(getattr(sys, "orig_argv", sys.argv))[1:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-m":
+            return args[i + 1] if i + 1 < len(args) else ""
+        if arg.startswith("-m"):
+            return arg[2:]
+        if arg in ("-c", "-") or not arg.startswith("-"):
+            return arg if arg.startswith("-") else os.path.basename(arg)
+        i += 2 if arg in ("-X", "-W") else 1
+    return ""
+
+
+def is_lab_command_line() -> bool:
+    """Whether this process is one of the lab's command lines (``COMMAND_PACKAGES``,
+    ``COMMAND_SCRIPTS``), not a program that uses the library."""
+    run = _started_as()
+    return run.split(".")[0] in COMMAND_PACKAGES or run in COMMAND_SCRIPTS
+
+
+def _from_environ_at_import() -> Settings:
+    """``from_environ(os.environ)``. A bad value raises ``SettingsError`` in a program that
+    imports the library; in the lab's own command lines it is one line on stderr and exit
+    status 2 (what their other usage errors do), not a traceback through the import machinery."""
+    try:
+        return from_environ(os.environ)
+    except SettingsError as e:
+        if not is_lab_command_line():
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+settings = _from_environ_at_import()
 _LIVE += [settings, settings.experiments]

@@ -94,3 +94,40 @@ def test_a_bad_value_in_the_environment_names_the_variable():
         from_environ({"RMSNORM_LAB_BACKEND": "bogus"})
     with pytest.raises(ValueError, match=r"RMSNORM_LAB_TENSOR_CACHE_CAP='many'"):
         from_environ({"RMSNORM_LAB_TENSOR_CACHE_CAP": "many"})
+
+
+def test_a_bad_value_stops_a_program_that_imports_the_library_with_a_value_error(tmp_path):
+    """The library raises (a program may catch it); only the lab's own command lines turn it
+    into one line and exit status 2 (tests/workbook/test_cli.py)."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "uses_the_lab.py"
+    script.write_text("try:\n    import rmsnorm_lab\nexcept ValueError as e:\n"
+                      "    print(type(e).__name__, e)\n")
+    env = dict(os.environ, RMSNORM_LAB_BACKEND="cuda")
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("SettingsError environment variable RMSNORM_LAB_BACKEND='cuda'")
+    p = subprocess.run([sys.executable, "-c", "import rmsnorm_lab"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" in p.stderr
+
+
+@pytest.mark.parametrize("argv, lab", [
+    (["python", "-m", "rmsnorm_lab", "report"], True),
+    (["python", "-X", "dev", "-m", "rmsnorm_workbook.profiling.sanitize"], True),
+    (["python", "-mrmsnorm_workbook"], True),
+    (["/venv/bin/python", "/venv/bin/rmsnorm-lab", "report"], True),
+    (["python", "-m", "pytest", "-m", "rmsnorm_lab"], False),
+    (["python", "my_script.py", "-m", "rmsnorm_lab"], False),
+    (["python", "-c", "import rmsnorm_lab"], False),
+    (["python"], False),
+])
+def test_the_lab_command_lines_are_told_from_programs_using_it(monkeypatch, argv, lab):
+    import sys
+
+    from rmsnorm_lab.settings import is_lab_command_line
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    assert is_lab_command_line() is lab

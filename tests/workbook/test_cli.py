@@ -21,11 +21,12 @@ from test_results import SYNTHETIC_GPU, row, synthetic_rows
 REPO = Path(__file__).resolve().parents[2]
 
 
-def cli(*args, timeout=120):
+def cli(*args, timeout=120, module="rmsnorm_lab", env=None):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           **(env or {})}
     env.pop("MPLBACKEND", None)
-    return subprocess.run([sys.executable, "-m", "rmsnorm_lab", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -58,7 +59,7 @@ def test_bench_without_cuda_exits_2_with_a_message(tmp_path):
 def test_report_renders_markdown_and_figures(tmp_path):
     res, out = tmp_path / "results", tmp_path / "report"
     results.write(synthetic_rows(), res / SYNTHETIC_GPU / "fwd.csv")
-    p = cli("report", "--no-bench", "--results", str(res), "--out", str(out))
+    p = cli("report", "--no-bench", "--tables", "--results", str(res), "--out", str(out))
     assert p.returncode == 0, p.stderr
     # progress on stderr, one line per group of figures, numbered
     progress = [ln for ln in p.stderr.splitlines() if ln.startswith("report: [")]
@@ -70,9 +71,10 @@ def test_report_renders_markdown_and_figures(tmp_path):
         "report: [4/5] across GPUs: roofline, crossover, reported vs modelled (notebook 04)",
         "report: [5/5] in a model: the model step against torch's norm (notebook 05)"]
     assert f"reading the results in {res}" in p.stderr
-    # ... and at the end, on stdout, every file it wrote, report.md first
-    listed = p.stdout.split(f"files to {out} in ")[1].splitlines()[1:]
+    # ... and on stdout (--tables), every file it wrote, report.md first, then the summary
+    listed = p.stdout.split(f"files to {out} in ")[1].split("\n\n")[0].splitlines()[1:]
     assert listed[0] == f"  {out / 'report.md'}"
+    assert p.stdout.rstrip().endswith("every file written: report --tables")
     assert sorted(listed) == sorted(f"  {f}" for f in out.iterdir())
     md = (out / "report.md").read_text()
     pngs = sorted(f.name for f in out.glob(f"{SYNTHETIC_GPU}-*.png"))
@@ -102,14 +104,43 @@ def test_report_renders_markdown_and_figures(tmp_path):
     assert "TESTGPU fwd (GB/s, graph, median)" in p.stdout and "1268" in p.stdout
 
 
-def test_report_without_results_says_so_and_renders_nothing_else(tmp_path):
+def test_report_prints_a_short_summary_by_default(tmp_path):
+    """What was read, the headline row, where report.md is: a few lines, none over 100
+    characters; the tables only with --tables."""
+    res, out = tmp_path / "results", tmp_path / "report"
+    results.write(synthetic_rows(), res / SYNTHETIC_GPU / "fwd.csv")
+    p = cli("report", "--no-bench", "--results", str(res), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) <= 8, p.stdout
+    assert all(len(ln) <= 100 for ln in lines if str(out) not in ln), p.stdout
+    assert lines[0] == "read 64 measurements from 1 file; TESTGPU: 1 run, 2000-01-01"
+    # the headline row: the lab's first kernel at 16384x4096 against the fastest peer there
+    row = next(ln for ln in lines if ln.lstrip().startswith("TESTGPU fwd"))
+    assert row.split() == ["TESTGPU", "fwd", "cute.row", "1168", "GB/s", "(29%", "of", "copy)",
+                           "torch.native", "1368", "GB/s", "fastest", "in", "0/5", "shapes"]
+    assert "wrote report.md and 5 figures in " in p.stdout and f"{out / 'report.md'}" in p.stdout
+    assert "(GB/s, graph, median)" not in p.stdout and "  " + str(out / "report.md") not in lines
+    # report.md opens with the same summary, above the sections
+    md = (out / "report.md").read_text()
+    assert md.index("## Summary") < md.index("## How it was measured") < md.index("## TESTGPU")
+    assert ("| TESTGPU | fwd | 16384x4096 | `cute.row` | 1168 GB/s (29% of copy) | torch.native "
+            "1368 GB/s | fastest in 0 of 5 shapes |") in md
+    assert "runs: TESTGPU: 1 run, 2000-01-01." in md
+
+
+def test_report_without_results_is_an_error_and_writes_nothing(tmp_path):
     out, empty = tmp_path / "report", tmp_path / "empty"
     empty.mkdir()
     p = cli("report", "--no-bench", "--results", str(empty), "--out", str(out))
-    assert p.returncode == 0, p.stderr
-    assert "no results" in p.stdout
-    assert sorted(f.name for f in out.iterdir()) == ["report.md"]
-    assert "There are no results" in (out / "report.md").read_text()
+    assert_one_line_error(p, given=[empty], says=["--results", str(empty), "no results"])
+    assert not out.exists()
+    # files that hold no measurement (a header alone) are no results either
+    results.write([], empty / SYNTHETIC_GPU / "fwd.csv")
+    p = cli("report", "--no-bench", "--results", str(empty), "--out", str(out))
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.splitlines()[-1].startswith(f"error: --results {empty}: no results")
+    assert p.stdout == ""
 
 
 def test_report_on_a_cpu_renders_without_no_bench(tmp_path):
@@ -152,7 +183,7 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     out = tmp_path / "report"
     (out).mkdir()
     (out / "old-notes.txt").write_text("not written by this run\n")
-    p = cli("report", "--out", str(out), timeout=300)
+    p = cli("report", "--tables", "--out", str(out), timeout=300)
     assert p.returncode == 0, p.stderr
     assert "no CUDA GPU here: rendering the recorded results" in p.stdout
     assert "H200 fwd (GB/s, graph, median)" in p.stdout
@@ -165,6 +196,19 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     assert all(f"![{name}]({name})" in md for name in pngs)
     assert f"wrote {len(pngs) + 1} files to {out}" in p.stdout  # not old-notes.txt
     assert "old-notes.txt" not in p.stdout
+    # the summary, last: the headline rows, the model step, the verdict, at most 100 wide
+    summary = p.stdout.split("\n\n")[-1].splitlines()
+    assert summary[0].startswith("read ") and len(summary) <= 12, summary
+    assert all(len(ln) <= 100 for ln in summary if str(out) not in ln), summary
+    rows = [ln.split()[:3] for ln in summary if ln.startswith("  H200 ")]
+    assert rows[:3] == [["H200", "fwd", "cute.auto"], ["H200", "bwd", "cute.auto"],
+                        ["H200", "full", "cute.auto"]], summary
+    assert "qwen3" in next(ln for ln in summary if ln.startswith("  H200  llama "))
+    assert any(ln.startswith("across GPUs (modelled): ") for ln in summary)
+    assert f"wrote report.md and {len(pngs)} figures in " in p.stdout
+    top = md.split("## How it was measured")[0]
+    assert "## Summary" in top and "| H200 | fwd | 16384x4096 | `cute.auto` |" in top
+    assert "| H200 | llama |" in top and "Across GPUs (modelled" in top
     assert "report: [1/" in p.stderr and "Traceback" not in p.stderr
     # inside the repository the results folder is named relative to it: report.md travels
     assert "results read from `results`" in md and str(REPO) not in md
@@ -289,51 +333,6 @@ def test_nsys_stats_failing_is_one_line_naming_the_reason(tmp_path):
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PATH": env_path})
     assert_one_line_error(p, status=1, given=[rep],
                           says=["nsys stats exited with 1", "not a valid report"])
-
-
-# --- help --------------------------------------------------------------------------------------
-
-COMMANDS = ("bench", "report", "profile", "nsys-summary")
-
-
-def test_help_lists_each_command_once_with_one_line():
-    p = cli("--help")
-    assert p.returncode == 0
-    for command in COMMANDS:
-        listed = [ln for ln in p.stdout.splitlines() if ln.split()[:1] == [command]]
-        assert len(listed) == 1, (command, p.stdout)
-        assert len(listed[0].split()) > 2  # the name and its description on one line
-    assert "{bench" not in p.stdout  # no second list (argparse's {a,b,...} or the docstring's)
-    assert p.stdout.count("nsys-summary") == 1 and "/tmp/gpu" not in p.stdout
-
-
-def test_every_command_has_a_one_line_help_and_a_description():
-    from rmsnorm_workbook.__main__ import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    helps = {a.dest: a.help for a in sub._choices_actions}
-    assert set(sub.choices) == set(COMMANDS) == set(helps)
-    for name, command in sub.choices.items():
-        assert helps[name] and "\n" not in helps[name], name
-        assert command.description and len(command.description) > 40, name
-        text = command.format_help()
-        assert command.description.split()[0] in text and "/tmp/gpu" not in text
-
-
-def test_ninja_of_the_environment_is_put_on_path(tmp_path, monkeypatch):
-    """`.venv/bin/python -m rmsnorm_lab` without activating .venv: torch finds ninja anyway."""
-    from rmsnorm_workbook.cli.common import put_ninja_on_path
-
-    venv_bin = tmp_path / "bin"
-    venv_bin.mkdir()
-    (venv_bin / "ninja").write_text("#!/bin/sh\n")
-    (venv_bin / "ninja").chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setitem(sys.modules, "ninja", None)  # the package's own BIN_DIR not consulted
-    put_ninja_on_path()
-    assert os.environ["PATH"].split(os.pathsep)[0] == str(venv_bin)
 
 
 # --- runner logic on the CPU ---------------------------------------------------------------

@@ -81,3 +81,33 @@ def test_main_refuses_without_a_gpu(capsys):
         pytest.skip("a GPU is here")
     assert nt.main(["--kernels", "scalar"]) == 2
     assert "CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_ncu_log_is_written_beside_the_record_not_in_the_temporary_folder(tmp_path,
+                                                                            monkeypatch):
+    """The log of ncu's output goes with the run's other files (under --out); the system's
+    temporary folder, shared by every user and test run, gets nothing."""
+    import tempfile
+
+    import torch
+
+    from rmsnorm_workbook.viz import lesson
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(nt, "ncu_binary", lambda: "ncu")
+
+    def profile(ncu, kernel, M, N, log):
+        log.write(f"$ ncu ... {kernel}\n")
+        return [{"metric": "gpu__time_duration.sum", "unit": "ns", "value": 1000.0}]
+    monkeypatch.setattr(nt, "profile", profile)
+    monkeypatch.setattr("rmsnorm_workbook.results.provenance.collect", lambda: {
+        "gpu": "testgpu", "commit": "abc", "timestamp": "t"})
+    monkeypatch.setattr(lesson, "target_arch", lambda: "sm_90a")
+    out = tmp_path / "profiles"
+    assert nt.main(["--out", str(out), "--kernels", "cute.auto"]) == 0
+    log = out / "testgpu" / "ncu" / "ncu-teach.log"
+    assert log.read_text() == "$ ncu ... cute.auto\n"
+    assert not any(temp.iterdir())

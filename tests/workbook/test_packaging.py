@@ -126,9 +126,50 @@ def test_install_asks_the_cpu_index_first_with_a_timeout_and_falls_back():
     assert "https://download.pytorch.org/whl/cpu" in text
     cpu = text.index('--index-url "$CPU_INDEX"')
     assert text.index('reachable "${CPU_INDEX%/}/torch/" 10') < cpu  # asked, 10 s at most
-    assert text.index('"$PY" -m pip install "$TORCH_REQ"', cpu) > cpu  # then the default index
+    assert text.index('pip_or_die "$TORCH_REQ"', cpu) > cpu  # then the default index
     assert "building the native autograd node (C++, under a minute, once)..." in text
     assert "the lab uses its Python autograd node" in text
+
+
+FAKE_PIP = """import sys
+for i in range(300):
+    print(f"Collecting noise-{i}")
+if "-e" in sys.argv:  # the lab's own install fails, as a broken build would
+    print("ERROR: the build of the lab failed (fake pip)", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_install_keeps_pips_output_in_a_log_and_shows_its_tail_when_pip_fails(tmp_path):
+    """install.sh's own [install] lines are what it prints; pip's hundreds of lines go to
+    <venv>/pip.log, and when pip fails the log's last lines (the error among them) are shown and
+    the install stops. Run on an environment whose pip is a stand-in: torch "installs", the
+    lab's install fails; nothing is downloaded."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip = _site(venv / "bin" / "python") / "pip"
+    pip.mkdir()
+    (pip / "__init__.py").write_text("")
+    (pip / "__main__.py").write_text(FAKE_PIP)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RMSNORM_VENV": str(venv),
+           "RMSNORM_TORCH_CPU_INDEX": "http://127.0.0.1:9/whl/cpu", "CXX": "no-such-compiler"}
+    p = subprocess.run(["bash", str(REPO / "install.sh")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    out, err = p.stdout.splitlines(), p.stderr.splitlines()
+    assert out and all(line.startswith("[install] ") for line in out), p.stdout
+    assert "Collecting noise" not in p.stdout
+    assert any(line.startswith("[install] installed torch==") for line in out), p.stdout
+    # the failure: the command, the log's last lines with pip's error, where the whole log is
+    assert err[0].startswith("[install] pip install -e . -e ./workbook[test] failed (exit "
+                             "status 1); the last lines of "), p.stderr
+    assert "    ERROR: the build of the lab failed (fake pip)" in err
+    assert err[-1].startswith("[install] error: pip could not install") and "pip.log" in err[-1]
+    assert len(out) + len(err) < 40
+    log = (venv / "pip.log").read_text()
+    assert log.count("Collecting noise-299") == 2 and "$ pip install torch==" in log
+    assert not (venv / ".rmsnorm_lab-installed").exists()  # a re-run tries again
 
 
 @pytest.mark.parametrize("text, build", [

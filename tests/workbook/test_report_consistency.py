@@ -321,3 +321,39 @@ def test_the_reports_count_says_what_it_counts(df):
 def test_how_long_before_the_run_reads_in_its_unit(minutes, text):
     from rmsnorm_workbook.analysis.model_step import _span
     assert _span(minutes) == text
+
+
+# --- the summary on top of report.md: the sections' numbers, not others ----------------------
+
+def test_the_summarys_headline_rows_are_cells_of_the_bandwidth_tables(df):
+    from rmsnorm_workbook.cli.report_summary import (HEADLINE_SHAPE, Findings, markdown_lines,
+                                                    op_headline)
+
+    findings = Findings()
+    for op in ("fwd", "bwd", "full"):
+        table = tables.bandwidth_table(df, op, "h200")
+        h = op_headline(table, "h200", op)
+        findings.ops.append(h)
+        gbps = table["GB/s"]
+        peers = [c for c in gbps.columns if impl(c).kind == "peer"]
+        assert (h.lab, h.shape, h.peers) == ("cute.auto", HEADLINE_SHAPE, tuple(peers))
+        assert h.lab_gbps == gbps.loc[HEADLINE_SHAPE, "cute.auto"]
+        assert h.peer_gbps == gbps.loc[HEADLINE_SHAPE, h.peer] == gbps.loc[HEADLINE_SHAPE,
+                                                                            peers].max()
+        if op in tables.CEILING_OF_OP:
+            pct = table[f"% of {tables.CEILING_OF_OP[op]}"]
+            assert h.lab_pct == pct.loc[HEADLINE_SHAPE, "cute.auto"]
+        else:
+            assert h.lab_pct is None
+        # shape by shape: the lab's default at least as fast as every peer measured there
+        wins = [gbps.loc[s, "cute.auto"] >= gbps.loc[s, peers].max() for s in gbps.index
+                if pd.notna(gbps.loc[s, "cute.auto"]) and gbps.loc[s, peers].notna().any()]
+        assert (h.fastest, h.shapes) == (sum(wins), len(wins))
+        # the number the summary prints is the one the op's section prints
+        row = next(line for line in tables.markdown_table(gbps, 0).splitlines()
+                   if line.startswith(f"| {HEADLINE_SHAPE[0]} | {HEADLINE_SHAPE[1]} |"))
+        assert row.split(" | ")[2 + list(gbps.columns).index("cute.auto")] == \
+            f"{h.lab_gbps:.0f}"
+    md = "\n".join(markdown_lines(df, 80, findings))
+    assert f"| H200 | fwd | 16384x4096 | `cute.auto` | {findings.ops[0].lab_gbps:.0f} GB/s (" in md
+    assert "runs: H200: " in md and md.startswith("## Summary")

@@ -2,16 +2,18 @@
 the parser, and each command lives in ``cli/``.
 
   bench         runs the benchmark sweep of one op on the current GPU and writes a results file.
-  report        (on a GPU, after benchmarking) renders every recorded result into figures, a
-                markdown report and a table on stdout; without a GPU it renders what is recorded.
+  report        (on a GPU, after benchmarking) renders every recorded result into figures and
+                a markdown report, with a short summary on stdout (``--tables``: the full
+                tables); without a GPU it renders what is recorded.
   profile       a workload for Nsight Systems: one shape, NVTX on, the timed loop between
                 cudaProfilerStart/Stop (run it under the nsys line its --help prints).
   nsys-summary  per NVTX range of the rmsnorm_lab domain: wall time, kernel time, the difference.
 
-Errors the user can fix (a path that is missing or cannot be written, a file that is not what
-the command reads, a missing tool, no GPU) are one line on stderr, ``error: ...``, naming the
-path as given, and a non-zero exit status (``cli/common.py``); progress goes to stderr, results
-(tables, the list of files written) to stdout.
+Errors the user can fix (a path that is empty, missing or cannot be written, a file that is not
+what the command reads, a missing tool, no GPU) are one line on stderr, ``error: ...``, naming the
+path as given, and a non-zero exit status (``cli/common.py``); so is a bad ``RMSNORM_LAB_*``
+value, reported as the library is imported (``rmsnorm_lab/settings.py``). Progress goes to
+stderr, results (the summary, tables, the list of files written) to stdout.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import List, Optional
 
 from .bench.runner import OPS
 from .cli.bench import cmd_bench, parse_shapes
-from .cli.common import EXIT_USAGE, UsageError, error, put_ninja_on_path
+from .cli.common import EXIT_USAGE, UsageError, error, path_arg, put_ninja_on_path
 from .cli.profile import PROFILE_EPILOG, cmd_nsys_summary, cmd_profile
 from .cli.report import cmd_report
+from rmsnorm_lab import __version__
 from rmsnorm_lab.settings import BACKENDS, BACKWARD_CHOICES, FORWARD_CHOICES, LAUNCH_PATHS
 
 DESCRIPTION = """\
@@ -39,7 +42,13 @@ typical use:
   python -m rmsnorm_lab COMMAND --help         the options of one command
 
 exit status: 0 ok; 1 a kernel failed its check, or results or an nsys report could not be read;
-2 no GPU, a missing tool, or a path that is missing or cannot be written."""
+2 no GPU, a missing tool, a bad RMSNORM_LAB_* value, or a path that is empty, missing, cannot be
+written or holds nothing to read (a results folder without results)."""
+
+
+def version_line() -> str:
+    """``--version``'s answer: the library's version (the workbook's is the same)."""
+    return f"rmsnorm_lab {__version__}"
 
 
 class _TopFormatter(argparse.RawDescriptionHelpFormatter):
@@ -59,6 +68,8 @@ class _TopFormatter(argparse.RawDescriptionHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rmsnorm_lab", description=DESCRIPTION,
                                      epilog=EPILOG, formatter_class=_TopFormatter)
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the lab's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, title="commands",
                                 metavar="COMMAND")
 
@@ -86,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--only-compiled", action="store_true",
                    help="--op model: only the torch.compile part (and the reference it is "
                         "checked against); needs --tag")
-    b.add_argument("--out", type=Path, default=None, metavar="DIR",
+    b.add_argument("--out", type=path_arg("--out"), default=None, metavar="DIR",
                    help="results root: writes DIR/<gpu>/<op>[-TAG].csv (default: the "
                         "repository's results/)")
     b.add_argument("--tag", default=None, help="suffix of the file name: <op>-TAG.csv")
@@ -95,14 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "report", help="render the recorded results into report/ (benchmark first on a GPU)",
         description="On a GPU, benchmark every op first (unless --no-bench); then render every "
-                    "recorded result into figures and report.md in --out, print the bandwidth "
-                    "tables, and list the files written. Without a GPU it renders the recorded "
-                    "results (results/ of this repository).")
-    r.add_argument("--out", type=Path, default=Path("report"), metavar="DIR",
+                    "recorded result into figures and report.md in --out and print a short "
+                    "summary (what was read, the headline numbers, where report.md is; the full "
+                    "tables with --tables). Without a GPU it renders the recorded results "
+                    "(results/ of this repository).")
+    r.add_argument("--out", type=path_arg("--out"), default=Path("report"), metavar="DIR",
                    help="where report.md and the figures go (default: ./report)")
-    r.add_argument("--results", type=Path, default=None, metavar="DIR",
+    r.add_argument("--results", type=path_arg("--results"), default=None, metavar="DIR",
                    help="results root to read, and to write when benchmarking (default: the "
                         "repository's results/)")
+    r.add_argument("--tables", action="store_true",
+                   help="also print the full bandwidth tables, the cross-GPU and model verdicts "
+                        "with their caveats, and every file written (by default: a short "
+                        "summary, and where report.md is)")
     r.add_argument("--no-bench", action="store_true",
                    help="render only, even when a GPU is present")
     r.add_argument("--quick", action="store_true", help="when benchmarking, the quick sweep")
@@ -151,11 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "--out) and print, per range of the rmsnorm_lab domain, its instances, wall "
                     "time, the time of the kernels launched inside it and wall minus kernels per "
                     "instance. With --csv-dir nsys is not run: the CSVs are read from DIR.")
-    n.add_argument("report", type=Path, nargs="?", metavar="REPORT.nsys-rep",
+    n.add_argument("report", type=path_arg("REPORT", "report file"), nargs="?",
+                   metavar="REPORT.nsys-rep",
                    help="the nsys report (with --csv-dir: optional, picks DIR/<name>_*.csv)")
-    n.add_argument("--csv-dir", type=Path, default=None, metavar="DIR",
+    n.add_argument("--csv-dir", type=path_arg("--csv-dir"), default=None, metavar="DIR",
                    help="read existing CSVs from DIR instead of running nsys stats")
-    n.add_argument("--out", type=Path, default=None, metavar="DIR",
+    n.add_argument("--out", type=path_arg("--out"), default=None, metavar="DIR",
                    help="where nsys stats writes the CSVs (default: beside the report)")
     n.set_defaults(func=cmd_nsys_summary)
     return parser
@@ -167,7 +184,8 @@ def parse(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpars
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     given = sys.argv[1:] if argv is None else list(argv)
     if not any(a in commands.choices for a in given):
-        unknown = [a for a in given if a.startswith("-") and a not in ("-h", "--help")]
+        unknown = [a for a in given if a.startswith("-")
+                   and a not in ("-h", "--help", "--version")]
         if unknown:  # an option before any command: name it, not the missing command
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args, extra = parser.parse_known_args(argv)
@@ -177,7 +195,10 @@ def parse(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpars
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parse(build_parser(), argv)
+    try:
+        args = parse(build_parser(), argv)
+    except UsageError as e:  # a path option given empty (cli.common.path_arg)
+        return error(str(e), EXIT_USAGE)
     put_ninja_on_path()
     try:
         return args.func(args)

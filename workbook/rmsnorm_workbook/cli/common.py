@@ -8,12 +8,14 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 # Exit codes: 0 ok; 1 a kernel failed its check, the results or an nsys report could not be read;
-# 2 it cannot run as asked: no GPU (bench, profile), a missing tool, a path that is missing, is
-# not what the command reads or cannot be written (as argparse's own usage errors)
+# 2 it cannot run as asked: no GPU (bench, profile), a missing tool, a path that is empty, is
+# missing, is not what the command reads (a results folder without results among them) or cannot
+# be written (as argparse's own usage errors)
 EXIT_FAILED, EXIT_NO_GPU, EXIT_USAGE = 1, 2, 2
 
 
@@ -39,6 +41,19 @@ def one_line(message: object) -> str:
 
 def reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
+
+
+def path_arg(option: str, what: str = "folder") -> Callable[[str], Path]:
+    """argparse's ``type`` for the path of ``option``: ``Path(text)``, refusing an empty text,
+    which ``Path`` reads as the current folder (``report --out ""`` would write there). The
+    refusal is a UsageError, which argparse passes on (it converts only ValueError and
+    TypeError): main() prints it as one line and exits 2."""
+    def path(text: str) -> Path:
+        if not text.strip():
+            hint = f" (for the current folder: {option} .)" if what == "folder" else ""
+            raise UsageError(f"{option} is empty: name a {what}{hint}")
+        return Path(text)
+    return path
 
 
 def writable_dir(path: Path, option: str) -> Path:

@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import pandas as pd
 import torch
@@ -20,7 +20,9 @@ from ..analysis.host import VARYING
 from ..results.provenance import gpu_title
 from ..viz import sweeps
 from .bench import run_bench
-from .common import EXIT_FAILED, EXIT_USAGE, error, existing_dir, reason, writable_dir
+from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
+                     writable_dir)
+from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
 
 
 def shown_path(path: Path) -> str:
@@ -43,12 +45,17 @@ def _provenance(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def measured_files(root: Path) -> List[Path]:
+    """The files ``results.load_all`` reads: every ``<gpu>/*.csv`` but ``reported/``'s."""
+    return [p for p in Path(root).glob("*/*.csv")
+            if p.parent.name not in results_io.NOT_MEASURED_DIRS]
+
+
 def count_line(df: pd.DataFrame, root: Path) -> str:
     """What the report reads, said as counted: the rows of ``results.load_all`` (every
     ``<gpu>/*.csv`` but ``reported/``), of which the lessons' teaching kernels (``teach.*``,
     which notebook 04 leaves out), and the model steps' rows, read apart (notebook 05)."""
-    files = [p for p in Path(root).glob("*/*.csv")
-             if p.parent.name not in results_io.NOT_MEASURED_DIRS]
+    files = measured_files(root)
     gpus = sorted(df["gpu"].unique())
     teach = int(df["impl"].astype(str).str.startswith(tables.TEACH_PREFIX).sum())
     steps = len(results_io.load_all(root, model_steps=True))
@@ -316,10 +323,12 @@ def _quiet(_: str) -> None:
 
 
 def write_report(df: pd.DataFrame, out: Path, root: Path,
-                 progress: Callable[[str], None] = _quiet) -> str:
-    """Render figures into ``out`` and write ``out/report.md``; returns the headline text.
-    ``progress`` is told what is being rendered, one line per group of figures."""
-    md = ["# rmsnorm-lab report", "",
+                 progress: Callable[[str], None] = _quiet) -> Tuple[str, Findings]:
+    """Render figures into ``out`` and write ``out/report.md``, its summary on top; returns the
+    full tables' text (``report --tables``) and the findings the summary quotes. ``progress`` is
+    told what is being rendered, one line per group of figures."""
+    findings = Findings()
+    md = ["## How it was measured", "",
           f"Measured by this lab's benchmark; results read from `{shown_path(root)}` (figures "
           "quoted from elsewhere, in `results/reported/`, appear only in the last section, "
           "labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; "
@@ -344,6 +353,9 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                      "eager-vs-graph figures")
             md += [f"### {op}", ""]
             table = tables.bandwidth_table(df, op, gpu)
+            found = op_headline(table, gpu, op)
+            if found is not None:
+                findings.ops.append(found)
             for part in table.columns.get_level_values(0).unique():
                 unit = "GB/s" if part == "GB/s" else part
                 note = "" if part == "GB/s" else ceiling_note(df, op, gpu)
@@ -386,16 +398,18 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
 
     progress(f"[{next(step)}/{total}] across GPUs: roofline, crossover, reported vs "
              "modelled (notebook 04)")
-    section, lines = gpu_section(df, out, root)
+    section, lines = gpu_section(df, out, root, findings)
     md += section
     headline += lines
     progress(f"[{next(step)}/{total}] in a model: the model step against torch's norm "
              "(notebook 05)")
-    section, lines = model_section(results_io.load_all(root, model_steps=True), out, root)
+    section, lines = model_section(results_io.load_all(root, model_steps=True), out, root,
+                                   findings)
     md += section
     headline += lines
-    (out / "report.md").write_text("\n".join(md))
-    return "\n".join(headline)
+    top = ["# rmsnorm-lab report", ""] + markdown_lines(df, len(measured_files(root)), findings)
+    (out / "report.md").write_text("\n".join(top + md))
+    return "\n".join(headline), findings
 
 
 def _progress(line: str) -> None:
@@ -414,6 +428,12 @@ def _written(out: Path, before: Dict[str, int], start_ns: int) -> List[Path]:
     return sorted(files, key=lambda f: (f.name != "report.md", f.name))
 
 
+def nothing_to_report(root: Path, label: str) -> str:
+    """The error of a results folder without measurements: an empty report helps no one."""
+    return (f"{label} {root}: no results to report (no measurements in <gpu>/*.csv files "
+            "there); record some on a GPU with `python -m rmsnorm_lab bench --op fwd`")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     bench = not args.no_bench and torch.cuda.is_available()
     root = args.results if args.results is not None else results_io.results_dir()
@@ -422,6 +442,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         writable_dir(root, label)
     else:
         existing_dir(root, label)
+        if not measured_files(root):  # before --out is made: nothing is written
+            raise UsageError(nothing_to_report(root, label))
     writable_dir(args.out, "--out")  # before benchmarking or rendering anything
     status = 0
     if bench:
@@ -435,24 +457,24 @@ def cmd_report(args: argparse.Namespace) -> int:
         df = results_io.load_all(root)
     except results_io.ResultsError as e:
         return error(f"malformed results: {e}", EXIT_FAILED)
+    if df.empty:  # files without a row of measurements (headers only, model steps only)
+        return error(nothing_to_report(root, label), EXIT_USAGE)
     before, start_ns, started = _mtimes(args.out), time.time_ns(), time.perf_counter()
-    report_md = args.out / "report.md"
     try:
-        if df.empty:
-            report_md.write_text(
-                "# rmsnorm-lab report\n\nThere are no results: no `<gpu>/*.csv` files in "
-                f"`{shown_path(root)}`. Record some on a GPU with "
-                "`python -m rmsnorm_lab bench --op fwd`.\n")
-            print(f"no results in {root}; wrote {report_md} saying so")
-            return status
-        _progress(f"{count_line(df, root)}; rendering into {args.out}")
-        headline = write_report(df, args.out, root, progress=_progress)
+        _progress(f"rendering into {args.out}")
+        text, findings = write_report(df, args.out, root, progress=_progress)
     except OSError as e:
         where = e.filename if e.filename else args.out
         return error(f"could not write {where} ({reason(e)})", EXIT_USAGE)
-    print(headline)
+    seconds = time.perf_counter() - started
     written = _written(args.out, before, start_ns)
-    print(f"wrote {len(written)} files to {args.out} in {time.perf_counter() - started:.0f} s:")
-    for f in written:
-        print(f"  {args.out / f.name}")
+    if args.tables:
+        print(text)
+        print(f"wrote {len(written)} files to {args.out} in {seconds:.0f} s:")
+        for f in written:
+            print(f"  {args.out / f.name}")
+        print()
+    figures = sum(f.suffix == ".png" for f in written)
+    print("\n".join(stdout_lines(df, len(measured_files(root)), findings,
+                                 args.out / "report.md", figures, seconds)))
     return status

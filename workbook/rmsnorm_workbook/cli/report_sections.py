@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import pandas as pd
 
@@ -17,6 +17,9 @@ from ..analysis import MODELLED, compiled, model, model_step, speed
 from ..analysis.tables import markdown_table
 from ..analysis.reported import load_reported, pr_era_host
 from ..analysis.specs import SPECS, bandwidth_table
+
+if TYPE_CHECKING:
+    from .report_summary import Findings
 
 def calibration_caveat(check: pd.DataFrame) -> str:
     """Two sentences from ``model.calibration_check``: how far the model's call ratio is from the
@@ -61,10 +64,11 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], List[str]]:
+def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Findings"] = None
+                ) -> Tuple[List[str], List[str]]:
     """Render the roofline (attainable TFLOP/s against arithmetic intensity, per GPU), the
     crossover and the reported-vs-modelled figures into ``out``; return (markdown lines,
-    headline lines for stdout)."""
+    headline lines for stdout). The verdict goes into ``findings`` too, for the summary."""
     from matplotlib.figure import Figure
 
     reported = load_reported(root)
@@ -109,6 +113,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path) -> Tuple[List[str], Lis
             f"({MODELLED} scenario)", ax=fig.subplots())
         names.append(_save(fig, out / "gpus-reported-vs-modelled.png"))
         verdict = model.finding(pr)
+        if findings is not None:
+            findings.verdict = dict(verdict)
         md += ["Liger-Kernel PR #1336's finding (its CuTe DSL RMSNorm against its Triton one: "
                "on the B200 CuTe faster because the host dominates; on the H100 parity), "
                "computed by the model at M=8192, N=4096, with the host costs measured on the "
@@ -167,12 +173,13 @@ MODEL_COLUMNS = ["train wall", "prefill wall", "decode wall", "decode events", "
 MODEL_RATIOS = ["train wall", "prefill wall", "decode wall", "decode graph"]
 
 
-def model_section(steps: pd.DataFrame, out: Path,
-                  root: Optional[Path] = None) -> Tuple[List[str], List[str]]:
+def model_section(steps: pd.DataFrame, out: Path, root: Optional[Path] = None,
+                  findings: Optional["Findings"] = None) -> Tuple[List[str], List[str]]:
     """Notebook 05's step table per GPU: the newest run of ``bench --op model`` (every norm
     choice, ms, p50), each choice over torch's norm in the same model and run (also as a figure),
     with what the decode-timer probe in ``root/<gpu>/logs`` says of its eager decode column, and
-    the torch.compile run; (markdown lines, headline lines for stdout)."""
+    the torch.compile run; (markdown lines, headline lines for stdout). The lab's ratios go into
+    ``findings`` too, for the summary."""
     from matplotlib.figure import Figure
 
     from ..viz import model_step as step_figures
@@ -228,6 +235,9 @@ def model_section(steps: pd.DataFrame, out: Path,
         for arch in archs:
             if (arch, "lab") in ratios.index:
                 r = ratios.loc[(arch, "lab")]
+                if findings is not None:
+                    findings.model.append((gpu, arch, float(r["train wall"]),
+                                           float(r["decode wall"]), float(r["decode graph"])))
                 headline.append(f"{gpu_title(gpu)} {arch} in a model, lab / torch: train "
                                 f"{r['train wall']:.3f}, decode {r['decode wall']:.3f} eager, "
                                 f"{r['decode graph']:.3f} from a graph")

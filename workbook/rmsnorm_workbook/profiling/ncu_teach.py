@@ -23,7 +23,9 @@ the notebooks, and this script runs exactly what a reader runs), allocates one i
   ``<section>/<name>``);
 * ``<out>/<gpu>/ncu/sass-teach.txt`` -- per kernel, its register and stack use and the SASS lines
   that move global or local memory (``LDG``/``STG``/``LDL``/``STL``), from the cubin the same
-  compilation produced (``cuobjdump``).
+  compilation produced (``cuobjdump``);
+* ``<out>/<gpu>/ncu/ncu-teach.log`` -- every ncu command of the run and its output (the place
+  to look when a kernel failed).
 
 ``<out>`` is the repository's ``profiles/`` (a profiler's record, beside the results, not in
 them). A run of a few kernels (``--kernels``) replaces their records and keeps the others'.
@@ -331,7 +333,7 @@ def main(argv=None) -> int:
     rows, sass = kept_records(out_dir, {impl_name(k) for k in kernels})
     failed = []
     modules = {}
-    log_path = Path(tempfile.gettempdir()) / "ncu-teach.log"
+    log_path = out_dir / "ncu-teach.log"  # beside what it explains
     print(f"ncu_teach: {len(kernels)} kernels at {args.M}x{args.N} bf16 on {prov['gpu']} "
           f"({arch}); ncu output logged to {log_path}")
     with open(log_path, "w") as log:

@@ -9,8 +9,12 @@ names, each launch checked against the reference.
 while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
 an error, though no kernel is involved (dozens in one forward run).
 Memory errors in the kernels are still reported.
+
+Without a CUDA GPU it says so in one line and exits with status 2; 1 when a kernel's result
+differs from the reference.
 """
 
+import argparse
 import sys
 
 import torch
@@ -94,8 +98,23 @@ def backward_cases() -> int:
     return failures
 
 
-def main(argv) -> int:
-    ops = argv or ["fwd", "bwd"]
+COMMAND = "python -m rmsnorm_workbook.profiling.sanitize"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog=COMMAND, description="A workload for compute-sanitizer: every CuTe kernel at the "
+        "shapes the GPU checklist names, each launch checked against the reference.")
+    ap.add_argument("ops", nargs="*", metavar="fwd|bwd", help="the ops to run (default: both)")
+    ops = ap.parse_args(argv).ops or ["fwd", "bwd"]
+    unknown = sorted(set(ops) - {"fwd", "bwd"})
+    if unknown:
+        ap.error(f"unknown op {', '.join(unknown)} (choose from fwd, bwd)")
+    if not torch.cuda.is_available():
+        print(f"error: {COMMAND} needs a CUDA GPU (torch.cuda.is_available() is False here), and "
+              "is meant to run under compute-sanitizer: compute-sanitizer --tool memcheck "
+              f"--report-api-errors no {COMMAND}", file=sys.stderr)
+        return 2
     failures = 0
     if "fwd" in ops:
         failures += forward_cases()
