@@ -263,7 +263,7 @@ def test_coinciding_reported_stars_share_one_label_clear_of_the_curves(df, rep, 
     fig = Figure(figsize=(8.5, 4.6), layout="constrained")
     ax = gpus.plot_bandwidth_vs_M(df, rep, cal=cal, ax=fig.subplots())
     labels = [t for t in ax.texts if "H100 SXM" in t.get_text()]  # the GPU as the text names it
-    assert len(labels) == 1 and labels[0].get_text().startswith("3 liger kernels (H100 SXM)")
+    assert len(labels) == 1 and labels[0].get_text().startswith("3 Liger-Kernel kernels (H100 SXM)")
     renderer = _draw(fig)
     box = Text.get_window_extent(labels[0], renderer).padded(1)
     frame = ax.get_window_extent(renderer)  # the whole label inside the axes, its ")" too
@@ -297,7 +297,7 @@ def test_reported_stars_group_by_point_and_gpu():
         ("b200", ["liger.triton"]), ("h100_sxm", ["liger.cutedsl", "liger.triton"]),
         ("h100_sxm", ["quack"])]
     label = gpus._star_label(groups[1][3], "h100_sxm")
-    assert label == "2 liger kernels (H100 SXM):\ncutedsl, triton"
+    assert label == "2 Liger-Kernel kernels (H100 SXM):\nCuTe DSL, Triton"
 
 
 def test_the_reports_count_says_what_it_counts(df):

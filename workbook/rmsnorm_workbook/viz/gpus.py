@@ -247,7 +247,8 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
     ax.set_ylim(0, 100)
     ax.set_xlabel(f"M (rows), N={N} bf16")
     ax.set_ylabel("% of the datasheet bandwidth")
-    ax.set_title(f"{op}: share of each GPU's datasheet bandwidth (lines: {impl})",
+    kernel = "the lab's default kernel" if impl == "cute.auto" else impl
+    ax.set_title(f"{op}: share of each GPU's datasheet bandwidth (lines: {kernel})",
                  fontsize="medium")
     ax.grid(True, alpha=0.3)
     _legend_right(ax)
@@ -274,16 +275,22 @@ def _star_groups(stars):
     return [(m, float(np.mean(p)), g, names) for m, p, g, names in groups]
 
 
+#: how a star's label names a project and its kernels
+_PROJECTS = {"liger": "Liger-Kernel"}
+_KERNELS = {"cutedsl": "CuTe DSL", "triton": "Triton", "cutile": "cuTile"}
+
+
 def _star_label(names, gpu: str) -> str:
     """One label for coinciding stars: ``liger.triton (H100 SXM)``, or for several of one
-    source ``3 liger kernels (H100 SXM): cutedsl, triton, cutile``."""
+    source ``3 Liger-Kernel kernels (H100 SXM): CuTe DSL, Triton, cuTile``."""
     gpu = gpu_title(gpu)
     if len(names) == 1:
         return f"{names[0]} ({gpu})"
     heads = {n.split(".", 1)[0] for n in names}
     if len(heads) == 1 and all("." in n for n in names):
-        return (f"{len(names)} {heads.pop()} kernels ({gpu}):\n"
-                + ", ".join(n.split(".", 1)[1] for n in names))
+        head = heads.pop()
+        return (f"{len(names)} {_PROJECTS.get(head, head)} kernels ({gpu}):\n"
+                + ", ".join(_KERNELS.get(t, t) for t in (n.split(".", 1)[1] for n in names)))
     return f"{len(names)} kernels ({gpu}):\n" + ", ".join(names)
 
 
