@@ -226,7 +226,7 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     for fig, says in (("h200-bwd-eager-vs-graph.png", "Eager (`do_bench`) at small M"),
                       ("h200-host-cache-cap.png", "Left panel: peak memory counted from")):
         assert md.split(f"![{fig}]({fig})")[1].lstrip().startswith(says)
-    assert "Eager decode (`decode wall`) is host-bound" in md
+    assert "Eager decode (`decode wall`) is paced by the host" in md
     assert "  caveat: eager decode" in p.stdout
     cross = md.split("Crossover M (")[1].split("Reported device times")[0]
     assert "| cute.auto@tvm_ffi |" in cross and "| cute.row |" not in cross

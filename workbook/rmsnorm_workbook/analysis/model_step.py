@@ -8,7 +8,6 @@ comparison here is between rows of one run: ``one_run`` picks them.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 import pandas as pd
@@ -147,67 +146,3 @@ def predicted_norm_ms(calls: pd.DataFrame, ops: pd.DataFrame, impl: str,
     return total / 1e3
 
 
-#: the loops of the decode-timer probe (``results/<gpu>/logs/decode-timers-probe-*.jsonl``)
-#: that time the host's enqueue of one step, each a different way of running the same step
-PROBE_LOOPS = ("back_to_back_enqueue", "sync_before_enqueue", "dobench_loop_enqueue",
-               "back_to_back_gc_off_enqueue")
-
-
-def decode_probe(logs: Path) -> Tuple[pd.DataFrame, dict]:
-    """The newest decode-timer probe in the folder ``logs`` (by its provenance's timestamp): the
-    p50 ms per step of llama's decode step per norm choice (rows) and loop (``PROBE_LOOPS``,
-    columns), and its provenance with the file's ``name``; an empty frame and ``{}`` when there
-    is none."""
-    from ..results import read_jsonl
-
-    found = []
-    for path in sorted(Path(logs).glob("decode-timers-probe-*.jsonl")):
-        records = read_jsonl(path)
-        prov = next((r["provenance"] for r in records if "provenance" in r), {})
-        rows = {r["choice"]: {k: r[k]["p50"] for k in PROBE_LOOPS if k in r}
-                for r in records if "choice" in r}
-        if rows:
-            found.append((str(prov.get("timestamp", "")), path.name, prov, rows))
-    if not found:
-        return pd.DataFrame(), {}
-    _, name, prov, rows = max(found)
-    return pd.DataFrame.from_dict(rows, orient="index"), {**prov, "name": name}
-
-
-def _span(minutes: float) -> str:
-    """A time span in the unit that reads best: minutes, hours or days."""
-    if minutes < 120:
-        return f"{minutes:.0f} minutes"
-    return f"{minutes / 60:.0f} hours" if minutes < 72 * 60 else f"{minutes / 1440:.0f} days"
-
-
-def decode_caveat(table: pd.DataFrame, run: pd.DataFrame, probe: pd.DataFrame,
-                  prov: dict, arch: str = "llama") -> str:
-    """What the decode-timer probe (``decode_probe``) says of ``run``'s eager decode column
-    (``step_table``'s ``decode wall``): the probe's back-to-back order of the choices both timed
-    against the run's, lab over torch in each, how far one step's host cost moved between the
-    probe's loops, and when it ran relative to the run. Empty when they share too little."""
-    if probe.empty or "back_to_back_enqueue" not in probe.columns or arch not in table.index:
-        return ""
-    wall = table.loc[arch, "decode wall"].dropna()
-    both = [c for c in probe.index if c in wall.index]
-    if not {"lab", "torch"} <= set(both):
-        return ""
-    back = probe.loc[both, "back_to_back_enqueue"].sort_values()
-    ours = wall[both].sort_values()
-    loops = probe.loc[both, [c for c in PROBE_LOOPS if c in probe.columns]]
-    moved = float((loops.max(axis=1) / loops.min(axis=1)).max())
-    minutes = (pd.Timestamp(prov.get("timestamp")) - pd.to_datetime(run["timestamp"]).max()
-               ).total_seconds() / 60 if prov.get("timestamp") else float("nan")
-    when = (f"{_span(abs(minutes))} {'after' if minutes >= 0 else 'before'} this run"
-            if minutes == minutes else "in another run")
-    order = ("the same order as this run" if list(back.index) == list(ours.index) else
-             f"where this run ranks them {', '.join(ours.index)}")
-    return (f"Eager decode (`decode wall`) is host-bound and does not hold still between runs: "
-            f"a probe of {arch}'s decode step {when} (`logs/{prov.get('name', '')}`) timed it "
-            "back to back at "
-            + ", ".join(f"{c} {v:.2f}" for c, v in back.items())
-            + f" ms a step, {order}; lab over torch {back['lab'] / back['torch']:.2f} there "
-            f"against {ours['lab'] / ours['torch']:.3f} here, and one choice's step moved by up to "
-            f"{moved:.1f}× between the probe's ways of timing it. The eager decode ratios are "
-            "one run's ranking of the host, not of the norms; `decode graph` leaves the host out.")
