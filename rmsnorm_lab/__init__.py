@@ -1,8 +1,10 @@
 """rmsnorm-lab: RMSNorm GPU kernels (CuTe DSL and Triton) that teach and measure the op.
 
     from rmsnorm_lab import rms_norm, RMSNorm, settings
-    y = rms_norm(x, weight, eps=1e-6, offset=0.0, casting_mode="llama", backend="cute")
-    norm = RMSNorm(4096, eps=1e-6, device="cuda", dtype=torch.bfloat16)  # drop-in nn.RMSNorm
+    y = rms_norm(x, weight)                       # as F.rms_norm(x, (N,), weight), bit for bit
+    y = rms_norm(x, (4096,), weight, 1e-6)        # torch's call shape works too
+    y = rms_norm(x, weight, 1e-6, casting_mode="llama", backend="cute")  # HF Llama's rounding
+    norm = RMSNorm(4096, device="cuda", dtype=torch.bfloat16)  # drop-in nn.RMSNorm
 """
 
 __version__ = "0.1.0"
@@ -17,10 +19,10 @@ if not getattr(_sys, "_is_gil_enabled", lambda: True)():
                       "(not free-threaded) build of CPython")
 
 from .settings import settings  # noqa: E402
-from .reference import CASTING_MODES  # noqa: E402
+from .reference import CASTING_MODE_NAMES, CASTING_MODES  # noqa: E402
 from .api import rms_norm  # noqa: E402
 from .module import FusedAddRMSNorm, RMSNorm  # noqa: E402
 from .models import carry_residual, patch, uncarry_residual, unpatch  # noqa: E402
 
 __all__ = ["rms_norm", "RMSNorm", "FusedAddRMSNorm", "patch", "unpatch", "carry_residual",
-           "uncarry_residual", "settings", "CASTING_MODES", "__version__"]
+           "uncarry_residual", "settings", "CASTING_MODES", "CASTING_MODE_NAMES", "__version__"]

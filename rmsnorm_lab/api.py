@@ -1,15 +1,20 @@
-"""The functional entry point: ``rms_norm(x, weight, eps, *, offset, casting_mode, backend)``.
+"""The functional entry point: ``rms_norm(x, weight, eps, *, offset, casting_mode, backend)``,
+which also takes ``torch.nn.functional.rms_norm``'s call, ``rms_norm(x, normalized_shape,
+weight, eps)``.
 
 A call is validated once, here (``validate``), so every backend sees well-formed arguments and a
-user sees an error that names the argument at fault. ``choose_path`` then decides, from a few
-facts about the call, which of the library's paths serves it. A call the native node has planned
-before skips both: the extension's call memo (``dispatch.fast_call``) only holds keys inserted
-after this validation passed for the same key.
+user sees an error that names the argument at fault; the arguments are normalised there too
+(torch's call shape, ``eps=None``, a casting mode's alias), so the backends, the kernels and the
+call memo see one spelling of each call. ``choose_path`` then decides, from a few facts about
+the call, which of the library's paths serves it. A call the native node has planned before
+skips both: the extension's call memo (``dispatch.fast_call``) only holds keys inserted after
+this validation passed for the same key.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+import numbers
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -20,14 +25,32 @@ from .common.rows import rows_without_copy, same_layout
 from .registry import BACKENDS
 from .settings import settings
 
+#: what the kernels take; the ``torch`` backend (CPU tensors, or ``backend="torch"``) takes
+#: float64 too
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TORCH_DTYPES = FLOAT_DTYPES + (torch.float64,)
+#: ``eps=None`` for every dtype the kernels take (their statistics are computed in fp32, as
+#: torch's are: ``reference.default_eps``); float64 inputs get fp64's
+FP32_EPS = torch.finfo(torch.float32).eps
 
 #: the paths a call can take (``choose_path``)
 PATHS = ("reference", "custom_op", "native", "python_node", "empty", "kernels")
 
 
+def _dtype_error(name: str, dtype: torch.dtype, backend: str) -> TypeError:
+    if dtype == torch.float64:
+        return TypeError(f"{name} is float64, which backend={backend!r} does not take (its "
+                         "kernels compute float32, bfloat16 and float16); float64 runs on "
+                         "backend='torch', the default for CPU tensors")
+    kinds = "float32, bfloat16, float16 or float64" if backend == "torch" else \
+        "float32, bfloat16 or float16"
+    return TypeError(f"{name} must be {kinds}, got {dtype}")
+
+
 def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
-             backend: str) -> None:
+             backend: str, eps: float = 0.0) -> str:
+    """Checks a call's arguments, naming the one at fault; returns the casting mode the kernels
+    see (an alias resolved: ``reference.check_casting_mode``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     for name, t in (("x", x), ("weight", weight)):
@@ -35,26 +58,87 @@ def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
             kind = "nested" if t.is_nested else str(t.layout)
             raise TypeError(f"{name} must be a dense (strided) tensor, got a {kind} tensor; "
                             f"convert it with .to_dense() or .to_padded_tensor()")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    dtypes = TORCH_DTYPES if backend == "torch" else FLOAT_DTYPES
+    if x.dtype not in dtypes:
+        raise _dtype_error("x", x.dtype, backend)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (the normalized width)")
     if weight is not None:
         if not isinstance(weight, torch.Tensor):
-            raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
-        if weight.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"weight must be float32, bfloat16 or float16, got {weight.dtype}")
+            raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__} "
+                            "(torch's call shape, rms_norm(x, normalized_shape, weight, eps), "
+                            "takes a tuple, list, torch.Size or int second)")
+        if weight.dtype not in dtypes:
+            raise _dtype_error("weight", weight.dtype, backend)
         if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
             raise ValueError(f"weight must have shape ({x.shape[-1]},) to match x's last "
                              f"dimension, got {tuple(weight.shape)}")
         if weight.get_device() != x.get_device():  # ints: no torch.device objects per call
             raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
-    reference.check_casting_mode(casting_mode)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        raise TypeError(f"eps must be a float or None, got {type(eps).__name__}")
+    casting_mode = reference.check_casting_mode(casting_mode)
     if backend != "torch" and not (x.is_cuda or x.is_meta):
         raise ValueError(f"backend={backend!r} needs CUDA tensors, but x is on {x.device}; "
                          "use backend='torch' on the CPU")
+    return casting_mode
+
+
+def _is_int(arg) -> bool:
+    return isinstance(arg, numbers.Integral) and not isinstance(arg, bool)
+
+
+def _is_shape(arg) -> bool:
+    """A ``normalized_shape`` as torch takes it: a tuple, list, ``torch.Size`` or int."""
+    return isinstance(arg, (tuple, list)) or _is_int(arg)
+
+
+def _one_width(shape) -> Optional[int]:
+    """The width a one-dimensional ``normalized_shape`` names (None for any other)."""
+    if _is_int(shape):
+        return int(shape)
+    if isinstance(shape, (tuple, list)) and len(shape) == 1 and _is_int(shape[0]):
+        return int(shape[0])
+    return None
+
+
+def torch_call_shape(x, second, third, rest: Tuple, normalized_shape):
+    """``(weight, eps)`` of a call made as ``torch.nn.functional.rms_norm(input,
+    normalized_shape, weight=None, eps=None)``: ``rms_norm(x, (N,), weight, eps)`` arrives as
+    ``weight=(N,)``, ``eps=weight`` and ``rest=(eps,)``; ``rms_norm(x, (N,), eps=1e-5)`` as
+    ``weight=(N,)``, ``eps=1e-5``; ``rms_norm(x, normalized_shape=(N,), weight=w, eps=e)`` by
+    keyword. ``normalized_shape`` must be ``(x.shape[-1],)``: the lab normalizes the last
+    dimension only."""
+    if _is_shape(second):
+        if normalized_shape is not None:
+            raise TypeError("rms_norm got normalized_shape twice (second and by keyword)")
+        normalized_shape = second
+        if isinstance(third, torch.Tensor) or third is None:
+            weight, eps = third, None
+        else:  # rms_norm(x, shape, eps=1e-5): torch's third positional is a tensor or None
+            weight, eps = None, third
+        if rest:
+            if len(rest) > 1 or eps is not None:
+                raise TypeError("rms_norm takes at most 4 positional arguments, as torch's "
+                                "rms_norm(input, normalized_shape, weight, eps)")
+            eps = rest[0]
+    else:
+        if rest:
+            raise TypeError(
+                "rms_norm takes 3 positional arguments (x, weight, eps), or torch's 4 "
+                "(x, normalized_shape, weight, eps) with a tuple, list, torch.Size or int "
+                f"second; got {3 + len(rest)} with a {type(second).__name__} second")
+        weight, eps = second, third
+    if normalized_shape is not None and isinstance(x, torch.Tensor) and x.dim():  # else validate
+        width = x.shape[-1]
+        if _one_width(normalized_shape) != width:
+            raise ValueError(
+                f"normalized_shape must be (x.shape[-1],) = ({width},): rmsnorm_lab normalizes "
+                f"the last dimension only; got {normalized_shape!r}. Reshape x so that the "
+                "normalized dimensions are one (e.g. x.flatten(-k)) and pass their product")
+    return weight, eps
 
 
 def torch_machinery(x: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[str]:
@@ -148,12 +232,38 @@ def validate_residual(x: torch.Tensor, residual: torch.Tensor, in_place: bool) -
                          "share one gradient, which the fused add returns for both)")
 
 
-def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6, *,
+def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
+             eps: Optional[float] = None, *torch_eps: float,
              residual: Optional[torch.Tensor] = None, offset: float = 0.0,
-             casting_mode: str = "llama", backend: Optional[str] = None,
-             in_place: bool = False):
-    """RMSNorm over the last dimension of ``x`` (any leading shape); see ``reference`` for the
-    exact rounding of each casting mode. ``backend`` defaults to ``settings.backend``.
+             casting_mode: str = reference.DEFAULT_CASTING_MODE, backend: Optional[str] = None,
+             in_place: bool = False, normalized_shape=None):
+    """RMSNorm over the last dimension of ``x`` (any leading shape), rounded as
+    ``torch.nn.functional.rms_norm`` unless ``casting_mode`` says otherwise.
+
+    ``rms_norm(x, weight=None, eps=None, *, residual, offset, casting_mode, backend, in_place)``;
+    torch's call, ``rms_norm(x, normalized_shape, weight, eps)`` (``normalized_shape`` a tuple,
+    list, ``torch.Size`` or int second, or ``normalized_shape=`` by keyword), is taken too, with
+    ``normalized_shape`` required to be ``(x.shape[-1],)``: the last dimension is the one
+    normalized, and anything else is a ValueError. (In torch's call, ``weight`` and ``eps``
+    follow the shape positionally, or ``eps=`` by keyword: Python binds a second positional
+    argument to ``weight``, so ``rms_norm(x, (N,), weight=w)`` cannot be told apart from two
+    weights; write ``rms_norm(x, (N,), w)``.)
+
+    ``eps``: None is torch's default, the machine epsilon of the type the statistics are
+    computed in: ``torch.finfo(torch.float32).eps`` for float32, bfloat16 and float16 (fp64's
+    for float64).
+
+    ``casting_mode`` (``reference`` gives the exact rounding of each): ``"torch"`` (the default)
+    rounds as ``torch.nn.RMSNorm``/``F.rms_norm``, bit for bit: fp32 throughout, one cast of y.
+    ``"llama"`` rounds ``x * rstd`` to x's dtype before the weight multiply, as transformers'
+    Llama, Mistral and Qwen norms do (about a quarter of bf16/fp16 outputs then differ from
+    torch's by one ulp); ``"gemma"`` is torch's arithmetic under Liger-Kernel's name (with
+    ``offset=1.0``: transformers' Gemma norms); ``"none"`` rounds every product to x's dtype.
+    ``offset``: the scale is ``offset + weight`` (1.0 for Gemma checkpoints, which store
+    ``w - 1``). ``backend``: ``"cute"``, ``"triton"`` or ``"torch"`` (the reference math);
+    None is ``settings.backend`` for CUDA tensors and ``"torch"`` for any other, so a CPU tensor
+    computes as torch does. float64 is taken by the ``torch`` backend only (the kernels compute
+    float32, bfloat16 and float16), so ``torch.autograd.gradcheck`` runs on the CPU.
 
     With ``residual`` (a tensor like x) it is the fused residual add of a decoder block: it
     returns ``(y, h)`` with ``h = x + residual`` (rounded to x's dtype, as the model's own add)
@@ -168,6 +278,9 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     On the default path (CuTe through the native node) the first call of each key (shape,
     strides, dtypes, alignment, casting mode, eps, offset, settings) is validated and planned in
     Python; later calls with the same key run from the extension's call memo without Python.
+    ``eps=None`` and the mode ``"torch"`` are resolved before the memo is asked (two
+    comparisons); torch's call shape is normalised after the memo misses it, and the memo is
+    then asked again, so a repeated call of that shape still runs from it.
 
     ``in_place=True`` makes the backward write dx into the incoming gradient's storage and return
     that tensor as x's gradient, saving one activation-sized buffer. Only safe when nothing else
@@ -177,23 +290,39 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     Without autograd it has no effect. There is no double backward (``create_graph=True``
     raises).
     """
+    eps_given = eps
+    if eps is None:  # torch's default (float64's epsilon for float64 x: below)
+        eps = FP32_EPS
+    if casting_mode == "torch":  # the alias the memo's keys and the kernels never see
+        casting_mode = "gemma"
     compiling = torch.compiler.is_compiling()
-    if backend in (None, "cute") and not in_place and not compiling:
+    fast = backend in (None, "cute") and not in_place and not compiling
+    if fast:  # a call planned before: all in C++ (the raw arguments, as the memo keys them)
         if residual is None:
-            fast = dispatch.fast_call  # a call planned before: all in C++
-            if fast is not None:
-                y = fast(x, weight, eps, offset, casting_mode)
+            fast_call = dispatch.fast_call
+            if fast_call is not None:
+                y = fast_call(x, weight, eps, offset, casting_mode)
                 if y is not None:
                     return y
         elif dispatch.fast_add_call is not None:
             out = dispatch.fast_add_call(x, residual, weight, eps, offset, casting_mode)
             if out is not None:
                 return out
+    if torch_eps or normalized_shape is not None or not (
+            weight is None or isinstance(weight, torch.Tensor)):
+        weight, eps_given = torch_call_shape(x, weight, eps_given, torch_eps, normalized_shape)
+        eps = FP32_EPS if eps_given is None else eps_given
+        if fast:  # the normalised call: a repeated call of torch's shape runs from the memo
+            out = _fast(x, weight, eps, offset, casting_mode, residual)
+            if out is not None:
+                return out
     if backend is None:  # the default backend; off CUDA, torch's math, as torch.nn.RMSNorm
         backend = settings.backend
         if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
             backend = "torch"
-    validate(x, weight, casting_mode, backend)
+    casting_mode = validate(x, weight, casting_mode, backend, eps)
+    if eps_given is None and x.dtype == torch.float64:
+        eps = reference.default_eps(x.dtype)
     if residual is not None:
         validate_residual(x, residual, in_place)
     x, weight, residual = _as_torch_would_compute(x, weight, residual)
@@ -212,13 +341,24 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     return _RUN[path](x, weight, eps, offset, casting_mode, backend, in_place)
 
 
+def _fast(x, weight, eps, offset, casting_mode, residual):
+    """The call from the extension's memo (all in C++), or None when the memo does not know it
+    or the settings route calls elsewhere."""
+    if residual is None:
+        fast = dispatch.fast_call
+        return fast(x, weight, eps, offset, casting_mode) if fast is not None else None
+    fast_add = dispatch.fast_add_call
+    return (fast_add(x, residual, weight, eps, offset, casting_mode) if fast_add is not None
+            else None)
+
+
 def _as_torch_would_compute(x: torch.Tensor, weight: Optional[torch.Tensor],
                             residual: Optional[torch.Tensor] = None):
     """The inputs the kernels take, derived the way torch would: under an autocast that
     upcasts rms_norm, fp32 copies (recorded by autograd like any cast); a last dimension that is
     not unit-stride, or leading dimensions that cannot be seen as rows, a contiguous copy (row
     strides alone need none); a strided weight, a contiguous one."""
-    if (x.dtype != torch.float32 and x.device.type == "cuda"
+    if (x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda"
             and torch.is_autocast_enabled("cuda") and autocast_upcasts("cuda")):
         x = x.float()
         weight = weight.float() if weight is not None else None

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch, reference
+from .reference import compute_dtype
 
 
 # ----------------------------------------------------------------------------- the work
@@ -93,7 +94,7 @@ def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
 
 @rms_norm_fwd.register_fake
 def _rms_norm_fwd_fake(x, weight, eps, offset, casting_mode, backend, in_place=False):
-    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=compute_dtype(x.dtype))
 
 
 @torch.library.custom_op("rmsnorm_lab::rms_norm_bwd", mutates_args=())
@@ -200,7 +201,7 @@ def fused_add_rms_norm_fwd(x: Tensor, residual: Tensor, weight: Optional[Tensor]
 @fused_add_rms_norm_fwd.register_fake
 def _fused_add_fwd_fake(x, residual, weight, eps, offset, casting_mode, backend):
     return (x.new_empty(x.shape), x.new_empty(x.shape),
-            x.new_empty(x.shape[:-1], dtype=torch.float32))
+            x.new_empty(x.shape[:-1], dtype=compute_dtype(x.dtype)))
 
 
 def _fused_add_grads(dy, dh, h, weight, rstd, offset, casting_mode, backend, use_ops: bool):

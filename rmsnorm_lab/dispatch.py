@@ -35,10 +35,11 @@ def per_call_settings_cost() -> None:
 def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
             casting_mode: str, backend: str, need_rstd: bool
             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``(y, rstd)``: y contiguous in x's shape and dtype, rstd fp32 ``x.shape[:-1]`` (None
-    unless ``need_rstd``)."""
+    """``(y, rstd)``: y contiguous in x's shape and dtype, rstd fp32 ``x.shape[:-1]`` (fp64 for
+    the ``torch`` backend's float64 x; None unless ``need_rstd``)."""
     if x.numel() == 0:
-        rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if need_rstd else None
+        rstd = (x.new_empty(x.shape[:-1], dtype=reference.compute_dtype(x.dtype)) if need_rstd
+                else None)
         return torch.empty(x.shape, dtype=x.dtype, device=x.device), rstd
     if backend == "torch":
         y, rstd = reference.rms_norm_forward(x, weight, eps, offset, casting_mode)
@@ -69,7 +70,8 @@ def fused_add_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optional[
     """``(y, h, rstd)`` of the fused residual add: ``h = x + residual`` (x's shape and dtype,
     rounded once), y its RMSNorm, rstd fp32 ``x.shape[:-1]`` (None unless ``need_rstd``)."""
     if x.numel() == 0:
-        rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if need_rstd else None
+        rstd = (x.new_empty(x.shape[:-1], dtype=reference.compute_dtype(x.dtype)) if need_rstd
+                else None)
         return torch.empty_like(x), torch.empty_like(x), rstd
     if backend == "torch":
         y, h, rstd = reference.fused_add_rms_norm_forward(x, residual, weight, eps, offset,

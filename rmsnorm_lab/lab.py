@@ -10,7 +10,8 @@ Kernels by name
     ``VARIANTS``, ``FORWARD_VARIANTS``, ``BACKWARD_MODES``: every kernel the library launches.
     ``kernel_forward``/``kernel_backward``: one backend's kernels called directly, with no
     autograd (what the benchmark times as "the kernel"). ``RMSNormFunction``: the Python tape
-    node, for a backward pinned to a mode. ``validate``: the checks ``rms_norm`` makes first.
+    node, for a backward pinned to a mode. ``validate``: the checks ``rms_norm`` makes first
+    (it returns the casting mode the kernels see: an alias such as ``"torch"`` resolved).
 Plans and compiled code (read on any machine, no GPU needed)
     ``plan_forward``, ``plan_backward``, ``plan_split``, ``fused_strips``, ``dw_row_groups``,
     ``with_dw_cluster``, ``compile_and_inspect``, ``ptx_facts``, ``ptxas_report``, ``arch_name``.

@@ -8,24 +8,37 @@ Forward, for rows ``x`` of width N::
     rstd = 1 / sqrt(mean(x**2) + eps)          # accumulated in fp32, saved in fp32
     y    = (x * rstd) * (offset + w)
 
-Casting modes (after Liger-Kernel's definitions):
+Casting modes: where the products are rounded to x's dtype. The names ``llama``, ``gemma`` and
+``none`` are Liger-Kernel's (kept for compatibility); ``torch`` names the rounding by what it
+matches:
 
+``torch``  the default: ``torch.nn.RMSNorm`` and ``torch.nn.functional.rms_norm``'s rounding,
+           bit for bit: everything in fp32, only ``y`` is rounded to x's dtype. The same
+           arithmetic as ``gemma`` (an alias: ``check_casting_mode`` resolves it, so the kernels
+           and their compile keys only ever see ``gemma``).
 ``llama``  ``x_hat = x * rstd`` is computed in fp32 and rounded to x's dtype; then
-           ``y = x_hat * (offset + w)`` is computed in fp32 and rounded to x's dtype.
-           ``offset + w`` stays in fp32 (no extra rounding of the shifted weight).
-``gemma``  everything in fp32; only ``y`` is rounded to x's dtype.
+           ``y = x_hat * (offset + w)`` is computed in fp32 and rounded to x's dtype: what
+           transformers' Llama, Mistral and Qwen norms do (``weight * x_hat.to(dtype)``).
+           ``offset + w`` stays in fp32 (no extra rounding of the shifted weight). In bf16 and
+           fp16 about a quarter of the outputs differ from ``torch``'s by one ulp.
+``gemma``  everything in fp32; only ``y`` is rounded to x's dtype (transformers' Gemma norms,
+           with ``offset=1``).
 ``none``   works in x's dtype: ``rstd`` (fp32 sum) is rounded to x's dtype, and each product
            ``x * rstd``, ``offset + w`` and ``x_hat * (offset + w)`` is rounded to x's dtype.
+
+"fp32" above is the compute type: fp32 for fp32, bf16 and fp16 inputs, fp64 for float64 inputs
+(which only this reference, the ``torch`` backend, takes: the kernels refuse them). ``eps=None``
+is torch's default: the machine epsilon of that compute type.
 
 Backward, with ``m = dy * (offset + w)`` and ``x_hat = x * rstd``::
 
     dx = rstd * (m - x_hat * mean(m * x_hat))   # fp32 inside, rounded to x's dtype
     dw = sum_rows(dy * x_hat)                   # fp32 accumulation, rounded to w's dtype
 
-Rounding points in the backward: ``gemma`` uses fp32 throughout. ``llama`` uses the rounded
-``x_hat`` (the value the forward multiplied by the weight) for ``dw``. ``none`` additionally rounds
-``m`` to x's dtype, as its forward did every product in that dtype. For fp32 inputs the three modes
-agree to fp32 rounding.
+Rounding points in the backward: ``gemma`` (``torch``) uses fp32 throughout. ``llama`` uses the
+rounded ``x_hat`` (the value the forward multiplied by the weight) for ``dw``. ``none``
+additionally rounds ``m`` to x's dtype, as its forward did every product in that dtype. For fp32
+inputs the modes agree to fp32 rounding.
 
 The fused residual add (``rms_norm(x, w, residual=r)``, a decoder block's ``h = x + r; y =
 norm(h)``)::
@@ -48,50 +61,81 @@ from typing import Optional, Tuple
 
 import torch
 
+#: the casting modes the kernels implement (and their compile keys name)
 CASTING_MODES = ("llama", "gemma", "none")
+#: other names accepted wherever a casting mode is, and the mode each one is
+CASTING_MODE_ALIASES = {"torch": "gemma"}
+#: every name ``casting_mode`` accepts
+CASTING_MODE_NAMES = CASTING_MODES + tuple(CASTING_MODE_ALIASES)
+#: the default of ``rms_norm``, ``RMSNorm`` and this module: torch's rounding
+DEFAULT_CASTING_MODE = "torch"
 
 
 def check_casting_mode(casting_mode: str) -> str:
-    if casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
-    return casting_mode
+    """The mode ``casting_mode`` names (an alias resolved: ``"torch"`` is ``"gemma"``); a
+    ValueError listing the accepted names for anything else."""
+    if isinstance(casting_mode, str):
+        if casting_mode in CASTING_MODES:
+            return casting_mode
+        if casting_mode in CASTING_MODE_ALIASES:
+            return CASTING_MODE_ALIASES[casting_mode]
+    raise ValueError(f"casting_mode must be one of {CASTING_MODE_NAMES} ('torch' is "
+                     f"torch.nn.RMSNorm's rounding, the same as 'gemma'), got {casting_mode!r}")
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type the statistics and products are computed in (torch's "opmath" type): fp64 for
+    fp64 inputs, fp32 for everything else."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def default_eps(dtype: torch.dtype) -> float:
+    """What ``eps=None`` means, as in torch: the machine epsilon of the compute type (fp32's for
+    fp32, bf16 and fp16; fp64's for fp64)."""
+    return torch.finfo(compute_dtype(dtype)).eps
 
 
 def _shifted_weight(weight: Optional[torch.Tensor], offset: float, n: int, like: torch.Tensor):
-    """``offset + w`` in fp32 (ones when there is no weight)."""
+    """``offset + w`` in the compute type of ``like`` (ones when there is no weight)."""
+    acc = compute_dtype(like.dtype)
     if weight is None:
-        return torch.ones(n, dtype=torch.float32, device=like.device)
-    return weight.float() + offset
+        return torch.ones(n, dtype=acc, device=like.device)
+    return weight.to(acc) + offset
 
 
-def rstd_of(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """fp32 ``1/sqrt(mean(x^2) + eps)`` per row: shape ``x.shape[:-1]``."""
-    xf = x.float()
+def rstd_of(x: torch.Tensor, eps: Optional[float] = None) -> torch.Tensor:
+    """``1/sqrt(mean(x^2) + eps)`` per row in the compute type (fp32; fp64 for fp64 x): shape
+    ``x.shape[:-1]``."""
+    xf = x.to(compute_dtype(x.dtype))
+    if eps is None:
+        eps = default_eps(x.dtype)
     return torch.rsqrt(xf.pow(2).mean(dim=-1) + eps)
 
 
 def rms_norm_forward(
     x: torch.Tensor,
     weight: Optional[torch.Tensor] = None,
-    eps: float = 1e-6,
+    eps: Optional[float] = None,
     offset: float = 0.0,
-    casting_mode: str = "llama",
+    casting_mode: str = DEFAULT_CASTING_MODE,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``(y, rstd)``: y in x's dtype, rstd in fp32 with shape ``x.shape[:-1]``."""
-    check_casting_mode(casting_mode)
-    dtype = x.dtype
+    """Returns ``(y, rstd)``: y in x's dtype, rstd in the compute type (fp32; fp64 for fp64 x)
+    with shape ``x.shape[:-1]``. ``eps=None``: the compute type's machine epsilon, as torch."""
+    casting_mode = check_casting_mode(casting_mode)
+    dtype, acc = x.dtype, compute_dtype(x.dtype)
     n = x.shape[-1]
     rstd = rstd_of(x, eps)
     r = rstd.unsqueeze(-1)
     ws = _shifted_weight(weight, offset, n, x)
+    xa = x.to(acc)
     if casting_mode == "gemma":
-        y = (x.float() * r * ws).to(dtype)
+        y = (xa * r * ws).to(dtype)
     elif casting_mode == "llama":
-        x_hat = (x.float() * r).to(dtype)
-        y = (x_hat.float() * ws).to(dtype)
+        x_hat = (xa * r).to(dtype)
+        y = (x_hat.to(acc) * ws).to(dtype)
     else:  # none: every product rounded to x's dtype
-        x_hat = (x.float() * r.to(dtype).float()).to(dtype)
-        y = (x_hat.float() * ws.to(dtype).float()).to(dtype)
+        x_hat = (xa * r.to(dtype).to(acc)).to(dtype)
+        y = (x_hat.to(acc) * ws.to(dtype).to(acc)).to(dtype)
     return y, rstd
 
 
@@ -101,34 +145,35 @@ def rms_norm_backward(
     weight: Optional[torch.Tensor],
     rstd: torch.Tensor,
     offset: float = 0.0,
-    casting_mode: str = "llama",
+    casting_mode: str = DEFAULT_CASTING_MODE,
     dh: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Returns ``(dx, dw)``: dx in x's dtype, dw in w's dtype (None without a weight). With
     ``dh`` (the fused add's: see the module's docstring) dx is ``dh + dx`` before the rounding."""
-    check_casting_mode(casting_mode)
-    dtype = x.dtype
+    casting_mode = check_casting_mode(casting_mode)
+    dtype, acc = x.dtype, compute_dtype(x.dtype)
     n = x.shape[-1]
-    r = rstd.float().unsqueeze(-1)
+    r = rstd.to(acc).unsqueeze(-1)
     ws = _shifted_weight(weight, offset, n, x)
-    xf, dyf = x.float(), dy.float()
+    xf, dyf = x.to(acc), dy.to(acc)
     x_hat = xf * r
     if casting_mode == "none":
-        m = (dyf * ws.to(dtype).float()).to(dtype).float()
+        m = (dyf * ws.to(dtype).to(acc)).to(dtype).to(acc)
     else:
         m = dyf * ws
     dx = r * (m - x_hat * (m * x_hat).mean(dim=-1, keepdim=True))
     if dh is not None:
-        dx = dx + dh.float()
+        dx = dx + dh.to(acc)
     dx = dx.to(dtype)
     dw = None
     if weight is not None:
-        x_hat_w = x_hat if casting_mode == "gemma" else x_hat.to(dtype).float()
+        x_hat_w = x_hat if casting_mode == "gemma" else x_hat.to(dtype).to(acc)
         dw = (dyf * x_hat_w).reshape(-1, n).sum(dim=0).to(weight.dtype)
     return dx, dw
 
 
-def rms_norm(x, weight=None, eps=1e-6, offset=0.0, casting_mode="llama") -> torch.Tensor:
+def rms_norm(x, weight=None, eps=None, offset=0.0, casting_mode=DEFAULT_CASTING_MODE
+             ) -> torch.Tensor:
     """Forward only: ``y``."""
     return rms_norm_forward(x, weight, eps, offset, casting_mode)[0]
 
@@ -136,11 +181,12 @@ def rms_norm(x, weight=None, eps=1e-6, offset=0.0, casting_mode="llama") -> torc
 def add_residual(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """``h = x + residual``, summed in fp32 and rounded to x's dtype (what ``x + residual``
     gives in torch for two tensors of one floating dtype)."""
-    return (x.float() + residual.float()).to(x.dtype)
+    acc = compute_dtype(x.dtype)
+    return (x.to(acc) + residual.to(acc)).to(x.dtype)
 
 
-def fused_add_rms_norm_forward(x, residual, weight=None, eps=1e-6, offset=0.0,
-                               casting_mode="llama"):
+def fused_add_rms_norm_forward(x, residual, weight=None, eps=None, offset=0.0,
+                               casting_mode=DEFAULT_CASTING_MODE):
     """``(y, h, rstd)`` of the fused residual add: ``h = x + residual``, ``y = norm(h)``."""
     h = add_residual(x, residual)
     y, rstd = rms_norm_forward(h, weight, eps, offset, casting_mode)

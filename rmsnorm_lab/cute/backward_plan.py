@@ -201,8 +201,10 @@ def _check(N: int, x_dtype: torch.dtype, casting_mode: str):
         raise NotEligible(f"x dtype {x_dtype} is not supported")
     if N < 1:
         raise NotEligible("N must be positive")
-    from ..reference import check_casting_mode
-    check_casting_mode(casting_mode)
+    from ..reference import CASTING_MODES, check_casting_mode
+    if check_casting_mode(casting_mode) != casting_mode:  # callers resolve an alias first
+        raise ValueError(f"a kernel plan takes one of {CASTING_MODES}, got the alias "
+                         f"{casting_mode!r}")
 
 
 def plan_backward(kind: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],

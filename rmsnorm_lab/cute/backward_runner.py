@@ -197,7 +197,7 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
     if entry is None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        check_casting_mode(casting_mode)
+        casting_mode = check_casting_mode(casting_mode)  # an alias: the mode it names
         chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned, dh,
                            target_arch(x2.device)) if mode == "auto" else mode
         fused = None

@@ -26,6 +26,7 @@ import torch
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
 from ..common import nvtx
+from ..reference import check_casting_mode
 from ..settings import settings
 from .auto import auto_variant, row_class
 from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
@@ -157,6 +158,7 @@ def entry_for(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: st
            rows, pdl, residual is not None)
     entry = _ENTRIES.get(key)
     if entry is None:
+        casting_mode = check_casting_mode(casting_mode)  # an alias: the mode it names
         chosen = (auto_variant(N, aligned, x2.dtype, M, residual=residual is not None)
                   if variant == "auto" else variant)
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,

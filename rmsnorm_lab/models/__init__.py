@@ -1,7 +1,8 @@
-"""The lab in models: ``patch`` swaps the RMSNorm modules of a model (``torch.nn.RMSNorm`` and
-Hugging Face transformers' Llama, Mistral, Qwen2/Qwen3 and Gemma families) for the lab's, in
-place, and ``unpatch`` puts them back; ``carry_residual`` then fuses every residual add of a
-Llama-family decoder stack into the next norm, and ``uncarry_residual`` undoes it."""
+"""The lab in models: ``patch(model)`` swaps the RMSNorm modules of a model (``torch.nn.RMSNorm``
+and Hugging Face transformers' Llama, Mistral, Qwen2/Qwen3 and Gemma families) for the lab's, in
+place, each rounding as the module it replaces, and ``unpatch(model)`` puts them back;
+``carry_residual(model)`` then fuses every residual add of a Llama-family decoder stack into the
+next norm, and ``uncarry_residual(model)`` undoes it (before ``unpatch``)."""
 
 from .patch import Replaced, patch, unpatch
 from .residual import Carried, carry_residual, uncarry_residual

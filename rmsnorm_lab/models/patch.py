@@ -1,12 +1,16 @@
 """Replace a model's RMSNorm modules with the lab's, keeping their parameters.
 
-Each known norm class maps onto the lab's casting contract (``reference.py``):
+Each known norm class maps onto the casting mode that computes what its own forward computes
+(``reference.py``), so a patched model's norms give the original's outputs bit for bit (checked
+in bf16 on the CPU: tests/library/test_patch.py):
 
 * ``torch.nn.RMSNorm``: statistics and the weight multiply in fp32, one cast of the output:
-  ``gemma`` casting, offset 0; ``eps=None`` is fp32's machine epsilon, as torch computes it.
+  ``casting_mode="torch"`` (torch's own rounding), offset 0; eps as the module's (None: torch's
+  default, fp32's machine epsilon).
 * transformers' ``LlamaRMSNorm``, ``MistralRMSNorm``, ``Qwen2RMSNorm``, ``Qwen3RMSNorm`` (also the
   per-head ``q_norm``/``k_norm`` of Qwen3): ``x * rstd`` rounded to the input dtype, then the
-  weight multiply: ``llama`` casting, offset 0, eps from ``variance_epsilon``.
+  weight multiply (transformers' ``weight * hidden_states.to(input_dtype)``): ``llama``
+  casting, offset 0, eps from ``variance_epsilon``.
 * transformers' ``GemmaRMSNorm``, ``Gemma2RMSNorm``, ``Gemma3RMSNorm`` (Gemma3's ``q_norm`` and
   ``k_norm`` too): all in fp32 with ``1 + w``, one cast: ``gemma`` casting, offset 1.0.
 
@@ -16,6 +20,10 @@ tied weights and state dicts (key ``weight``) are untouched. One case keeps the 
 module's own forward: a llama-family norm whose weight dtype differs from its input's, where
 transformers returns the promoted dtype (fp32 for an fp32 weight on bf16 activations) and the
 lab's kernels return the input's.
+
+``patch`` is idempotent: a norm that is already the lab's stays as it is, and every call returns
+all the replacements in effect in the model. ``unpatch(model)`` finds them by itself (each
+replacement keeps its original) and puts the originals back.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..module import DEFAULT_EPS, RMSNorm
+from ..module import RMSNorm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +57,7 @@ TRANSFORMERS: Dict[Tuple[str, str], Family] = {
     ("transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm"): _GEMMA,
     ("transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm"): _GEMMA,
 }
-_TORCH = Family("gemma", 0.0, "eps")
+_TORCH = Family("torch", 0.0, "eps")
 
 
 def family_of(module: nn.Module) -> Optional[Family]:
@@ -66,7 +74,7 @@ class PatchedRMSNorm(RMSNorm):
         weight = getattr(original, "weight", None)
         n = weight.shape[0] if weight is not None else original.normalized_shape[0]
         eps = getattr(original, family.eps_attr)
-        super().__init__(n, eps=DEFAULT_EPS if eps is None else float(eps),
+        super().__init__(n, eps=None if eps is None else float(eps),  # None: torch's default
                          elementwise_affine=False, offset=family.offset,
                          casting_mode=family.casting_mode)
         self.weight = weight  # the same Parameter: state dict, optimizer and ties unchanged
@@ -90,31 +98,90 @@ class PatchedRMSNorm(RMSNorm):
 
 @dataclasses.dataclass(frozen=True)
 class Replaced:
-    """One replacement ``patch`` made: where, and the module that was there."""
+    """One replacement in effect: where, the module that was there, and the lab's in its place."""
     name: str
     original: nn.Module
     patched: PatchedRMSNorm
 
 
+def replacements(model: nn.Module) -> List[Replaced]:
+    """The replacements in effect in ``model``: every one of the lab's patched norms it holds,
+    under each name it is reachable by."""
+    return [Replaced(name, module.original, module)
+            for name, module in model.named_modules(remove_duplicate=False)
+            if isinstance(module, PatchedRMSNorm)]
+
+
 def patch(model: nn.Module) -> List[Replaced]:
-    """Replace every RMSNorm module of ``model`` the lab knows (see the module's docstring) with
-    the lab's, in place; returns what was replaced (``unpatch`` takes it back). A norm the lab
-    cannot stand in for (a multi-dimensional ``normalized_shape``) is left alone."""
-    replaced = []
-    for name, module in list(model.named_modules()):
+    """Replace every RMSNorm module of ``model`` the lab knows with the lab's, in place, each
+    with the casting mode that computes what it computed (the module docstring lists them:
+    ``torch.nn.RMSNorm`` -> ``"torch"``, transformers' Llama, Mistral, Qwen2 and Qwen3 norms ->
+    ``"llama"``, Gemma's -> ``"gemma"`` with offset 1), so the outputs are the original's bit for
+    bit. A norm the lab cannot stand in for (a multi-dimensional ``normalized_shape``) is left
+    alone.
+
+    Idempotent: norms that are already the lab's stay; a second call replaces only norms added
+    since. Returns every replacement in effect (this call's and earlier ones');
+    ``unpatch(model)`` undoes them all."""
+    made: Dict[int, PatchedRMSNorm] = {}  # a norm reachable by two names gets one replacement
+    for name, module in list(model.named_modules(remove_duplicate=False)):
         family = family_of(module)
         if family is None:
             continue
-        patched = PatchedRMSNorm(module, family)
+        patched = made.get(id(module))
+        if patched is None:
+            patched = made[id(module)] = PatchedRMSNorm(module, family)
         _set(model, name, patched)
-        replaced.append(Replaced(name, module, patched))
-    return replaced
+    return replacements(model)
 
 
-def unpatch(model: nn.Module, replaced: List[Replaced]) -> None:
-    """Put back what ``patch`` replaced."""
+def unpatch(model: nn.Module, replaced: Optional[List[Replaced]] = None) -> List[Replaced]:
+    """Put back the modules ``patch`` replaced in ``model``; returns what was put back.
+
+    Without ``replaced``, every replacement in effect (the model's patched norms keep their
+    originals). With it (``patch``'s list, accepted for compatibility) only those, each checked
+    against the model: a replacement that is not in effect there (a list from another model, or
+    one already undone) is a ValueError, and nothing is changed. Refused while the model carries
+    its residual (``carry_residual``): ``uncarry_residual(model)`` first."""
+    carrying = carried_modules(model)
+    if carrying:
+        raise ValueError(f"unpatch: the model carries its residual through the lab's norms "
+                         f"({len(carrying)} modules changed by carry_residual); call "
+                         "rmsnorm_lab.uncarry_residual(model) first")
+    if replaced is None:
+        replaced = replacements(model)
+    else:
+        for r in replaced:
+            if not isinstance(r, Replaced):
+                raise TypeError(f"unpatch takes the list patch() returned, got a "
+                                f"{type(r).__name__} in it")
+            try:
+                there = model.get_submodule(r.name) if r.name else None
+            except AttributeError:
+                there = None
+            if there is not r.patched:
+                raise ValueError(
+                    f"unpatch: {r.name!r} in this model is not the replacement in the list "
+                    f"(found {type(there).__name__ if there is not None else 'nothing'}): the "
+                    "list comes from another model, or was undone already. unpatch(model) "
+                    "finds the model's own replacements")
     for r in replaced:
         _set(model, r.name, r.original)
+    return list(replaced)
+
+
+#: the attribute that marks a forward ``carry_residual`` (residual.py) installed on a module
+CARRY_MARK = "_rmsnorm_lab_carry"
+
+
+def carried(module: nn.Module) -> bool:
+    """Whether ``carry_residual`` replaced this module's forward (on the instance)."""
+    return getattr(module.__dict__.get("forward"), CARRY_MARK, None) is not None
+
+
+def carried_modules(model: nn.Module) -> List[nn.Module]:
+    """The modules of ``model`` whose forward ``carry_residual`` replaced (none: not carried)."""
+    return [m for m in model.modules() if carried(m)]
 
 
 def _set(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -13,7 +13,10 @@ two reads and one write fewer per add, which is the point of the fused kernel.
 
 ``carry_residual(model)`` needs the model's norms to be the lab's (``patch(model)`` first),
 keeps modules, parameters and state dict keys as they are (it replaces the layers' and the final
-norm's ``forward`` on the instances), and returns what ``uncarry_residual`` takes back.
+norm's ``forward`` on the instances), and returns what it changed; ``uncarry_residual(model)``
+gives them their own forward back (as ``unpatch(model)`` does the norms; the object
+``carry_residual`` returned is accepted too). ``unpatch`` is refused while the residual is
+carried: uncarry first. Carrying twice is carrying once (the second call starts afresh).
 Supported: decoder layers with exactly ``input_layernorm``, ``self_attn``,
 ``post_attention_layernorm`` and ``mlp`` (Llama, Mistral, Qwen2, Qwen3); Gemma2 and Gemma3, with
 their extra norms around the MLP, are refused. While patched, a layer's output is its MLP output
@@ -25,12 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
-from .patch import PatchedRMSNorm
+from .patch import CARRY_MARK, PatchedRMSNorm, carried, carried_modules
 
 #: what a decoder layer must hold, and nothing more in the way of norms
 LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
@@ -41,12 +44,17 @@ class _Carry:
     residual: Optional[torch.Tensor] = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Carried:
     """What ``carry_residual`` changed: the decoder layers and the final norm."""
     layers: List[nn.Module]
     final_norm: nn.Module
     carry: _Carry
+
+    def __repr__(self) -> str:
+        kind = type(self.layers[0]).__name__ if self.layers else "layers"
+        return (f"Carried({len(self.layers)} x {kind} and the final "
+                f"{type(self.final_norm).__name__})")
 
 
 def add_norm(norm: PatchedRMSNorm, x: torch.Tensor, residual: torch.Tensor
@@ -100,6 +108,7 @@ def _layer_forward(layer: nn.Module, first: bool, carry: _Carry):
         attn = self.self_attn(hidden_states=x, **kwargs)[0]
         x, carry.residual = add_norm(self.post_attention_layernorm, attn, residual)
         return self.mlp(x)  # its residual add waits for the next norm
+    setattr(forward, CARRY_MARK, carry)
     return types.MethodType(forward, layer)
 
 
@@ -110,12 +119,14 @@ def _final_forward(norm: PatchedRMSNorm, carry: _Carry):
             raise RuntimeError("the final norm ran before the decoder layers handed it their "
                                "residual")
         return add_norm(self, hidden_states, residual)[0]
+    setattr(forward, CARRY_MARK, carry)
     return types.MethodType(forward, norm)
 
 
 def carry_residual(model: nn.Module) -> Carried:
     """Fuse every residual add of ``model``'s decoder stack into the next RMSNorm (see the module
-    docstring); ``patch(model)`` must have run. Returns what ``uncarry_residual`` undoes."""
+    docstring); ``patch(model)`` must have run. Returns what it changed;
+    ``uncarry_residual(model)`` undoes it."""
     checkpointing = getattr(model, "is_activation_checkpointing", None)
     if checkpointing is None:  # transformers before its rename
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
@@ -134,7 +145,17 @@ def carry_residual(model: nn.Module) -> Carried:
     return Carried(list(layers), final_norm, carry)
 
 
-def uncarry_residual(carried: Carried) -> None:
-    """Give the layers and the final norm their own forward back."""
-    for module in carried.layers + [carried.final_norm]:
-        module.__dict__.pop("forward", None)
+def uncarry_residual(model: Union[nn.Module, Carried]) -> None:
+    """Give the decoder layers and the final norm of ``model`` their own forward back (every
+    module ``carry_residual`` changed; nothing when the model does not carry its residual). The
+    ``Carried`` that ``carry_residual`` returned is accepted in the model's place."""
+    if isinstance(model, Carried):
+        modules = model.layers + [model.final_norm]
+    elif isinstance(model, nn.Module):
+        modules = carried_modules(model)
+    else:
+        raise TypeError(f"uncarry_residual takes the model (or what carry_residual returned), "
+                        f"got {type(model).__name__}")
+    for module in modules:
+        if carried(module):
+            del module.__dict__["forward"]

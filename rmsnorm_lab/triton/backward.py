@@ -103,7 +103,7 @@ def triton_rms_norm_backward(
     writes that row of dx. ``dw`` has weight's dtype, or is None without a weight. ``rstd`` is the
     forward's fp32 ``(M,)``.
     """
-    check_casting_mode(casting_mode)
+    casting_mode = check_casting_mode(casting_mode)  # an alias: the mode it names
     check_rows("x", x)
     M, N = x.shape
     check_rows("dy", dy, N)

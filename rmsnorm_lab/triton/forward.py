@@ -213,7 +213,7 @@ def triton_fused_add_forward(
 
 
 def _forward(x, residual, weight, eps, offset, casting_mode, need_rstd):
-    check_casting_mode(casting_mode)
+    casting_mode = check_casting_mode(casting_mode)  # an alias: the mode it names
     check_rows("x", x)
     M, N = x.shape
     if N == 0:

@@ -8,7 +8,7 @@ import torch
 
 from grad_helpers import DTYPES, EPS, MODES, fresh, grads, naive64  # noqa: F401
 from rmsnorm_lab import autograd as ag
-from rmsnorm_lab import dispatch, reference, rms_norm, settings
+from rmsnorm_lab import RMSNorm, dispatch, reference, rms_norm, settings
 
 SHAPES = [(1, 1), (3, 17), (2, 5, 64)]
 
@@ -57,7 +57,7 @@ def test_grads_match_reference_backward(dtype, mode, with_weight, shape):
 
 def test_mixed_weight_dtype_grads():
     x, w, dy = fresh((4, 96), torch.bfloat16), fresh((96,)), fresh((4, 96), torch.bfloat16)
-    _, dx, dw = grads(x, w, dy, backend="torch")
+    _, dx, dw = grads(x, w, dy, backend="torch", casting_mode="llama")
     rstd = reference.rstd_of(x, EPS)
     dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd, 0.0, "llama")
     assert dx.dtype == torch.bfloat16 and dw.dtype == torch.float32
@@ -353,3 +353,25 @@ def test_in_place_under_compile():
     torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(wc.grad, we.grad, rtol=1e-6, atol=1e-6)
     assert "rmsnorm_lab.rms_norm_fwd.default" in _names(graphs["fw"])
+
+
+# --- float64 on the CPU: torch's gradcheck --------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["torch", "llama", "gemma", "none"])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_gradcheck_in_float64_on_the_cpu(mode, offset):
+    """float64 runs on the torch backend (the kernels refuse it by name), so torch's
+    finite-difference check applies to the lab's autograd: the Python node's backward, the
+    fused add's, and the module's."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(3, 2, 16, dtype=torch.float64, requires_grad=True)
+    kw = dict(offset=offset, casting_mode=mode)
+    assert torch.autograd.gradcheck(lambda a, b: rms_norm(a, b, 1e-6, **kw), (x, w))
+    assert torch.autograd.gradcheck(lambda a: rms_norm(a, None, **kw), (x,))
+    assert torch.autograd.gradcheck(lambda a, b, c: rms_norm(a, c, residual=b, **kw), (x, r, w))
+    m = RMSNorm(16, dtype=torch.float64, **kw)
+    assert torch.autograd.gradcheck(m, (x,))
+    y = rms_norm(x, w, **kw)
+    assert y.dtype == torch.float64 and "RMSNormFunction" in y.grad_fn.name()

@@ -282,10 +282,11 @@ def test_api_takes_the_gate_first_and_only_where_it_may(native, memo, monkeypatc
     """With a CPU Launch in the memo behind the gate, a training call with the default or the
     CuTe backend is served by it; the calls the gate must not take (another backend, in_place,
     another key) are not: with the default backend those run torch's math on the CPU, with
-    ``backend="cute"`` they are refused (CuTe needs CUDA tensors)."""
+    ``backend="cute"`` they are refused (CuTe needs CUDA tensors). The default casting mode,
+    ``"torch"``, is asked of the memo as the mode it names, ``"gemma"``."""
     x = torch.randn(4, 8, requires_grad=True)
     w = torch.randn(8, requires_grad=True)
-    k, _ = planned(native, memo, x, w)
+    k, _ = planned(native, memo, x, w, mode="gemma")
     monkeypatch.setattr(dispatch, "fast_call", memo.call)
     for backend in (None, "cute"):
         y = api.rms_norm(x, w, EPS, backend=backend)
@@ -293,7 +294,7 @@ def test_api_takes_the_gate_first_and_only_where_it_may(native, memo, monkeypatc
     assert len(k.calls("forward")) == 2
     y = api.rms_norm(x, w, EPS, backend="torch")
     assert y.grad_fn.name() != "RMSNormNativeBackward"
-    for kw in (dict(in_place=True), dict(casting_mode="gemma"), dict(offset=1.0)):
+    for kw in (dict(in_place=True), dict(casting_mode="llama"), dict(offset=1.0)):
         with pytest.raises(ValueError, match="needs CUDA tensors"):  # not in the memo
             api.rms_norm(x, w, EPS, backend="cute", **kw)
         y = api.rms_norm(x, w, EPS, **kw)  # the default backend off CUDA: the reference
@@ -301,3 +302,29 @@ def test_api_takes_the_gate_first_and_only_where_it_may(native, memo, monkeypatc
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         api.rms_norm(x.detach(), w.detach(), EPS, backend="cute")
     assert len(k.calls("forward")) == 2
+
+
+def test_torchs_call_shape_eps_none_and_the_torch_mode_are_served_by_the_memo(native, memo,
+                                                                               monkeypatch):
+    """The memo keys one spelling of a call: eps a number, the mode the kernels see. ``eps=None``
+    and ``casting_mode="torch"`` are resolved before it is asked; torch's call shape
+    ``rms_norm(x, (N,), w, eps)`` misses it as written (a tuple where the weight goes) and is
+    asked again once normalised, so none of these repeated calls reaches validation or a plan."""
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    k, _ = planned(native, memo, x, w, eps=api.FP32_EPS, mode="gemma")
+    planned(native, memo, x, w, eps=EPS, mode="gemma", k=k)
+    monkeypatch.setattr(dispatch, "fast_call", memo.call)
+    monkeypatch.setattr(api, "validate", lambda *a: pytest.fail("the Python path ran"))
+    calls = [lambda: api.rms_norm(x, w),
+             lambda: api.rms_norm(x, w, None, casting_mode="torch"),
+             lambda: api.rms_norm(x, w, casting_mode="gemma", backend="cute"),
+             lambda: api.rms_norm(x, (8,), w),
+             lambda: api.rms_norm(x, [8], w, EPS),
+             lambda: api.rms_norm(x, torch.Size([8]), w, None),
+             lambda: api.rms_norm(x, 8, w, EPS),
+             lambda: api.rms_norm(x, normalized_shape=(8,), weight=w, eps=EPS)]
+    for i, call in enumerate(calls):
+        assert call().grad_fn.name() == "RMSNormNativeBackward", i
+    assert len(k.calls("forward")) == len(calls)
+    assert {c["eps"] for _, c in k.log if _ == "forward"} == {api.FP32_EPS, EPS}

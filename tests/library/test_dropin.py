@@ -125,3 +125,80 @@ def test_sparse_and_nested_inputs_are_refused_by_name():
     nested = torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(3, 8)])
     with pytest.raises(TypeError, match="x must be a dense .*nested"):
         rms_norm(nested, None)
+
+
+# --- torch's defaults and torch's call -------------------------------------------------------
+
+def test_eps_and_rounding_default_as_torch_in_the_function_and_the_module():
+    import inspect
+    assert inspect.signature(rms_norm).parameters["eps"].default is None
+    assert inspect.signature(RMSNorm).parameters["eps"].default is None
+    assert inspect.signature(rms_norm).parameters["casting_mode"].default == "torch"
+    assert inspect.signature(RMSNorm).parameters["casting_mode"].default == "torch"
+    F = torch.nn.functional
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = (1e-4 * torch.randn(16, 256)).to(dtype)  # eps matters at this scale
+        w = torch.randn(256).to(dtype)
+        assert torch.equal(rms_norm(x, w), F.rms_norm(x, (256,), w)), dtype
+        assert torch.equal(rms_norm(x, None), F.rms_norm(x, (256,))), dtype
+
+
+@pytest.mark.parametrize("shape", [(64,), [64], torch.Size([64]), 64],
+                         ids=["tuple", "list", "Size", "int"])
+def test_torchs_call_shape_gives_torchs_result(shape):
+    F = torch.nn.functional
+    x, w = torch.randn(3, 5, 64).to(torch.bfloat16), torch.randn(64).to(torch.bfloat16)
+    expect = F.rms_norm(x, (64,), w, 1e-5)
+    assert torch.equal(rms_norm(x, shape, w, 1e-5), expect)
+    assert torch.equal(rms_norm(x, shape, w), F.rms_norm(x, (64,), w))
+    assert torch.equal(rms_norm(x, shape), F.rms_norm(x, (64,)))
+    assert torch.equal(rms_norm(x, shape, None, 1e-5), F.rms_norm(x, (64,), None, 1e-5))
+    assert torch.equal(rms_norm(x, shape, eps=1e-5), F.rms_norm(x, (64,), eps=1e-5))
+    assert torch.equal(rms_norm(x, normalized_shape=shape, weight=w, eps=1e-5), expect)
+    xr = x.clone().requires_grad_()
+    rms_norm(xr, shape, w, 1e-5).float().sum().backward()
+    assert xr.grad.shape == x.shape
+
+
+def test_torchs_call_shape_refuses_what_it_cannot_normalize():
+    x, w = torch.randn(4, 8), torch.randn(8)
+    for shape in ((4,), (4, 8), [], 9, (8.0,)):
+        with pytest.raises(ValueError, match=r"normalized_shape must be \(x.shape\[-1\],\) = "
+                                             r"\(8,\)"):
+            rms_norm(x, shape, w)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        rms_norm(x, normalized_shape=(2, 4), weight=w)
+    with pytest.raises(TypeError, match="at most 4 positional"):
+        rms_norm(x, (8,), w, 1e-5, 1e-5)
+    with pytest.raises(TypeError, match="torch's 4"):
+        rms_norm(x, w, 1e-5, 1e-5)
+    with pytest.raises(TypeError, match="normalized_shape twice"):
+        rms_norm(x, (8,), w, normalized_shape=(8,))
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor or None, got str"):
+        rms_norm(x, "w")
+    with pytest.raises(TypeError, match="eps must be a float or None, got str"):
+        rms_norm(x, w, "1e-6")
+
+
+def test_float64_runs_on_the_torch_backend_as_torch_computes_it():
+    F = torch.nn.functional
+    x = (1e-9 * torch.randn(4, 32)).double()  # fp64's epsilon for eps=None, as torch
+    w = torch.randn(32, dtype=torch.float64)
+    torch.testing.assert_close(rms_norm(x, w), F.rms_norm(x, (32,), w), rtol=1e-12, atol=0)
+    torch.testing.assert_close(RMSNorm(32, dtype=torch.float64)(x), F.rms_norm(x, (32,)),
+                               rtol=1e-12, atol=0)
+    y, h = rms_norm(x, w, residual=x)
+    assert y.dtype == h.dtype == torch.float64
+    with torch.no_grad():  # the custom op's fake implementation: rstd in the compute type
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode():
+            xf = torch.empty(4, 32, dtype=torch.float64, requires_grad=True)
+            assert rms_norm(xf, None).dtype == torch.float64
+    for backend in ("cute", "triton"):
+        with pytest.raises(TypeError, match=f"x is float64, which backend='{backend}' does not "
+                                            "take"):
+            rms_norm(x, w, backend=backend)
+        with pytest.raises(TypeError, match="weight is float64"):
+            rms_norm(torch.empty(4, 32, device="meta"), torch.empty(32, dtype=torch.float64,
+                                                                    device="meta"),
+                     backend=backend)

@@ -159,11 +159,11 @@ def test_inference_through_the_memo_equals_the_python_launch(variant, monkeypatc
     with settings.override(forward_variant=variant):
         expected = dispatch.forward(x, w, EPS, 0.0, "llama", "cute", False)[0]
         poison_allocator()
-        first = rms_norm(x, w, EPS)
+        first = rms_norm(x, w, EPS, casting_mode="llama")
         monkeypatch.setattr(api, "validate", lambda *a: pytest.fail("the Python path ran"))
         monkeypatch.setattr(native_launch, "plan_launch", lambda *a: pytest.fail("replanned"))
         poison_allocator()
-        second = rms_norm(x, w, EPS)
+        second = rms_norm(x, w, EPS, casting_mode="llama")
     torch.cuda.synchronize()
     assert first.grad_fn is None and second.shape == x.shape
     same(first, expected)

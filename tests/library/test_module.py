@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rmsnorm_lab import RMSNorm, reference, settings
+from rmsnorm_lab import FusedAddRMSNorm, RMSNorm, reference, settings
 from rmsnorm_lab.module import DEFAULT_EPS
 
 
@@ -139,3 +139,76 @@ def test_extra_repr():
                      in_place=True))
     assert r == ("RMSNorm((32,), eps=1e-06, elementwise_affine=True, offset=1.0, "
                  "casting_mode='gemma', backend='triton', in_place=True)")
+
+
+# --- rounding as the module it replaces ------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("eps", [None, 1e-6])
+@pytest.mark.parametrize("w_dtype", ["same", torch.float32], ids=["same weight", "fp32 weight"])
+def test_the_default_rounds_as_torch_rmsnorm_bit_for_bit(dtype, eps, w_dtype):
+    """The drop-in's default is torch's rounding (fp32 throughout, one cast), not Llama's (x *
+    rstd rounded before the weight multiply, one ulp off in about a quarter of the outputs)."""
+    w_dtype = dtype if w_dtype == "same" else w_dtype
+    torch.manual_seed(0)
+    ours = RMSNorm(512, eps=eps, dtype=w_dtype)
+    theirs = torch.nn.RMSNorm(512, eps=eps, dtype=w_dtype)
+    with torch.no_grad():
+        ours.weight.normal_()
+        theirs.weight.copy_(ours.weight)
+    x = torch.randn(64, 512).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
+        r = torch.randn_like(x)
+        fused = FusedAddRMSNorm(512, eps=eps, dtype=w_dtype)
+        fused.load_state_dict(theirs.state_dict())
+        y, h = fused(x, r)
+        assert torch.equal(h, x + r) and torch.equal(y, theirs(x + r))
+    assert ours.casting_mode == "torch" and ours._casting_mode == "gemma"
+
+
+def test_the_torch_mode_is_gemmas_arithmetic_under_its_own_name_everywhere(monkeypatch):
+    from rmsnorm_lab import CASTING_MODE_NAMES, CASTING_MODES, api, dispatch, rms_norm
+    assert CASTING_MODES == ("llama", "gemma", "none") and "torch" in CASTING_MODE_NAMES
+    assert reference.check_casting_mode("torch") == "gemma"
+    x, w = torch.randn(8, 64).to(torch.bfloat16), torch.randn(64).to(torch.bfloat16)
+    gemma = reference.rms_norm(x, w, 1e-6, 0.5, "gemma")
+    assert torch.equal(reference.rms_norm(x, w, 1e-6, 0.5, "torch"), gemma)
+    assert not torch.equal(reference.rms_norm(x, w, 1e-6, 0.5, "llama"), gemma)
+    assert torch.equal(rms_norm(x, w, 1e-6, offset=0.5, casting_mode="torch"), gemma)
+    seen = []  # the mode the backends are handed: the one the kernels and compile keys know
+    real = dispatch.forward
+
+    def spy(*args, **kwargs):
+        seen.append(args[4])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(dispatch, "forward", spy)
+    rms_norm(x, w)
+    rms_norm(x.requires_grad_(), w)
+    RMSNorm(64, casting_mode="torch")(x)
+    assert seen == ["gemma"] * 3
+    with pytest.raises(ValueError, match="'llama', 'gemma', 'none', 'torch'"):
+        api.validate(x, w, "fp32", "torch")
+
+
+def test_casting_mode_is_the_name_given_and_can_be_changed():
+    m = RMSNorm(8, casting_mode="llama")
+    assert m.casting_mode == "llama" and "casting_mode='llama'" in repr(m)
+    m.casting_mode = "torch"
+    assert m._casting_mode == "gemma" and repr(m) == repr(torch.nn.RMSNorm(8))
+    with pytest.raises(ValueError, match="casting_mode"):
+        m.casting_mode = "fp8"
+
+
+def test_help_shows_the_lab_s_own_docstrings():
+    import pydoc
+    for cls in (RMSNorm, FusedAddRMSNorm):
+        text = pydoc.render_doc(cls)
+        assert "Base class for all neural network modules" not in text
+        for word in ("normalized_shape", "eps", "casting_mode", "offset", "backend",
+                     "torch.nn.RMSNorm"):
+            assert word in cls.__doc__, (cls.__name__, word)
+    assert "residual" in FusedAddRMSNorm.__doc__
+    assert "bit for bit" in RMSNorm.__doc__ and "only the last dimension" in RMSNorm.__doc__
+    assert "Define the computation" not in pydoc.render_doc(RMSNorm.forward)

@@ -66,16 +66,55 @@ def test_patched_model_matches_its_own_norms(family):
     torch.testing.assert_close(step(model, ids)[0], expected_logits, rtol=0, atol=0)
 
 
-def test_casting_follows_the_family_in_bf16():
-    """In bf16 the families round differently; each patched norm rounds as its original."""
-    for family in ("llama", "gemma"):
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"]
+#: the casting mode ``patch`` picks for each source module (its docstring's table)
+MODES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+         "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma"}
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
+@pytest.mark.parametrize("family", FAMILIES + ["torch"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("weights", ["x's dtype", "fp32"])
+def test_every_patched_norm_rounds_as_its_source_module_bit_for_bit(family, dtype, weights):
+    """In bf16 and fp16 the families round differently (one ulp in about a quarter of the
+    outputs); every patched norm, q/k norms included, gives its source module's outputs bit for
+    bit: torch's nn.RMSNorm with torch's rounding, transformers' Llama family with Llama's,
+    Gemma's with offset 1 in fp32."""
+    if family == "torch":
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.RMSNorm(64), torch.nn.RMSNorm(64, eps=1e-5))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_()
+        mode = "torch"
+    else:
         model, _ = build(family)
-        model.to(torch.bfloat16)
-        x = torch.randn(3, 64, dtype=torch.bfloat16)
-        norm = model.model.norm
-        expected = norm(x)
-        patch(model)
-        torch.testing.assert_close(model.model.norm(x), expected, rtol=0, atol=0)
+        mode = MODES[family]
+    if weights != "fp32":
+        model.to(dtype)
+    replaced = patch(model)
+    assert replaced and {r.patched.casting_mode for r in replaced} == {mode}
+    assert {r.patched.offset for r in replaced} == {1.0 if mode == "gemma" else 0.0}
+    torch.manual_seed(1)
+    for r in replaced:
+        x = (3 * torch.randn(5, 7, r.patched.normalized_shape[0])).to(dtype)
+        with torch.no_grad():
+            ours, theirs = r.patched(x), r.original(x)
+        assert ours.dtype == theirs.dtype, r.name
+        assert torch.equal(ours, theirs), r.name
+
+
+def test_the_families_round_differently_so_the_mode_matters():
+    """The test above would pass vacuously if every mode gave the same bits: they do not."""
+    model, _ = build("llama")
+    model.to(torch.bfloat16)
+    norm = patch(model)[0].patched
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        llama = norm(x)
+        norm.casting_mode = "torch"
+        assert not torch.equal(norm(x), llama)
 
 
 def test_torch_rmsnorm_is_patched_and_a_promoting_llama_norm_keeps_its_forward():
@@ -164,3 +203,74 @@ def test_carrying_refuses_what_it_cannot_carry():
     enable()
     with pytest.raises(ValueError, match="checkpointing"):
         carry_residual(model)
+
+
+# --- patch and unpatch: what a user can get wrong --------------------------------------------
+
+def test_unpatch_finds_what_patch_replaced_and_patching_twice_is_patching_once():
+    model, norms = build("qwen3")
+    ids = torch.randint(0, TINY["vocab_size"], (1, 6))
+    expected = model(ids).logits
+    originals = {n: m for n, m in model.named_modules() if "norm" in n}
+    first = patch(model)
+    second = patch(model)  # idempotent: the same replacements, still in effect
+    assert len(first) == len(second) == norms
+    assert [(r.name, r.patched) for r in first] == [(r.name, r.patched) for r in second]
+    undone = unpatch(model)
+    assert len(undone) == norms
+    assert not any(isinstance(m, PatchedRMSNorm) for m in model.modules())
+    assert all(model.get_submodule(n) is m for n, m in originals.items())
+    torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    assert unpatch(model) == []  # nothing left to undo
+    unpatch(model, patch(model))  # the list, as before: checked, then undone
+    assert not any(isinstance(m, PatchedRMSNorm) for m in model.modules())
+
+
+def test_unpatch_refuses_a_list_from_another_model_and_changes_nothing():
+    a, _ = build("llama")
+    b, _ = build("llama")
+    replaced_a = patch(a)
+    patch(b)
+    with pytest.raises(ValueError, match="another model"):
+        unpatch(b, replaced_a)
+    assert all(isinstance(b.get_submodule(r.name), PatchedRMSNorm) for r in replaced_a)
+    unpatch(a, replaced_a)
+    with pytest.raises(ValueError, match="undone already"):
+        unpatch(a, replaced_a)
+    with pytest.raises(TypeError, match="the list patch"):
+        unpatch(b, ["model.norm"])
+
+
+def test_a_norm_reachable_by_two_names_is_replaced_under_both():
+    shared = torch.nn.RMSNorm(8)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), shared, torch.nn.Linear(8, 8), shared)
+    replaced = patch(net)
+    assert [r.name for r in replaced] == ["1", "3"] and net[1] is net[3]
+    unpatch(net)
+    assert net[1] is shared and net[3] is shared
+
+
+def test_unpatch_while_carried_is_refused_and_uncarry_takes_the_model():
+    model, _ = build("llama")
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    expected = model(ids).logits
+    patch(model)
+    carried = carry_residual(model)
+    text = repr(carried)
+    assert len(text) < 120 and "LlamaDecoderLayer" in text and "\n" not in text
+    with pytest.raises(ValueError, match=r"uncarry_residual\(model\) first"):
+        unpatch(model)
+    torch.testing.assert_close(model(ids).logits, expected)  # still whole after the refusal
+    uncarry_residual(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    uncarry_residual(model)  # nothing carried: nothing to do
+    unpatch(model)
+    torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+    patch(model)
+    carry_residual(model)
+    carried = carry_residual(model)  # carrying twice is carrying once
+    torch.testing.assert_close(model(ids).logits, expected)
+    uncarry_residual(carried)  # what carry_residual returned is still taken
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with pytest.raises(TypeError, match="takes the model"):
+        uncarry_residual([carried])

@@ -234,7 +234,8 @@ def test_pinned_backward_mode_reaches_the_backward(monkeypatch, mode):
     with torch.no_grad():  # no tape: the plain forward
         y = fn(inputs[0], inputs[1])
     assert y.grad_fn is None and torch.equal(y, reference.rms_norm(inputs[0].detach(),
-                                                                   inputs[1].detach(), EPS))
+                                                                   inputs[1].detach(), EPS,
+                                                                   0.0, "llama"))
 
 
 @pytest.mark.parametrize("mode", ["fused", "split"])

@@ -267,10 +267,10 @@ def spy_rms_norm(calls, grads):
     from rmsnorm_lab.api import rms_norm
     from rmsnorm_lab.settings import settings
 
-    def f(x, w, eps, backend):
+    def f(x, w, eps, backend, casting_mode):
         calls.append((settings.nvtx, settings.experiments.launch_path, backend,
-                      x.requires_grad))
-        y = rms_norm(x, w, eps, backend=backend)
+                      x.requires_grad, casting_mode))
+        y = rms_norm(x, w, eps, backend=backend, casting_mode=casting_mode)
         if x.requires_grad:
             y.register_hook(lambda g: grads.append(g.shape))
         return y
@@ -285,7 +285,8 @@ def test_profile_loop_warms_up_outside_the_capture(op):
     result = workload.run_profile(cfg, device="cpu", hooks=rec.hooks(),
                                    rms_norm=spy_rms_norm(calls, grads))
     assert rec.log == ["warmup"] * 3 + ["START"] + ["iter"] * 5 + ["STOP"]
-    assert calls == [(True, "cached", "torch", op == "full")] * 8  # NVTX on, toggles applied
+    # NVTX on, toggles applied, the profiled configuration's rounding (Llama's) named
+    assert calls == [(True, "cached", "torch", op == "full", "llama")] * 8
     assert len(grads) == (8 if op == "full" else 0)
     assert result.iters == 5 and result.backend == "torch" and result.us_per_iter > 0
     from rmsnorm_lab.settings import settings
@@ -303,7 +304,7 @@ def test_profile_include_compile_starts_before_the_warmup():
 def test_profile_full_without_autograd_fails_clearly():
     rec = Recorder()
 
-    def no_autograd(x, w, eps, backend):
+    def no_autograd(x, w, eps, backend, casting_mode):
         with torch.no_grad():
             return x * 2
 

@@ -45,13 +45,13 @@ def grad_inputs(M: int, N: int, dtype: torch.dtype) -> tuple:
 
 def fwd_reference(args: tuple) -> tuple:
     x, r, w = (t.detach() for t in args[:3])
-    y, h, _ = reference.fused_add_rms_norm_forward(x, r, w, EPS)
+    y, h, _ = reference.fused_add_rms_norm_forward(x, r, w, EPS, 0.0, "llama")
     return y, h
 
 
 def bwd_reference(args: tuple) -> tuple:
     x, r, w, dy, dh = (t.detach() for t in args)
-    y, h, rstd = reference.fused_add_rms_norm_forward(x, r, w, EPS)
+    y, h, rstd = reference.fused_add_rms_norm_forward(x, r, w, EPS, 0.0, "llama")
     d, dw = reference.rms_norm_backward(dy, h, w, rstd, 0.0, "llama", dh=dh)
     return d, d, dw
 
@@ -103,7 +103,7 @@ def torch_compile(eps: float) -> Optional[AddFn]:
 
     def block(x, r, w):
         h = x + r
-        return reference.rms_norm(h, w, eps), h
+        return reference.rms_norm(h, w, eps, 0.0, "llama"), h
     return torch.compile(block, dynamic=False)
 
 

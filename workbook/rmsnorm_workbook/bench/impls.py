@@ -10,6 +10,11 @@ import torch
 from rmsnorm_lab import rms_norm, settings
 from rmsnorm_lab.lab import RMSNormFunction, VARIANTS, native_node, routed_to_native, validate
 
+#: the configuration every lab implementation is measured in: eps and Llama's rounding (the
+#: peers' too: bench/peers.py), named here rather than left to rms_norm's defaults (torch's)
+EPS = 1e-6
+MODE = "llama"
+
 
 def lab_impls(op: str) -> Dict[str, Callable]:
     """The lab's implementations of ``op``, named as in the results.
@@ -24,29 +29,31 @@ def lab_impls(op: str) -> Dict[str, Callable]:
     if op == "fwd":
         def cute_variant(variant: str, **toggles) -> Callable:
             if variant == settings.forward_variant and not toggles:  # as a user calls it
-                return lambda x, w: rms_norm(x, w, backend="cute")
+                return lambda x, w: rms_norm(x, w, EPS, casting_mode=MODE, backend="cute")
 
             def run(x, w):  # the override's own cost is in eager and host times
                 with settings.override(forward_variant=variant, **toggles):
-                    return rms_norm(x, w, backend="cute")
+                    return rms_norm(x, w, EPS, casting_mode=MODE, backend="cute")
             return run
 
         names = [v.name for v in VARIANTS
                  if v.backend == "cute" and v.op == "fwd" and v.benchmarked] + ["auto"]
         impls = {f"cute.{v}": cute_variant(v) for v in names}
         impls["cute.auto-pdl"] = cute_variant("auto", pdl=False)
-        impls["triton.row"] = lambda x, w: rms_norm(x, w, backend="triton")
+        impls["triton.row"] = lambda x, w: rms_norm(x, w, EPS, casting_mode=MODE,
+                                                     backend="triton")
         return impls
     if op in ("bwd", "full"):
         names = [v.name for v in VARIANTS
                  if v.backend == "cute" and v.op == "bwd" and v.benchmarked] + ["auto"]
         impls = {f"cute.{mode}": pinned_backward(mode) for mode in names}
         impls["cute.auto-pdl"] = pinned_backward("auto", pdl=False)
-        impls["triton.split"] = lambda x, w: rms_norm(x, w, backend="triton")
+        impls["triton.split"] = lambda x, w: rms_norm(x, w, EPS, casting_mode=MODE,
+                                                       backend="triton")
         return impls
     if op in ("fwd-add", "bwd-add"):  # the fused residual add: fn(x, r, w) -> (y, h)
         impls = {f"{impl}+add": (lambda backend: lambda x, r, w: rms_norm(
-                     x, w, residual=r, backend=backend))(backend)
+                     x, w, EPS, residual=r, casting_mode=MODE, backend=backend))(backend)
                  for impl, backend in (("cute.auto", "cute"), ("triton.row", "triton"))}
         if op == "bwd-add":  # each backward mode beside auto's choice
             impls.update({f"cute.{v.name}+add": pinned_add_backward(v.name) for v in VARIANTS
@@ -72,19 +79,20 @@ def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:
 
     Pinned.__name__ = Pinned.__qualname__ = f"RMSNormFunction_{mode}"
 
-    def run(x, w, eps: float = 1e-6):
+    def run(x, w, eps: float = EPS):
         if not (torch.is_grad_enabled()
                 and (x.requires_grad or (w is not None and w.requires_grad))):
             with settings.override(**toggles):
-                return rms_norm(x, w, eps, backend=backend)  # no tape: a plain forward
+                return rms_norm(x, w, eps, casting_mode=MODE,
+                                backend=backend)  # no tape: a plain forward
         with settings.override(**toggles):
             native = routed_to_native(backend) and native_node() is not None
         if native and x.numel():
             with settings.override(backward=mode, **toggles):
-                return rms_norm(x, w, eps, backend=backend)
-        validate(x, w, "llama", backend)  # what rms_norm checks before taping
+                return rms_norm(x, w, eps, casting_mode=MODE, backend=backend)
+        validate(x, w, MODE, backend)  # what rms_norm checks before taping
         with settings.override(**toggles):  # the forward under the same toggles
-            return Pinned.apply(x, w, eps, 0.0, "llama", backend, False)
+            return Pinned.apply(x, w, eps, 0.0, MODE, backend, False)
     return run
 
 
@@ -98,5 +106,5 @@ def pinned_add_backward(mode: str) -> Callable:
             raise ValueError(f"cute.{mode}+add is pinned on the native autograd node, which "
                              "is not built here")
         with settings.override(backward=mode):
-            return rms_norm(x, w, residual=r, backend="cute")
+            return rms_norm(x, w, EPS, residual=r, casting_mode=MODE, backend="cute")
     return run

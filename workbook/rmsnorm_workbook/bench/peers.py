@@ -104,7 +104,7 @@ def torch_compile(eps: float) -> Optional[ForwardFn]:
     import torch._functorch.config as functorch_config
     functorch_config.donated_buffer = False
     compiled = torch.compile(reference.rms_norm, dynamic=False)
-    return lambda x, w: compiled(x, w, eps)
+    return lambda x, w: compiled(x, w, eps, 0.0, "llama")
 
 
 #: name (the ``impl`` column) -> factory

@@ -54,12 +54,13 @@ def forward_cases() -> int:
         w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
         r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if add else None
         h_ref = reference.add_residual(x, r) if add else x
-        expect = reference.rms_norm(h_ref, w)
+        expect = reference.rms_norm(h_ref, w, 1e-6, 0.0, "llama")
         name = "fwd+add" if add else "fwd"
         for variant in FWD_VARIANTS:
             with settings.override(forward_variant=variant):
                 try:
-                    out = rms_norm(x, w, backend="cute", residual=r)
+                    out = rms_norm(x, w, 1e-6, backend="cute", residual=r,
+                                   casting_mode="llama")
                 except ValueError as e:  # not eligible for this shape
                     print(f"{name} {variant:>10} {M}x{N}: skipped ({e})")
                     continue
@@ -82,7 +83,7 @@ def backward_cases() -> int:
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         dh = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) if add else None
         rstd = reference.rstd_of(x, 1e-6)
-        dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd, dh=dh)
+        dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd, 0.0, "llama", dh=dh)
         name = "bwd+add" if add else "bwd"
         for mode in BWD_MODES:
             with settings.override(backward=mode):

@@ -179,7 +179,7 @@ def run_profile(cfg: ProfileConfig, device: str = "cuda", hooks: Optional[Hooks]
 
         def call():
             try:
-                return rms_norm(x, w, cfg.eps, backend=backend)
+                return rms_norm(x, w, cfg.eps, casting_mode="llama", backend=backend)
             except NotImplementedError as e:
                 raise ProfileError(f"rms_norm(backend={backend!r}) cannot run {cfg.M}x{cfg.N} "
                                    f"{cfg.dtype} with these settings: {e}") from e
