@@ -54,3 +54,19 @@ def test_a_notebook_without_outputs_or_with_an_error_is_stale(tmp_path):
 def test_committed_notebook_is_up_to_date(path):
     found = nbtool.problems(path)
     assert not found, f"{path.name} is stale:\n" + "\n".join(found)
+
+
+def test_live_runs_a_notebook_as_a_plain_script_with_its_figures(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# a lesson"),
+                nbformat.v4.new_code_cell("import os\nprint('figures to', os.environ['LESSON_FIG_DIR'])"),
+                nbformat.v4.new_code_cell("print(6 * 7)")]
+    path = tmp_path / "lesson.ipynb"
+    nbformat.write(nb, path)
+    assert nbtool.live([path], tmp_path / "out") == 0
+    log = (tmp_path / "out" / "lesson.log").read_text()
+    assert f"figures to {tmp_path / 'out'}" in log and "42" in log
+    broken = tmp_path / "broken.ipynb"
+    nb.cells.append(nbformat.v4.new_code_cell("raise SystemExit(3)"))
+    nbformat.write(nb, broken)
+    assert nbtool.live([broken], tmp_path / "out") == 1
