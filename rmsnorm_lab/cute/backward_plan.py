@@ -413,9 +413,8 @@ def clusters_pay(chunks, cluster_plan) -> bool:
         return True
 
 
-def auto_mode(M: int, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
-              casting_mode: str, aligned: bool, dh: bool = False,
-              arch: Optional[str] = None) -> str:
+def auto_mode(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_mode: str,
+              aligned: bool, dh: bool = False, arch: Optional[str] = None) -> str:
     """``cluster`` where ``clusters_pay`` (rows the fused plan takes in many column chunks,
     or cannot take, on an architecture with clusters); ``staged`` where the fused plan takes the
     row in column chunks and two rows of x and dy fit shared memory: the row then comes from DRAM

@@ -186,7 +186,7 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
     """The launch entry for these inputs (dx, freshly allocated and contiguous, is aligned
     whenever the plan's vector width divides N, which the plan checks); ``dh``: the fused add's
     backward (its dh is copied to aligned rows where it is not: ``kernel_grad_rows``)."""
-    M, N = x2.shape
+    N = x2.shape[1]
     ptrs = dy2.data_ptr() | x2.data_ptr() | (weight.data_ptr() if weight is not None else 0)
     strides = (dy2.stride(0) | x2.stride(0)) * x2.element_size()
     aligned = ((ptrs | strides) & 15) == 0
@@ -198,7 +198,7 @@ def entry_for(dy2, x2, weight, casting_mode: str, mode: str, pdl: bool,
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         casting_mode = check_casting_mode(casting_mode)  # an alias: the mode it names
-        chosen = auto_mode(M, N, x2.dtype, w_dtype, casting_mode, aligned, dh,
+        chosen = auto_mode(N, x2.dtype, w_dtype, casting_mode, aligned, dh,
                            target_arch(x2.device)) if mode == "auto" else mode
         fused = None
         if chosen == "fused":

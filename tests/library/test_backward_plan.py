@@ -178,21 +178,21 @@ def test_bad_arguments():
 
 
 def test_auto_mode():
-    assert auto_mode(4096, 4096, BF16, BF16, "llama", True) == "fused"
-    assert auto_mode(3, 1023, BF16, BF16, "llama", True) == "fused"     # fallback fused
-    assert auto_mode(4096, 65536, BF16, BF16, "llama", True) == "split"  # too wide to fuse
-    assert auto_mode(4096, 4096, BF16, None, "llama", True) == "split"   # nothing to fuse
+    assert auto_mode(4096, BF16, BF16, "llama", True) == "fused"
+    assert auto_mode(1023, BF16, BF16, "llama", True) == "fused"     # fallback fused
+    assert auto_mode(65536, BF16, BF16, "llama", True) == "split"  # too wide to fuse
+    assert auto_mode(4096, BF16, None, "llama", True) == "split"   # nothing to fuse
 
 
 def test_auto_mode_takes_a_cluster_where_the_fused_row_needs_three_chunks_or_more():
     assert plan_backward("fused", 16384, BF16, BF16, "llama", True).chunks == 2
     assert plan_backward("fused", 32768, BF16, BF16, "llama", True).chunks == 3
-    assert auto_mode(4096, 16384, BF16, BF16, "llama", True, arch="sm_90a") != "cluster"
-    assert auto_mode(4096, 32768, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
-    assert auto_mode(4096, 65536, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
-    assert auto_mode(4096, 32768, BF16, BF16, "llama", True, arch="sm_80") == "fused"
-    assert auto_mode(4096, 32768, BF16, BF16, "llama", True, dh=True, arch="sm_90a") != "cluster"
-    assert auto_mode(4096, 32768, BF16, None, "llama", True, arch="sm_90a") == "split"
+    assert auto_mode(16384, BF16, BF16, "llama", True, arch="sm_90a") != "cluster"
+    assert auto_mode(32768, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
+    assert auto_mode(65536, BF16, BF16, "llama", True, arch="sm_90a") == "cluster"
+    assert auto_mode(32768, BF16, BF16, "llama", True, arch="sm_80") == "fused"
+    assert auto_mode(32768, BF16, BF16, "llama", True, dh=True, arch="sm_90a") != "cluster"
+    assert auto_mode(32768, BF16, None, "llama", True, arch="sm_90a") == "split"
 
 
 def test_plans_for_n4096_bf16():
@@ -273,7 +273,7 @@ def test_staged_backward_keeps_rows_in_flight_in_shared_memory():
 
 def test_auto_mode_stages_the_fused_adds_rows_where_its_fused_plan_holds_no_next_row():
     def auto(N, dtype=BF16):
-        return auto_mode(4096, N, dtype, dtype, "llama", True, dh=True, arch="sm_90a")
+        return auto_mode(N, dtype, dtype, "llama", True, dh=True, arch="sm_90a")
     for N in (2048, 4096):
         assert not plan_backward("fused", N, BF16, BF16, "llama", True, dh=True).prefetch
         assert auto(N) == "staged"
@@ -281,21 +281,21 @@ def test_auto_mode_stages_the_fused_adds_rows_where_its_fused_plan_holds_no_next
     assert auto(8192) == "fused"
     assert auto(16384) == "staged"            # no fused plan: staged rather than split
     assert auto(1024) == "fused"              # too narrow for the staged copies
-    assert auto_mode(4096, 4096, BF16, BF16, "llama", True) == "fused"  # no dh: the row prefetches
+    assert auto_mode(4096, BF16, BF16, "llama", True) == "fused"  # no dh: the row prefetches
 
 
 def test_auto_mode_stages_rows_the_fused_plan_takes_in_two_chunks():
     """Staged where the fused plan needs column chunks and two rows fit shared memory; fused where
     the row fits registers (staging measured slower there); cluster from three chunks."""
     def auto(N, dtype=BF16, **kw):
-        return auto_mode(4096, N, dtype, dtype, "llama", True, arch="sm_90a", **kw)
+        return auto_mode(N, dtype, dtype, "llama", True, arch="sm_90a", **kw)
     assert [auto(N) for N in (2048, 4096, 8192)] == ["fused"] * 3
     assert plan_backward("fused", 12288, F32, F32, "llama", True).chunks == 2
     assert auto(16384) == auto(24576) == auto(12288, F32) == "staged"
     assert auto(16384, F32) == "fused"        # two rows of x and dy exceed shared memory
     assert auto(32768) == "cluster"
     assert auto(32768, dh=True) == "split"    # the fused add: no cluster, nor two staged rows
-    assert auto_mode(4096, 16384, BF16, None, "llama", True, arch="sm_90a") == "split"
+    assert auto_mode(16384, BF16, None, "llama", True, arch="sm_90a") == "split"
 
 
 

@@ -151,8 +151,8 @@ def test_wide_fused_add_backward_is_refused_for_split():
     from rmsnorm_lab.cute.plan import NotEligible
     with pytest.raises(NotEligible, match="split"):
         plan_backward("fused", 16384, BF16, BF16, "llama", True, dh=True)
-    assert auto_mode(16384, 16384, BF16, BF16, "llama", True, dh=True) == "staged"
-    assert auto_mode(16384, 16384, BF16, BF16, "llama", True) == "staged"
+    assert auto_mode(16384, BF16, BF16, "llama", True, dh=True) == "staged"
+    assert auto_mode(16384, BF16, BF16, "llama", True) == "staged"
 
 
 # The fused plans' strips per SM rest on the register model; ptxas has the last word. Where the

@@ -179,7 +179,7 @@ def test_too_wide_for_fused_raises_and_auto_splits():
     dy, x, w, rstd = inputs((8, 65536), torch.bfloat16, True)
     with pytest.raises(NotEligible, match="use split"):
         backward(dy, x, w, rstd, 0.0, "llama", "fused", sms())
-    assert auto_mode(8, 65536, torch.bfloat16, torch.bfloat16, "llama", True) == "split"
+    assert auto_mode(65536, torch.bfloat16, torch.bfloat16, "llama", True) == "split"
     dx, dw = backward(dy, x, w, rstd, 0.0, "llama", "auto", sms())
     check(dx, dw, dy, x, w, rstd, 0.0, "llama", "auto wide")
 
