@@ -113,12 +113,6 @@ def test_recorded_sass_finds_a_kernel_section(tmp_path):
     assert lesson.recorded_sass("teach.c", "testgpu", tmp_path) is None
 
 
-def test_styles_are_distinct_and_fall_back_to_the_registry():
-    fwd = [lesson.style(f"teach.{k}") for k in ncu_teach.FWD_KERNELS]
-    assert len({(s["color"], s["linestyle"]) for s in fwd}) == len(fwd)
-    assert lesson.style("cute.auto")["label"].startswith("cute.auto")
-
-
 # --- the live harness, with CPU stand-ins ------------------------------------------------------
 
 def _emulated_forward(x, w, y, eps):

@@ -28,15 +28,12 @@ import pandas as pd
 
 from .. import paths
 from .. import results as results_io
-from .sweeps import style_of
 # The notebooks reach everything through this one module: what the compiler made of a kernel
 # and the recorded measurements live beside it.
 from .compiled import (Compiled, compiled_table, inspect, read_compiled,  # noqa: F401
                        target_arch, tool_version)
-from .recorded import (COPY_OF, RECORDED_GPU, RESULTS_ROOT, fmt_shape,  # noqa: F401
-                       load_ncu, load_teach, ncu_sentence, ncu_shape, ncu_units, ncu_value,
-                       ncu_view, recorded_sass,
-                       teach_path, teach_table)
+from .recorded import (COPY_OF, RECORDED_GPU, fmt_shape, load_ncu,  # noqa: F401
+                       load_teach, ncu_view, recorded_sass, teach_path, teach_table)
 
 # ------------------------------------------------------------------------------------------------
 # showing things
@@ -196,36 +193,6 @@ def l2_bytes() -> int:
         return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
                    or L2_BYTES_DEFAULT)
     return L2_BYTES_DEFAULT
-
-
-# ------------------------------------------------------------------------------------------------
-# how a teaching kernel is drawn
-
-_OI = {"blue": "#0072B2", "vermillion": "#D55E00", "green": "#009E73", "purple": "#CC79A7",
-       "orange": "#E69F00", "sky": "#56B4E9", "black": "#000000", "grey": "#999999"}
-TEACH_STYLES = {
-    "teach.scalar": (_OI["vermillion"], ":", "x"),
-    "teach.vectorized": (_OI["orange"], "-.", "D"),
-    "teach.cta_row": (_OI["blue"], "-", "o"),
-    "teach.warp_row": (_OI["green"], "--", "v"),
-    "teach.persistent": (_OI["purple"], "-", "^"),
-    "teach.cluster_row": (_OI["sky"], "-", ">"),
-    "teach.split_dx": (_OI["sky"], "--", "s"),
-    "teach.split_dw": (_OI["orange"], "-.", "D"),
-    "teach.split": (_OI["purple"], "-", "^"),
-    "teach.fused": (_OI["blue"], "-", "o"),
-    "teach.copy": (_OI["black"], ":", ""),
-    "teach.copy2r1w": (_OI["black"], ":", ""),
-}
-
-
-def style(name: str) -> dict:
-    """matplotlib keywords for a series: the registry's style for the library's names, the
-    table above for the teaching kernels (same palette: Okabe and Ito's)."""
-    if name in TEACH_STYLES:
-        color, ls, marker = TEACH_STYLES[name]
-        return dict(color=color, linestyle=ls, marker=marker, label=name)
-    return style_of(name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -467,7 +434,3 @@ class LiveRun:
                          "status": "FAILED: " + self.failures[key] if key in self.failures
                          else "ok"})
         return pd.DataFrame(rows).set_index(["impl", "M", "N"]) if rows else pd.DataFrame()
-
-
-def supported(max_n: Optional[int], N: int) -> bool:
-    return max_n is None or N <= max_n
