@@ -221,6 +221,22 @@ def test_backward_cases_check_dx_and_dw(cpu_live, tmp_path):
     assert set(df["impl"]) == {"teach.split", "teach.split_dx", "teach.copy2r1w"}
 
 
+def test_the_backward_reference_is_float64_with_llamas_rounded_x_hat_in_dw():
+    g = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(64, 256, generator=g).to(BF16) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(256, generator=g)).to(BF16)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + lesson.EPS)
+    dx, dw = lesson.ref_backward(dy, x, w, rstd)
+    assert dx.dtype == dw.dtype == torch.float64
+    x_hat = x.double() * rstd.double()[:, None]
+    m = dy.double() * w.double()
+    assert torch.allclose(dx, rstd.double()[:, None] * (m - x_hat * (m * x_hat).mean(-1,
+                                                                                 keepdim=True)))
+    rounded = (x.float() * rstd[:, None]).to(BF16).double()  # what llama multiplies w by
+    assert lesson.rel_err(dw, (dy.double() * rounded).sum(0)) < 1e-6
+    assert lesson.rel_err(dw, (dy.double() * x_hat).sum(0)) > 1e-4
+
+
 # --- the notebooks hold the kernels the profiling script runs ----------------------------------
 
 @pytest.mark.parametrize("op,names", [("fwd", ncu_teach.FWD_KERNELS),

@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
+from rmsnorm_lab import reference
 from .. import paths
 from .. import results as results_io
 # The notebooks reach everything through this one module: what the compiler made of a kernel
@@ -221,22 +222,13 @@ def rel_err(out, ref) -> float:
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def ref_forward(x, w, eps: float = EPS):
-    """The forward in float64 with the llama rounding point (x·rstd rounded to bf16)."""
-    import torch
-    x64 = x.double()
-    rstd = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
-    return (x64 * rstd).to(x.dtype).double() * w.double()
-
-
 def ref_backward(dy, x, w, rstd):
-    """dx and dw in float64 from the forward's fp32 rstd (llama: dw uses the rounded x·rstd)."""
-    r = rstd.double()[:, None]
-    x_hat = x.double() * r
-    m = dy.double() * w.double()
-    dx = r * (m - x_hat * (m * x_hat).mean(-1, keepdim=True))
-    x_hat_rounded = (x.float() * rstd[:, None]).to(x.dtype).double()
-    dw = (dy.double() * x_hat_rounded).sum(0)
+    """dx and dw of the library's oracle (``rmsnorm_lab.reference``, llama's rounding) left
+    unrounded, from the forward's fp32 rstd: dx in float64; dw of x·rstd rounded to x's dtype
+    (the value the forward multiplied by the weight), summed in fp32, in float64 (w's dtype)."""
+    dx, _ = reference.rms_norm_backward(dy.double(), x.double(), w.double(), rstd,
+                                        casting_mode="llama")
+    _, dw = reference.rms_norm_backward(dy, x, w.double(), rstd, casting_mode="llama")
     return dx, dw
 
 
@@ -251,8 +243,9 @@ def forward_set(M: int, N: int) -> dict:
 
 def forward_case(impl: str, fn, M: int, N: int) -> Case:
     """A teaching forward compiled with TVM-FFI: ``fn(x, w, y, eps)``."""
-    def check(s):
-        return {"y": rel_err(s["y"], ref_forward(s["x"], s["w"]))}
+    def check(s):  # the library's oracle in float64, x·rstd rounded where llama rounds it
+        x_hat = reference.rms_norm(s["x"].double(), eps=EPS, casting_mode="llama")
+        return {"y": rel_err(s["y"], x_hat.to(s["x"].dtype).double() * s["w"].double())}
     return Case(impl, "fwd", M, N, lambda: forward_set(M, N),
                 lambda s: fn(s["x"], s["w"], s["y"], EPS), check, 2 * M * N * 2 + N * 2)
 
