@@ -144,24 +144,15 @@ def test_host_costs_map_launch_paths_to_kernels_and_drop_ablations():
     assert model.host_us_of(h, "quack") != model.host_us_of(h, "quack")  # NaN
 
 
-def test_the_call_model_check_gives_a_fused_add_its_own_host_time():
-    def row(impl, path, metric, p50, M=1024):
+def test_host_costs_leave_out_the_fused_adds():
+    def row(impl, p50):
         return {"gpu": "h200", "sm_count": 132, "timestamp": "2026-01-01T00:00:00+00:00",
-                "op": "fwd", "impl": impl, "path": path, "M": M, "N": 4096, "dtype": "bf16",
-                "metric": metric, "p20": p50, "p50": p50, "p80": p50}
-    rows = [row("cute.auto@tvm_ffi", "host", "host", 10.0, 128),
-            row("cute.auto+add", "host", "host", 15.0, 128)]
-    for impl in ("cute.auto", "cute.auto+add", "torch.native+add"):  # the last: no host row
-        rows += [row(impl, "graph", "time", 6.0), row(impl, "eager", "time", 20.0)]
-    df = pd.DataFrame(rows)
-    assert "cute.auto+add" not in set(model.host_costs(df)["impl"])  # the plain table as before
-    fused = model.host_costs(df, fused_add=True).set_index("impl")
-    assert fused.loc["cute.auto+add", "device_impl"] == "cute.auto+add"  # its own kernel
-    val = model.validate_call_model(df).set_index("impl")
-    assert val.loc["cute.auto+add", "host_us"] == 15.0  # not the plain norm's 10
-    assert val.loc["cute.auto+add", "host_impl"] == "cute.auto+add"
-    assert val.loc["cute.auto", "host_impl"] == "cute.auto@tvm_ffi"
-    assert "torch.native+add" not in val.index  # no host time of its own: left out
+                "op": "fwd", "impl": impl, "path": "host", "M": 128, "N": 4096, "dtype": "bf16",
+                "metric": "host", "p20": p50, "p50": p50, "p80": p50}
+    df = pd.DataFrame([row("cute.auto@tvm_ffi", 10.0), row("cute.auto+add", 15.0)])
+    hosts = model.host_costs(df)
+    assert list(hosts["impl"]) == ["cute.auto@tvm_ffi"]  # the fused add's own rows left out
+    assert model.resolve_host(hosts, "cute.auto") == ("cute.auto@tvm_ffi", 10.0)
 
 
 def test_call_models():
@@ -264,13 +255,6 @@ def test_finding_says_not_reproduced_when_the_host_costs_are_equal(df, rep, cal)
 def test_model_without_measurements_is_empty_not_an_error():
     empty = results.load_all(Path("/nonexistent"))
     assert model.calibrate(empty).empty and model.host_costs(empty).empty
-    assert model.predictions(empty).empty
-
-
-def test_predictions_label_every_row_modelled(df):
-    p = model.predictions(df)
-    assert set(p["kind"]) == {"modelled"} and set(p["gpu"]) == set(model.MODEL_GPUS)
-    assert (p["call_us (pipelined)"] >= p["device_us"]).all()
 
 
 # --- compiled-code table ----------------------------------------------------------------------
@@ -289,7 +273,6 @@ def test_cached_ptx_table_covers_every_kernel_for_both_archs():
         bounded = t["kernel"].str.contains("dW in smem")
         assert (t.loc[~bounded, "spill_bytes"] == 0).all()
         assert (t.loc[bounded, "spill_bytes"] <= 256).all()
-    assert not compiled.differences(t).empty
 
 
 def test_cache_matches_a_fresh_compile():
@@ -375,8 +358,6 @@ def test_intensity_counts_flops_over_the_minimum_bytes():
     assert speed.roof_tflops("h200", 1.0) == pytest.approx(4.8)
     assert speed.roof_tflops("h200", 100.0) == pytest.approx(67.0)
     assert speed.roof_tflops("h200", 1.0, 4000.0) == pytest.approx(4.0)
-    t = speed.roof_table()
-    assert (t["ridge / fwd intensity"] > 5).all()  # memory-bound on every GPU
 
 
 def test_speed_of_light_points_keep_the_three_kinds_apart(df, rep, cal):

@@ -146,9 +146,9 @@ def test_check_fails_a_backward_that_drops_dw():
 
 
 def test_backward_peers_available_here_pass_the_check():
-    available = peers.backward_peers(EPS)
-    assert {"torch.native", "torch.compile"} <= set(available)
-    assert set(available) <= set(peers.BACKWARD_PEERS)
+    # built as the runner builds an op's peers (an uninstalled one's factory gives None)
+    available = {name: make(EPS) for name, make in peers.BACKWARD_PEERS.items()}
+    assert available["torch.native"] is not None and available["torch.compile"] is not None
     for name in ("torch.native", "torch.compile"):
         inputs = bwd_inputs()
         assert runner.check(runner.BWD, available[name], inputs,
@@ -308,7 +308,7 @@ def test_bandwidth_plots_for_bwd_draw_the_2r1w_ceiling(bwd_df):
     plots.plot_bandwidth_vs_N(bwd_df, "full", M=16384, ax=ax)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert not any("measured" in t for t in labels)  # full: no ceiling
-    table = tables.bwd_table(bwd_df)
+    table = tables.bandwidth_table(bwd_df, "bwd")
     assert "% of copy2r1w" in table.columns.get_level_values(0)
     assert table["% of copy2r1w"].notna().any().any()
 
@@ -326,16 +326,6 @@ def test_time_ratio_and_its_plot(bwd_df):
     empty = tables.time_ratio(bwd_df, "bwd", slower="nobody")
     assert empty.empty
     plots.plot_time_ratio(bwd_df, ax=Figure().subplots(), slower="nobody")
-
-
-def test_op_breakdown_reads_rows_only(bwd_df):
-    t = tables.op_breakdown(bwd_df, impls=["cute.fused", "torch.native"])
-    assert list(t.columns) == ["fwd", "bwd", "full", "fwd+bwd", "full / (fwd+bwd)"]
-    assert t.index.get_level_values("impl")[0] == "cute.fused"
-    one = t.loc[("torch.native", 16384, 4096)]
-    assert one["fwd+bwd"] == pytest.approx(one["fwd"] + one["bwd"])
-    assert one["full / (fwd+bwd)"] == pytest.approx(one["full"] / one["fwd+bwd"])
-    assert ("cute.fused", 16384, 16384) not in t.index
 
 
 def test_report_renders_backward_figures(tmp_path):

@@ -1,6 +1,6 @@
 """The tensor-handle cache's cost, read from the cache-cap step (notebook 03, section 8): the
-replay of the cache's FIFO against the runner's own cache, the memory it explains, and every
-recorded run side by side. Results frames are SYNTHETIC (test_plots_host.synthetic_frame)."""
+replay of the cache's FIFO against the runner's own cache and the memory it explains. Results
+frames are SYNTHETIC (test_plots_host.synthetic_frame) but for the recorded H200 run's."""
 
 import matplotlib
 
@@ -53,24 +53,6 @@ def test_cache_replay_follows_the_runners_own_cache():
         kept = [names[k] for k in runner._HANDLES]
         runner.clear_caches()
         assert kept == H.cache_after_step(cap, 5), cap
-
-
-def test_cache_runs_put_every_recorded_run_side_by_side(frame):
-    later = frame.assign(timestamp="2026-01-02T00:00:00+00:00")
-    sel = later["impl"].eq("cute.auto@cached:4") & later["metric"].eq("time")
-    later.loc[sel, "p50"] = 9900.0  # cap 4 the slowest bounded cap in the later run
-    runs = H.cache_runs(pd.concat([frame, later]), "h200")
-    assert list(runs.columns) == ["run 1", "run 2"]
-    assert list(runs.index) == ["0", "4", "8", "16", "unbounded"]
-    s = H.cache_runs_summary(runs)
-    assert s.loc["4", "highest run µs"] == 9900.0
-    assert s.loc["0", "slowest bounded cap in (runs)"] == 1  # 9000 in the first run
-    assert s.loc["4", "slowest bounded cap in (runs)"] == 1
-    fig, ax = plt.subplots()
-    ph.plot_cache_steps(frame, runs=runs, ax=ax)
-    grey = [line for line in ax.get_lines() if line.get_color() == ph.GREY]
-    assert sum(len(line.get_xdata()) for line in grey) == 10
-    plt.close(fig)
 
 
 def test_memory_panel_stacks_what_the_cache_pinned_on_each_bar():

@@ -358,15 +358,3 @@ def test_roofline_names_the_shapes_of_its_points_and_draws_stars_beside_the_lab(
             shown = ln.get_transform().transform((x, y))[0]
             assert shown > ax.transData.transform((x, y))[0]
         assert len(stars) == int((pts["gpu"] == g).sum() - len(lab))
-
-
-def test_ratio_bar_values_are_written_past_a_mark_they_would_sit_on():
-    labels = ["1024×4096", "4096×4096"]
-    series = {"measured": pd.DataFrame({"ratio": [1.20, 1.65], "lo": [1.19, 1.64],
-                                        "hi": [1.21, 1.66]})}
-    fig = Figure(figsize=(9.5, 4), layout="constrained")
-    ax = fig.subplots()
-    sweeps.ratio_bars(ax, labels, series, marks={"bytes ratio": [1.24, 1.5]})
-    at = {t.get_text(): t.xy[1] for t in ax.texts}
-    assert at["1.20"] > 1.24  # moved past the tick just above its bar
-    assert at["1.65"] == pytest.approx(1.66)  # a tick inside the bar leaves the value at its end

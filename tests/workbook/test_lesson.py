@@ -113,12 +113,6 @@ def test_recorded_sass_finds_a_kernel_section(tmp_path):
     assert lesson.recorded_sass("teach.c", "testgpu", tmp_path) is None
 
 
-def test_styles_are_distinct_and_fall_back_to_the_registry():
-    fwd = [lesson.style(f"teach.{k}") for k in ncu_teach.FWD_KERNELS]
-    assert len({(s["color"], s["linestyle"]) for s in fwd}) == len(fwd)
-    assert lesson.style("cute.auto")["label"].startswith("cute.auto")
-
-
 # --- the live harness, with CPU stand-ins ------------------------------------------------------
 
 def _emulated_forward(x, w, y, eps):
@@ -225,6 +219,22 @@ def test_backward_cases_check_dx_and_dw(cpu_live, tmp_path):
     assert set(errs) == {"dx", "dw"} and max(errs.values()) < lesson.TOL
     df = results.load(tmp_path / "testgpu" / "teach-bwd.csv")
     assert set(df["impl"]) == {"teach.split", "teach.split_dx", "teach.copy2r1w"}
+
+
+def test_the_backward_reference_is_float64_with_llamas_rounded_x_hat_in_dw():
+    g = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(64, 256, generator=g).to(BF16) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(256, generator=g)).to(BF16)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + lesson.EPS)
+    dx, dw = lesson.ref_backward(dy, x, w, rstd)
+    assert dx.dtype == dw.dtype == torch.float64
+    x_hat = x.double() * rstd.double()[:, None]
+    m = dy.double() * w.double()
+    assert torch.allclose(dx, rstd.double()[:, None] * (m - x_hat * (m * x_hat).mean(-1,
+                                                                                 keepdim=True)))
+    rounded = (x.float() * rstd[:, None]).to(BF16).double()  # what llama multiplies w by
+    assert lesson.rel_err(dw, (dy.double() * rounded).sum(0)) < 1e-6
+    assert lesson.rel_err(dw, (dy.double() * x_hat).sum(0)) > 1e-4
 
 
 # --- the notebooks hold the kernels the profiling script runs ----------------------------------

@@ -20,7 +20,6 @@ from rmsnorm_workbook.analysis import model, specs, speed, tables  # noqa: E402
 from rmsnorm_workbook.cli.report_sections import gpu_section, model_section  # noqa: E402
 from rmsnorm_workbook.legend import impl  # noqa: E402
 from rmsnorm_workbook.viz import gpus  # noqa: E402
-from rmsnorm_workbook.viz import model_step as step_figs  # noqa: E402
 from test_figure_rules import _draw  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -170,7 +169,7 @@ def _steps():
 
 
 def test_the_in_a_model_section_says_what_eager_decode_measures(tmp_path):
-    md, headline = model_section(_steps(), tmp_path, tmp_path / "results")
+    md, headline = model_section(_steps(), tmp_path)
     text = "\n".join(md)
     caveat = next(line for line in md if line.startswith("Eager decode"))
     assert text.index("time over torch's norm's") < text.index(caveat)
@@ -253,19 +252,6 @@ def test_coinciding_reported_stars_share_one_label_clear_of_the_curves(df, rep, 
             t = np.linspace(0, 1, 50)[:, None]
             xy = np.concatenate([a + t * (b - a) for a, b in zip(xy[:-1], xy[1:])])
         assert not any(box.contains(x, y) for x, y in xy), line.get_label()
-
-
-def test_decode_timeline_says_each_rows_span_comes_from_its_own_run():
-    def step(gap):
-        return pd.DataFrame({"step": [1, 1, 1], "start_us": [0.0, gap, 2 * gap],
-                             "end_us": [5.0, gap + 2.0, 2 * gap + 10.0], "norm": [0, 1, 0]})
-    fig = Figure(figsize=(11, 3), layout="constrained")
-    ax = step_figs.plot_decode_timeline({"torch": step(400.0), "lab": step(500.0)}, step=1,
-                                        ax=fig.subplots())
-    assert [t.get_text() for t in ax.texts] == ["span 0.8 ms", "span 1.0 ms"]
-    assert "run of its own" in ax.get_xlabel() and "not the spans" in ax.get_xlabel()
-    one = step_figs.plot_decode_timeline({"lab": step(500.0)}, step=1, ax=Figure().subplots())
-    assert "run of its own" not in one.get_xlabel()
 
 
 def test_reported_stars_group_by_point_and_gpu():

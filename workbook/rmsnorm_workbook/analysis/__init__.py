@@ -7,4 +7,3 @@ GPU, ``results/<gpu>/``), ``modelled`` (computed here from a measurement and a d
 """
 
 MEASURED, MODELLED, REPORTED = "measured", "modelled", "reported"
-KINDS = (MEASURED, MODELLED, REPORTED)

@@ -10,7 +10,6 @@ Nothing here is a measurement of a GPU: it is what the compiler emitted.
 
 from __future__ import annotations
 
-import collections
 import re
 import time
 from pathlib import Path
@@ -134,23 +133,6 @@ def table(root: Optional[Path] = None, regenerate_if_missing: bool = False) -> p
     if regenerate_if_missing:
         return regenerate(root)
     return pd.DataFrame()
-
-
-def differences(df: pd.DataFrame) -> pd.DataFrame:
-    """Side by side per kernel: each column that differs between the archs, as ``a → b``."""
-    if df.empty:
-        return df
-    archs = list(dict.fromkeys(df["arch"]))
-    if len(archs) != 2:
-        return df
-    a, b = (df[df["arch"] == x].set_index("kernel") for x in archs)
-    skip = {"arch", "compile_s"}
-    rows = collections.OrderedDict()
-    for k in a.index.intersection(b.index):
-        diff = {c: f"{a.at[k, c]} → {b.at[k, c]}" for c in a.columns
-                if c not in skip and str(a.at[k, c]) != str(b.at[k, c])}
-        rows[k] = diff or {"(all columns)": "identical"}
-    return pd.DataFrame.from_dict(rows, orient="index").fillna("=")
 
 
 if __name__ == "__main__":

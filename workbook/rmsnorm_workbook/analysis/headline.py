@@ -1,6 +1,6 @@
 """The headline: a few shapes that say what the lab's kernels do on one GPU, each against the best
 peer and against a copy of the same bytes measured in the same run. The README's table is this
-table (a test checks it against the results files), and the report opens with it.
+table (a test checks it against the results files).
 
 Device time by CUDA-graph replay (L2-cold), bf16. "Of a copy" is the copy's time over the lab's:
 a copy that reads and writes what the op reads and writes (``copy.shape``: one read, one write for

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from ..results import latest, read_jsonl
+from ..results import latest
 from rmsnorm_lab import settings
 from rmsnorm_lab.settings import LAUNCH_PATHS, Experiments, Settings
 from .tables import host_benchmark_run, one_gpu
@@ -57,34 +57,6 @@ TOGGLES: Dict[str, Toggle] = {t.suffix: t for t in (
 )}
 
 
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One rung of the launch path, as the settings that select it."""
-    name: str                   # the impl name in host.csv
-    label: str                  # short, for figures
-    overrides: Dict[str, object]
-    what: str
-
-
-#: the launch path, from the slowest way to reach a compiled kernel to the default
-STEPS: Tuple[Step, ...] = (
-    Step("cute.auto@jit", "@cute.jit called", {"launch_path": "jit"},
-         "the @cute.jit function called directly: CuTe DSL rebuilds the argument types and looks "
-         "its compilation up on every call"),
-    Step("cute.auto@compiled", "from_dlpack per call", {"launch_path": "compiled"},
-         "compiled once; every tensor turned into a CuTe handle (from_dlpack) on every call"),
-    Step("cute.auto@cached", "cached handles", {"launch_path": "cached"},
-         "compiled once; each tensor's handle kept in a bounded FIFO keyed on (data_ptr, dtype, "
-         "shape, stride)"),
-    Step("cute.auto@tvm_ffi+python_node", "TVM-FFI, Python node",
-         {"launch_path": "tvm_ffi", "autograd_node": "python"},
-         "compiled with --enable-tvm-ffi: torch tensors passed as they are, through a Python "
-         "torch.autograd.Function"),
-    Step(DEFAULT_IMPL, "TVM-FFI, C++ node", {"launch_path": "tvm_ffi", "autograd_node": "native"},
-         "the same kernel called from C++: the call memo finds the launch, the tape node is C++"),
-)
-
-
 # ============================================================================ names
 
 def split_impl(impl: str) -> Tuple[str, Optional[str], str]:
@@ -97,11 +69,6 @@ def split_impl(impl: str) -> Tuple[str, Optional[str], str]:
         if rest.startswith(path):
             return base, path, rest[len(path):]
     return base, rest, ""
-
-
-def is_launch_path(impl: str) -> bool:
-    base, path, toggle = split_impl(impl)
-    return path in LAUNCH_PATHS and toggle == ""
 
 
 def is_toggle(impl: str) -> bool:
@@ -165,49 +132,6 @@ def host_table(df: pd.DataFrame, gpu: Optional[str] = None,
     return t
 
 
-def varying_table(df: pd.DataFrame, gpu: Optional[str] = None, N: int = HOST_SHAPE[1]
-                  ) -> pd.DataFrame:
-    """Host µs per call when the row count changes every call (``+varying_m`` rows), next to
-    the same implementation at the fixed HOST_SHAPE: one row per (implementation, workload),
-    columns ``varying µs``, ``p20``, ``p80``, ``fixed µs``, ``M drawn from``. Empty when the
-    results have no such rows."""
-    d, gpu = one_gpu(df, gpu)
-    v = d[(d["metric"] == "host") & (d["path"] == "host") & (d["N"] == N)
-          & d["impl"].str.endswith(VARYING)]
-    cols = ["impl", "workload", "varying µs", "p20", "p80", "fixed µs", "M drawn from"]
-    if v.empty:
-        return pd.DataFrame(columns=cols).set_index(["impl", "workload"])
-    fixed = host_table(df, gpu)
-    rows = []
-    for r in v.itertuples(index=False):
-        name = r.impl[:-len(VARYING)]
-        w = "full" if r.op == "full" else "fwd"
-        f = fixed.loc[name, w] if name in fixed.index and w in fixed.columns else math.nan
-        rows.append({"impl": name, "workload": w, "varying µs": r.p50, "p20": r.p20,
-                     "p80": r.p80, "fixed µs": f, "M drawn from": f"1..{int(r.M)}"})
-    t = pd.DataFrame(rows, columns=cols)
-    t["order"] = [host_order(t["impl"]).index(i) for i in t["impl"]]
-    t["w"] = [WORKLOADS.index(w) for w in t["workload"]]
-    return t.sort_values(["w", "order"]).drop(columns=["order", "w"]).set_index(
-        ["impl", "workload"])
-
-
-def varying_device_us(df: pd.DataFrame, impl: str, op: str, Ms: Sequence[int],
-                      gpu: Optional[str] = None, N: int = HOST_SHAPE[1]) -> float:
-    """The mean device time per call (µs) of ``impl``'s ``op`` over the row counts ``Ms``, from
-    its CUDA-graph times at width N in the sweeps (``fwd.csv``, ``full.csv``), linear in M between
-    the measured rows and flat below the smallest (where a launch's fixed cost dominates). A
-    loop of calls cannot run faster than this whatever its host path costs; NaN without data."""
-    import numpy as np
-    d, _ = one_gpu(df, gpu)
-    t = d[(d["impl"] == impl) & (d["op"] == op) & (d["path"] == "graph")
-          & (d["metric"] == "time") & (d["N"] == N)].sort_values("M")
-    if t.empty:
-        return math.nan
-    return float(np.mean(np.interp(np.asarray(Ms, dtype=float), t["M"].to_numpy(float),
-                                   t["p50"].to_numpy(float))))
-
-
 # ============================================================================ settings -> rows
 
 def default_toggles() -> Dict[str, object]:
@@ -242,31 +166,6 @@ def recorded_name(changed: Optional[Dict[str, object]] = None) -> Optional[str]:
         if c == t.overrides:
             return DEFAULT_IMPL + t.suffix
     return DEFAULT_IMPL if not c else None
-
-
-# ============================================================================ savings
-
-def savings_table(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
-                  baseline: str = DEFAULT_IMPL) -> pd.DataFrame:
-    """One row per (toggle, workload): the baseline's and the toggled path's median host µs and
-    their difference (``cost µs``: what turning the saving off, or NVTX on, adds per call), with
-    ``noise µs``, the larger of the two p20-p80 spreads: a difference inside it is not resolved
-    by this measurement."""
-    h = host_rows(df, gpu, shape).set_index(["impl", "workload"])
-    rows = []
-    for suffix, t in TOGGLES.items():
-        impl = baseline + suffix
-        for w in WORKLOADS:
-            if (impl, w) not in h.index or (baseline, w) not in h.index:
-                continue
-            b, x = h.loc[(baseline, w)], h.loc[(impl, w)]
-            cost = x["p50"] - b["p50"]
-            noise = max(b["p80"] - b["p20"], x["p80"] - x["p20"])
-            rows.append({"toggle": suffix, "what": t.what, "workload": w,
-                         "baseline µs": b["p50"], "toggled µs": x["p50"], "cost µs": cost,
-                         "noise µs": noise, "resolved": abs(cost) > noise})
-    return pd.DataFrame(rows, columns=["toggle", "what", "workload", "baseline µs", "toggled µs",
-                                       "cost µs", "noise µs", "resolved"])
 
 
 # ============================================================================ device times
@@ -377,38 +276,6 @@ def cache_memory_table(df: pd.DataFrame, layers: int, gpu: Optional[str] = None,
     return out
 
 
-def cache_runs(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
-               default: str = DEFAULT_IMPL) -> pd.DataFrame:
-    """The step time (median µs) of every recorded run of the cache-cap benchmark: one row per
-    cap (and ``default``, the default path), one column per run, oldest first. ``df`` holds
-    every run (``results.load_all``), not only the newest (``latest``)."""
-    d = df[(df["gpu"] == (gpu or df["gpu"].iloc[0])) & (df["op"] == "full")
-           & (df["path"] == "eager") & (df["metric"] == "time") & (df["M"] == shape[0])
-           & (df["N"] == shape[1])]
-    d = d[d["impl"].str.startswith("cute.auto@cached:") | (d["impl"] == default)]
-    if d.empty:
-        return pd.DataFrame()
-    d = d.assign(cap=[i.split(":", 1)[1] if ":" in i else "default" for i in d["impl"]],
-                 run=pd.to_datetime(d["timestamp"], utc=True))
-    t = d.pivot_table(index="cap", columns="run", values="p50", aggfunc="last")
-    caps = sorted((c for c in t.index if c != "default"), key=_cap_key)
-    t = t.reindex(caps + (["default"] if "default" in t.index else []))
-    t.columns = [f"run {i}" for i in range(1, len(t.columns) + 1)]
-    return t
-
-
-def cache_runs_summary(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per row of ``cache_runs``: the lowest and highest run median (µs) and, for the bounded
-    caps, in how many runs it was the slowest bounded cap."""
-    bounded = [c for c in runs.index if c not in ("unbounded", "default")]
-    slowest = runs.loc[bounded].idxmax() if bounded else pd.Series(dtype=str)
-    out = pd.DataFrame({"lowest run µs": runs.min(axis=1), "highest run µs": runs.max(axis=1),
-                        "runs": runs.notna().sum(axis=1)})
-    out["slowest bounded cap in (runs)"] = [int((slowest == c).sum()) if c in bounded else pd.NA
-                                     for c in runs.index]
-    return out
-
-
 def step_of(df: pd.DataFrame, impl: str, gpu: Optional[str] = None, shape=CACHE_SHAPE
             ) -> Dict[str, float]:
     """``{"time": µs, "peak_mem": MiB, "p20": .., "p80": ..}`` of ``impl``'s training-like step
@@ -427,26 +294,3 @@ def triton_step(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE,
                 triton: str = "triton.row") -> Dict[str, float]:
     return {k: v for k, v in step_of(df, triton, gpu, shape).items() if k in ("time",
                                                                               "peak_mem")}
-
-
-
-# ============================================================================ host parts
-
-#: the layers of ``rmsnorm_workbook.bench.host_parts``, outermost first, with what each adds
-PART_LAYERS = {
-    "lab fwd+autograd": "rms_norm(x, w): the gate, then C++",
-    "native_launch.rms_norm": "gate closed: memo probed from Python",
-    "fast_call": "C++: call memo + native node",
-    "ext.apply": "native node: allocate, launch, tape",
-    "ext.apply no grad inputs": "native node, no tape",
-    "tvm_ffi kernel call": "compiled kernel from Python",
-    "torch fwd+autograd": "torch F.rms_norm, requires grad",
-    "torch fwd": "torch F.rms_norm, inference",
-    "torch.add": "one small torch op",
-    "empty_like": "one allocation",
-}
-
-
-def load_host_parts(path) -> pd.DataFrame:
-    """The JSON lines of ``python -m rmsnorm_workbook.bench.host_parts`` as a frame indexed by task."""
-    return pd.DataFrame([r for r in read_jsonl(path) if "task" in r]).set_index("task")

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
 import pandas as pd
 
 from rmsnorm_lab import rms_norm
-from rmsnorm_lab import settings
-from .host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, HOST_SHAPE, TORCH, VARYING, WORKLOADS,
-                   changed_toggles, default_toggles, host_rows, recorded_name)
+from .host import (AUTOGRAD, DEFAULT_IMPL, HOST_SHAPE, TORCH, WORKLOADS, changed_toggles,
+                   default_toggles, host_rows, recorded_name)
 
 EPS = 1e-6
 
@@ -32,7 +30,7 @@ class HostRuns:
     """Host µs per call of the lab's call under the settings in force, next to the defaults and
     torch's ``F.rms_norm``: measured now when ``live`` (interleaved rounds, collector off, as
     ``bench.host`` does, with fewer rounds), otherwise the rows ``recorded`` in host.csv for
-    those settings. Each ``measure`` is kept under its label for ``plot_ladder``."""
+    those settings. Each ``measure`` is kept under its label."""
 
     def __init__(self, recorded: Optional[pd.DataFrame], live: bool, gpu: str = "h200",
                  calls: int = 100, repeats: int = 5):
@@ -177,13 +175,9 @@ def live_rows(kind: str, prov: Optional[dict] = None, **kw) -> List[dict]:
     * ``crossover``: the default path's forward by graph replay of one input against M (kw
       ``Ms``), and the lab's and torch's kernels on inputs rotated past the L2 (kw
       ``kernel_Ms``): the device side of ``analysis.crossover``;
-    * ``varying``: the varying-M workloads of the default path and torch, with their fixed-M
-      ``fwd`` and ``full`` beside them (kw ``calls``, ``repeats``);
     * ``peers``: the three workloads of the default path, the lab's Triton path and every
       installed peer but those in kw ``skip`` (default ``torch.compile``: it compiles for longer
-      than a lesson runs);
-    * ``cache``: the training-like step per tensor-cache cap (kw ``caps``, ``layers``), the
-      default path's and Triton's."""
+      than a lesson runs)."""
     import torch
 
     from ..bench import host as hb
@@ -203,18 +197,6 @@ def live_rows(kind: str, prov: Optional[dict] = None, **kw) -> List[dict]:
             for name, call in (("cute.auto", _lab_call), (TORCH, _torch_call)):
                 rows.append(make_row(prov, "fwd", name, "graph", M, N0, hb.DTYPE, "time",
                                      _cold_graph_us(call, M, N0, kw.get("replays", 10))))
-        return rows
-    if kind == "varying":
-        impls = {DEFAULT_IMPL: (_lab_call, default_toggles()), TORCH: (_torch_call, {})}
-        tasks, failures = hb.host_tasks(impls, calls=kw.get("calls", 100))
-        for f in failures:
-            print(f"failed: {f}")
-        tasks = {k: t for k, t in tasks.items()
-                 if k[1].endswith(VARYING) or not k[1].endswith(AUTOGRAD)}
-        timed = interleaved_host_time_us(tasks, repeats=kw.get("repeats", 5), warmup=5)
-        for (op, impl), q in timed.items():
-            M = hb.VARYING_M_MAX if impl.endswith(VARYING) else M0
-            rows.append(make_row(prov, op, impl, "host", M, N0, hb.DTYPE, "host", q))
         return rows
     if kind == "peers":
         from ..bench import peers
@@ -236,49 +218,4 @@ def live_rows(kind: str, prov: Optional[dict] = None, **kw) -> List[dict]:
             rows.append(make_row(prov, op, alias[base] + suffix, "host", M0, N0, hb.DTYPE,
                                  "host", q))
         return rows
-    if kind == "cache":
-        from rmsnorm_lab.lab import clear_forward_caches
-        M, N = CACHE_SHAPE
-        layers = kw.get("layers", hb.LAYERS)
-        configs = [(f"cute.auto@cached:{'unbounded' if c < 0 else c}",
-                    {"launch_path": "cached", "tensor_cache_cap": c}, "cute")
-                   for c in kw.get("caps", hb.CACHE_CAPS)]
-        configs += [(DEFAULT_IMPL, default_toggles(), "cute"), ("triton.row", {}, "triton")]
-        for name, overrides, backend in configs:
-            clear_forward_caches()
-            with settings.override(**overrides):
-                step = hb.training_step(hb.lab_call(backend), M, N, layers)
-                peak, time_us = hb.step_peak_and_time(step, rep_ms=kw.get("rep_ms", 100))
-                rows.append(make_row(prov, "full", name, "eager", M, N, hb.DTYPE, "peak_mem",
-                                     peak))
-                rows.append(make_row(prov, "full", name, "eager", M, N, hb.DTYPE, "time",
-                                     time_us))
-            clear_forward_caches()
-        return rows
-    raise ValueError(f"kind must be crossover, varying, peers or cache, got {kind!r}")
-
-
-def loop_us(M: int = HOST_SHAPE[0], N: int = HOST_SHAPE[1], iters: int = 200
-            ) -> Dict[str, float]:
-    """What the nsys picture shows, measured now: µs per iteration of a loop of ``iters``
-    forward calls launched eagerly (wall time, synchronized at the end: the pace of a loop the
-    host sets) and the same calls replayed from one CUDA graph (device time per call)."""
-    import time
-
-    import torch
-
-    from ..bench.timing import graph_time_us
-    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
-    for _ in range(20):
-        _lab_call(x, w)
-    samples = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            _lab_call(x, w)
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e6 / iters)
-    graph = graph_time_us(lambda: _lab_call(x, w), replays=10)
-    return {"eager_us": float(np.median(samples)), "graph_us": graph.p50}
+    raise ValueError(f"kind must be crossover or peers, got {kind!r}")

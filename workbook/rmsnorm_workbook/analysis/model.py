@@ -28,21 +28,20 @@ CPUs differ: an assumption).
 
 Where the host term wins, a cheaper launch path wins however good the kernels are; the
 *crossover* M is where ``device_us`` overtakes ``host_us`` (the definition: ``analysis.crossover``).
-``validate_call_model`` checks both against the eager times the lab measured.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 
 from ..results import CEILINGS, latest
 from ..results.provenance import gpu_title
-from . import MEASURED, MODELLED
+from . import MEASURED
 from .crossover import (HOST_BENCHMARK, HOSTS_SHOWN, kernel_of,  # noqa: F401 (shared names)
                         crossover_table as measured_crossover_table, shown_hosts)
 from .specs import SPECS, GPUSpec, has_spec, measured_copy_bandwidth, spec
@@ -187,15 +186,13 @@ def device_us(cal: pd.DataFrame, op: str, impl: str, gpu: str, M, N: int = REF_N
 # --- host -------------------------------------------------------------------------------------
 
 _PLAIN = re.compile(r"^[\w.]+(@[\w]+)?$")  # cute.auto@tvm_ffi, triton.row; not the ablations
-_FUSED_ADD = re.compile(r"^[\w.]+\+add$")  # cute.auto+add: its own kernel and host rows
 
 
-def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd",
-               fused_add: bool = False) -> pd.DataFrame:
+def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd") -> pd.DataFrame:
     """Measured host µs per call of each implementation and launch path: the ``path == "host"``
     rows of ``gpu`` (host.csv's ``cute.auto@<path>`` rows and the forward sweep's plain names),
-    ablation rows (``+nvtx``, ``+python_node``, ``+autograd``, ``+varying_m``...) left out;
-    ``fused_add``: the fused residual adds' too (``cute.auto+add``: their sweep's host rows).
+    ablation rows (``+nvtx``, ``+python_node``, ``+autograd``, ``+varying_m``...) and the fused
+    residual adds' (``cute.auto+add``) left out.
 
     Each cost is the median of the newest host benchmark run that timed it (``bench --op
     host``: every implementation interleaved on one host, so they compare), else of its newest
@@ -209,7 +206,7 @@ def host_costs(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd",
         return pd.DataFrame(columns=cols)
     d = df[(df["gpu"] == gpu) & (df["path"] == "host") & (df["metric"] == "host")
            & (df["op"] == op)]
-    d = d[d["impl"].map(lambda s: bool(_PLAIN.match(s) or fused_add and _FUSED_ADD.match(s)))]
+    d = d[d["impl"].map(lambda s: bool(_PLAIN.match(s)))]
     if d.empty:
         return pd.DataFrame(columns=cols)
     # one number per implementation: the smallest measured shape (host cost barely moves with M)
@@ -259,34 +256,6 @@ def resolve_host(hosts: pd.DataFrame, impl: str) -> Tuple[Optional[str], float]:
 def host_us_of(hosts: pd.DataFrame, impl: str) -> float:
     """Host µs of ``impl`` (see ``resolve_host``); NaN when none was measured."""
     return resolve_host(hosts, impl)[1]
-
-
-# --- predictions ------------------------------------------------------------------------------
-
-def predictions(df: pd.DataFrame, gpus: Sequence[str] = MODEL_GPUS, Ms: Iterable[int] = MODEL_M,
-                N: int = REF_N, op: str = "fwd", cal: Optional[pd.DataFrame] = None,
-                hosts: Optional[pd.DataFrame] = None) -> pd.DataFrame:
-    """Modelled device, host and per-call µs for every host-measured implementation whose kernel
-    was calibrated, on every GPU in ``gpus``, at every M. ``kind`` is ``modelled`` on every
-    row (also for the calibration GPU: there it is the fit, the measurements are separate)."""
-    cal = calibrate(df) if cal is None else cal
-    hosts = host_costs(df, op=op) if hosts is None else hosts
-    ce = copy_efficiency(df)
-    Ms = np.asarray(list(Ms), dtype=float)
-    rows = []
-    for gpu in gpus:
-        for h in hosts.itertuples():
-            dev = device_us(cal, op, h.device_impl, gpu, Ms, N)
-            if np.all(np.isnan(dev)):
-                continue
-            for M, t in zip(Ms, dev):
-                rows.append({"gpu": gpu, "op": op, "impl": h.impl, "device_impl": h.device_impl,
-                             "M": int(M), "N": N, "device_us": t, "host_us": h.host_us,
-                             "call_us (pipelined)": call_us(h.host_us, t, gpu, "pipelined"),
-                             "call_us (do_bench)": call_us(h.host_us, t, gpu, "do_bench", ce),
-                             "bound": "host" if h.host_us > t else "device",
-                             "kind": MODELLED})
-    return pd.DataFrame(rows)
 
 
 def measured_points(df: pd.DataFrame, op: str = "fwd", N: int = REF_N,
@@ -342,33 +311,6 @@ def crossover_table(df: pd.DataFrame, gpus: Sequence[str] = MODEL_GPUS, op: str 
 
 
 # --- checks against measurement and against the reported figures -----------------------------
-
-def validate_call_model(df: pd.DataFrame, gpu: str = CALIBRATION_GPU, op: str = "fwd",
-                        N: int = REF_N) -> pd.DataFrame:
-    """Measured eager µs next to ``max(measured host, measured graph)`` on ``gpu``: how well the
-    per-call model explains what was measured there. (Eager is ``do_bench`` with an L2 flush
-    before each call, so the GPU has a head start on a slow host: the model can overestimate.)
-    ``host_impl``: whose host time a row takes (``resolve_host``; a fused add's own)."""
-    if df.empty:
-        return pd.DataFrame()
-    hosts = host_costs(df, gpu, op, fused_add=True)
-    ce = copy_efficiency(df, gpu)
-    d = latest(df[(df["gpu"] == gpu) & (df["op"] == op) & (df["metric"] == "time")
-                  & (df["N"] == N)])
-    g = d[d["path"] == "graph"].set_index(["impl", "M"])["p50"]
-    e = d[d["path"] == "eager"].set_index(["impl", "M"])["p50"]
-    rows = []
-    for (impl, M), eager in e.items():
-        who, host = resolve_host(hosts, impl)
-        if (impl, M) not in g.index or not math.isfinite(host):
-            continue
-        dev = g[(impl, M)]
-        pipe, dob = max(host, dev), call_us(host, dev, gpu, "do_bench", ce)
-        rows.append({"impl": impl, "M": M, "eager_us": eager, "graph_us": dev, "host_impl": who,
-                     "host_us": host, "pipelined_us": pipe, "do_bench_us": dob,
-                     "pipelined/eager": pipe / eager, "do_bench/eager": dob / eager})
-    return pd.DataFrame(rows)
-
 
 def pr_comparison(df: pd.DataFrame, reported: pd.DataFrame, op: str = "fwd",
                   Ms: Sequence[int] = (4096, 8192), gpus: Sequence[str] = ("h100_sxm", "b200"),

@@ -12,8 +12,6 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from ..results import latest
-
 #: the column names of ``step_table``: (workload, path, metric)
 COLUMNS = {
     "train wall": ("train", "eager", "wall"),
@@ -48,16 +46,6 @@ def one_run(steps: pd.DataFrame, containing: str) -> pd.DataFrame:
         return steps.iloc[0:0]
     stamp = steps.loc[steps["impl"] == containing, "timestamp"].max()
     return steps[steps["timestamp"] == stamp].reset_index(drop=True)
-
-
-def ops_as_of(ops: pd.DataFrame, run: pd.DataFrame) -> pd.DataFrame:
-    """The op sweeps' rows as they stood when ``run`` (a model run, ``one_run``) was measured:
-    the newest row of each measurement no later than the run, so a prediction from them is made
-    with the kernels the model ran, not with later ones."""
-    if run.empty or ops.empty:
-        return latest(ops)
-    stamp = pd.to_datetime(run["timestamp"], utc=True).max()
-    return latest(ops[pd.to_datetime(ops["timestamp"], utc=True) <= stamp])
 
 
 def step_table(run: pd.DataFrame, columns: Dict[str, tuple] = COLUMNS,

@@ -55,25 +55,6 @@ def roof_tflops(gpu: str, ai, bandwidth_gbps: Optional[float] = None):
     return np.minimum(s.fp32_tflops, np.asarray(ai, dtype=float) * bw / 1e3)
 
 
-def roof_table(gpus: Sequence[str] = MODEL_GPUS, df: Optional[pd.DataFrame] = None,
-               per_element: Optional[Dict[str, int]] = None, dtype: str = "bf16",
-               shape: Tuple[int, int] = SOL_SHAPE) -> pd.DataFrame:
-    """Per GPU: datasheet bandwidth, FP32 peak, the ridge point, the measured copy (where
-    measured), and how far left of the ridge RMSNorm's forward and backward sit."""
-    rows = []
-    for g in gpus:
-        s = spec(g)
-        copy = measured_copy_bandwidth(df, g) if df is not None and not df.empty else None
-        row = {"gpu": g, "bandwidth GB/s": s.bandwidth_gbps, "FP32 TFLOP/s": s.fp32_tflops,
-               "ridge FLOP/B": s.ridge_flop_per_byte,
-               "copy GB/s (measured)": copy if copy else math.nan}
-        for op in OPS:
-            row[f"ridge / {op} intensity"] = (s.ridge_flop_per_byte
-                                              / intensity(op, *shape, dtype, per_element))
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("gpu")
-
-
 def sol_points(df: pd.DataFrame, reported: pd.DataFrame, cal: pd.DataFrame,
                impl: str = "cute.auto", shape: Tuple[int, int] = SOL_SHAPE,
                gpus: Sequence[str] = MODEL_GPUS,

@@ -185,11 +185,6 @@ def fused_add_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.
     return t.sort_index(level=["N", "M"])
 
 
-def fwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:
-    """The forward's ``bandwidth_table`` under CUDA-graph replay."""
-    return bandwidth_table(df, "fwd", gpu)
-
-
 def host_benchmark_run(d: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``d`` from the newest run of the host benchmark (``bench --op host``: the one
     that times the lab's launch paths, ``cute.auto@tvm_ffi``...), where every implementation was
@@ -242,11 +237,6 @@ def host_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None,
     return d.sort_values(["impl", "M", "N"]).set_index(["impl", "M", "N"])[columns]
 
 
-def bwd_table(df: pd.DataFrame, gpu: Optional[str] = None) -> pd.DataFrame:
-    """The backward's ``bandwidth_table`` under CUDA-graph replay (``% of copy2r1w``)."""
-    return bandwidth_table(df, "bwd", gpu)
-
-
 def shape_order(index) -> list:
     """Shapes sorted as the sweep reads: by N, then M."""
     return sorted(index, key=lambda s: (s[1], s[0]))
@@ -272,64 +262,6 @@ def time_ratio(df: pd.DataFrame, op: str = "bwd", slower: str = "cute.split",
                         "lo": q["p20"][slower] / q["p80"][faster],
                         "hi": q["p80"][slower] / q["p20"][faster]}).dropna()
     return out.reindex(shape_order(out.index))
-
-
-def at_width(d: pd.DataFrame, impls, op: str, N: int, path: str, min_M: int) -> pd.DataFrame:
-    """Median time and GB/s of ``impls`` at width N from ``min_M`` rows up: rows (impl, M)."""
-    d = d[(d["op"] == op) & (d["path"] == path) & (d["N"] == N) & (d["M"] >= min_M)
-          & d["impl"].isin(impls)]
-    return d.pivot_table(index=["impl", "M"], columns="metric", values="p50", aggfunc="last")
-
-
-def fixed_cost_fit(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
-                   path: str = "graph", gpu: Optional[str] = None,
-                   min_M: int = 0) -> pd.DataFrame:
-    """Per implementation of ``impls`` measured at three or more M >= ``min_M`` at width N: a
-    least-squares line through its median µs against the bytes it moved. The slope's inverse is its
-    ``streaming GB/s`` (the rate once a launch is under way); the intercept, its ``fixed µs``
-    (what every launch costs whatever its size: the first loads' latency, the last stores'
-    drain, the gap to the next launch). Bytes come from each point's median time and GB/s."""
-    import numpy as np
-
-    d, _ = one_gpu(df, gpu)
-    p50 = at_width(d, impls, op, N, path, min_M)
-    rows = []
-    measured = p50.index.get_level_values(0) if {"time", "bandwidth"} <= set(p50.columns) else []
-    for name in [i for i in impls if i in measured]:
-        pts = p50.loc[name, ["time", "bandwidth"]].dropna()
-        if len(pts) < 3:
-            continue
-        mbytes = pts["bandwidth"] * pts["time"] / 1e3  # GB/s x µs = kB; / 1e3: MB
-        slope, fixed = np.polyfit(mbytes, pts["time"], 1)  # µs per MB, µs
-        rows.append({"impl": name, "streaming GB/s": 1e3 / slope, "fixed µs": fixed,
-                     "points": len(pts)})
-    return pd.DataFrame(rows, columns=["impl", "streaming GB/s", "fixed µs", "points"]
-                        ).set_index("impl")
-
-
-def op_breakdown(df: pd.DataFrame, impls=None, path: str = "graph",
-                 gpu: Optional[str] = None) -> pd.DataFrame:
-    """From recorded rows only (nothing measured, nothing drawn): per implementation and shape,
-    median µs of ``fwd``, ``bwd`` and ``full``, ``fwd+bwd``, and ``full / (fwd+bwd)`` (below 1:
-    running both in one call overlaps or saves something; above 1: the training call costs more
-    than its parts, e.g. saving rstd or autograd's bookkeeping under ``eager``). Implementations
-    are those in ``impls`` (default: all of the benchmark's); a missing op leaves NaN."""
-    d, _ = one_gpu(df, gpu)
-    d = d[(d["path"] == path) & (d["metric"] == "time") & ~d["impl"].isin(CEILINGS)]
-    if impls is not None:
-        d = d[d["impl"].isin(list(impls))]
-    else:
-        d = library_rows(d)
-    t = d.pivot_table(index=["impl", "M", "N"], columns="op", values="p50", aggfunc="last")
-    t = t.reindex(columns=["fwd", "bwd", "full"])
-    t.columns.name = None
-    t["fwd+bwd"] = t["fwd"] + t["bwd"]
-    t["full / (fwd+bwd)"] = t["full"] / t["fwd+bwd"]
-    if t.empty:
-        return t
-    order = {name: i for i, name in enumerate(impl_order(t.index.get_level_values("impl")))}
-    keys = sorted(t.index, key=lambda k: (order[k[0]], k[2], k[1]))
-    return t.reindex(keys)
 
 
 #: how close two CUDA-graph times must lie for ``eager_pair`` to count them the same

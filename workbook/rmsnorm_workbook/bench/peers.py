@@ -133,12 +133,6 @@ def forward_only() -> frozenset:
     return frozenset(FORWARD_PEERS) - frozenset(BACKWARD_PEERS)
 
 
-def backward_peers(eps: float) -> Dict[str, ForwardFn]:
-    """The backward peers available here, by name."""
-    found = {name: make(eps) for name, make in BACKWARD_PEERS.items()}
-    return {name: fn for name, fn in found.items() if fn is not None}
-
-
 def forward_peers(eps: float) -> Dict[str, ForwardFn]:
     """The forward peers available here, by name."""
     found = {name: make(eps) for name, make in FORWARD_PEERS.items()}

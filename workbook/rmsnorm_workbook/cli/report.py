@@ -403,8 +403,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     headline += lines
     progress(f"[{next(step)}/{total}] in a model: the model step against torch's norm "
              "(notebook 05)")
-    section, lines = model_section(results_io.load_all(root, model_steps=True), out, root,
-                                   findings)
+    section, lines = model_section(results_io.load_all(root, model_steps=True), out, findings)
     md += section
     headline += lines
     top = ["# rmsnorm-lab report", ""] + markdown_lines(df, len(measured_files(root)), findings)

@@ -179,13 +179,12 @@ MODEL_COLUMNS = ["train wall", "prefill wall", "decode wall", "decode events", "
 MODEL_RATIOS = ["train wall", "prefill wall", "decode wall", "decode graph"]
 
 
-def model_section(steps: pd.DataFrame, out: Path, root: Optional[Path] = None,
-                  findings: Optional["Findings"] = None) -> Tuple[List[str], List[str]]:
+def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"] = None
+                  ) -> Tuple[List[str], List[str]]:
     """Notebook 05's step table per GPU: the newest run of ``bench --op model`` (every norm
     choice, ms, p50), each choice over torch's norm in the same model and run (also as a figure),
-    with what the decode-timer probe in ``root/<gpu>/logs`` says of its eager decode column, and
-    the torch.compile run; (markdown lines, headline lines for stdout). The lab's ratios go into
-    ``findings`` too, for the summary."""
+    with what its eager decode column measures, and the torch.compile run; (markdown lines,
+    headline lines for stdout). The lab's ratios go into ``findings`` too, for the summary."""
     from matplotlib.figure import Figure
 
     from ..viz import model_step as step_figures

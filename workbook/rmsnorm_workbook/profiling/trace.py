@@ -291,18 +291,6 @@ def launches(trace: Trace) -> Optional[pd.DataFrame]:
     return out.sort_values("start_ns").reset_index(drop=True)
 
 
-def range_durations(nvtx: pd.DataFrame) -> pd.DataFrame:
-    """Per lab range name: instances and host µs per instance (median, p20, p80), ordered by
-    stage (``profiling.nsys.STAGES``)."""
-    if nvtx is None or nvtx.empty:
-        return pd.DataFrame(columns=["instances", "p20 µs", "median µs", "p80 µs"])
-    g = nvtx.groupby("range")["dur_ns"]
-    out = pd.DataFrame({"instances": g.size(), "p20 µs": g.quantile(0.2) / 1e3,
-                        "median µs": g.median() / 1e3, "p80 µs": g.quantile(0.8) / 1e3})
-    order = sorted(out.index, key=stage_order)
-    return out.loc[order]
-
-
 def stage_order(name: str):
     stage = name.split(" ", 1)[0]
     return (STAGES.index(stage) if stage in STAGES else len(STAGES), name)
@@ -323,24 +311,6 @@ def kernels(trace: Trace) -> pd.DataFrame:
         if not it.empty:
             k = k[k["start_ns"] >= it["start_ns"].min()]
     return k.sort_values("start_ns", kind="stable").reset_index(drop=True)
-
-
-def graph_launches(trace: Trace) -> int:
-    """``cudaGraphLaunch`` calls in the capture (0 for an eager loop)."""
-    if trace.api is None or trace.api.empty:
-        return 0
-    return int(trace.api["name"].str.contains("GraphLaunch").sum())
-
-
-def replay_kernels_traced(trace: Trace) -> bool:
-    """Does the export list the kernels a graph replay ran? nsys traces a graph as one unit
-    unless captured with ``--cuda-graph-trace=node``, and then its kernels are not in
-    ``cuda_gpu_trace``. True for an eager loop."""
-    if not graph_launches(trace):
-        return True
-    first = trace.api[trace.api["name"].str.contains("GraphLaunch")]["start_ns"].min()
-    k = kernels(trace)
-    return bool((k["start_ns"] >= first).any()) and len(k) > 1
 
 
 def kernel_iterations(trace: Trace) -> pd.DataFrame:

@@ -259,27 +259,3 @@ def run_profile(cfg: ProfileConfig, device: str = "cuda", hooks: Optional[Hooks]
             if started:
                 hooks.stop()
     return ProfileResult(backend, cfg.iters, seconds, cfg.graph)
-
-
-#: the per-event reports a timeline is drawn from (``profiling.trace``) and the summaries
-#: ``nsys-summary`` reads (``profiling.nsys``), exported together
-EXPORT_REPORTS = ("nvtx_pushpop_trace", "cuda_gpu_trace", "cuda_api_trace", "nvtx_sum",
-                  "cuda_gpu_kern_sum", "nvtx_kern_sum")
-
-
-def capture_commands(cfg: ProfileConfig, out_dir: str, stem: str, python: str = "python3",
-                     report_dir: str = ".") -> list:
-    """The two commands that capture ``cfg`` under Nsight Systems and export its reports as
-    ``<out_dir>/<stem>_<report>.csv`` (what ``profiling.trace.load_trace(out_dir, stem)``
-    reads): ``nsys profile ... <python> -m rmsnorm_lab profile ...`` writing
-    ``<report_dir>/<stem>.nsys-rep``, then ``nsys stats``. Each command is a list of arguments."""
-    report = f"{report_dir.rstrip('/')}/{stem}"
-    # node: a graph replay's kernels listed one by one (nsys's default traces the graph whole)
-    profile = (["nsys", "profile", "-t", "cuda,nvtx", "--cuda-graph-trace=node",
-                "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-                "--force-overwrite", "true", "-o", report,
-                python, "-m", "rmsnorm_lab", "profile"] + shlex.split(cfg.cli_args()))
-    stats = ["nsys", "stats", "--report", ",".join(EXPORT_REPORTS), "--format", "csv",
-             "--output", f"{out_dir.rstrip('/')}/{stem}", "--force-export", "true",
-             "--force-overwrite", "true", f"{report}.nsys-rep"]
-    return [profile, stats]

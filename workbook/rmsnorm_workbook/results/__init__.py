@@ -6,10 +6,9 @@ public ones); ``provenance`` collects what every row records about the machine a
 
 from .store import (COLUMNS, CEILINGS, DTYPES, KEY, METRIC_UNITS, NOT_MEASURED_DIRS, OPS, PATHS,
                     PROVENANCE_COLUMNS, REPORTED_DIR, SHAPE_KEY, PathLike, ResultsError, latest,
-                    load, load_all, load_probe, newest_run_per_shape, read_jsonl, results_dir,
-                    write)
+                    load, load_all, newest_run_per_shape, read_jsonl, results_dir, write)
 
 __all__ = ["COLUMNS", "CEILINGS", "DTYPES", "KEY", "METRIC_UNITS", "NOT_MEASURED_DIRS", "OPS",
            "PATHS", "PROVENANCE_COLUMNS", "REPORTED_DIR", "SHAPE_KEY", "PathLike", "ResultsError",
-           "latest", "load", "load_all", "load_probe", "newest_run_per_shape", "read_jsonl",
+           "latest", "load", "load_all", "newest_run_per_shape", "read_jsonl",
            "results_dir", "write"]

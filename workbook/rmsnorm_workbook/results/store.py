@@ -224,20 +224,9 @@ def newest_run_per_shape(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_jsonl(path: PathLike) -> List[dict]:
-    """The JSON objects of a log written one per line (probes, ``bench.host_parts``); other
+    """The JSON objects of a log written one per line (notebook 02's numerics record); other
     lines (a tool's stray output captured with them) are skipped."""
     import json
 
     return [json.loads(line) for line in Path(path).read_text().splitlines()
             if line.strip().startswith("{")]
-
-
-def load_probe(path: PathLike) -> pd.DataFrame:
-    """A probe log (``results/<gpu>/logs/*-probe-*.jsonl``: one JSON object per timed
-    configuration, with at least ``impl`` and ``us``) as a DataFrame. Probes are not results
-    files: they compare kernel configurations within one process."""
-    df = pd.DataFrame(read_jsonl(path))
-    missing = {"impl", "us"} - set(df.columns)
-    if missing:
-        raise ValueError(f"{path}: not a probe log (no {', '.join(sorted(missing))} column)")
-    return df

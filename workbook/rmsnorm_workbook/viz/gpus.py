@@ -22,7 +22,7 @@ from ..analysis.specs import has_spec, measured_copy_bandwidth, spec
 from ..results.provenance import gpu_title
 
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
-ORANGE, SKY, BLACK, GREY = "#E69F00", "#56B4E9", "#000000", "#999999"
+ORANGE, BLACK, GREY = "#E69F00", "#000000", "#999999"
 OP_MARKERS = {"fwd": "o", "bwd": "^"}
 OP_COLORS = {"fwd": BLUE, "bwd": VERMILLION}
 STYLE = {

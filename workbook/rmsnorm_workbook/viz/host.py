@@ -1,6 +1,5 @@
-"""The host-overhead lesson's figures (notebooks/03_host_overhead.ipynb, the report): the launch
-path step by step, against torch and the peers, the crossover, the tensor-cache cap and the nsys
-timelines of an eager loop and of the same work replayed from a CUDA graph. Drawn from
+"""The host-overhead lesson's figures (notebooks/03_host_overhead.ipynb, the report): host µs per
+launch path and per peer, the crossover, the tensor-cache cap and the nsys timelines of an eager loop and of the same work replayed from a CUDA graph. Drawn from
 ``results/<gpu>/host.csv`` (tables: ``rmsnorm_workbook.analysis.host``, re-exported here) and from nsys
 trace CSVs (``rmsnorm_workbook.profiling.trace``).
 
@@ -19,20 +18,17 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from ..analysis.crossover import (Crossover, crossover_M, crossover_table,  # noqa: F401
-                                  kernel_of, kernel_times)
-from ..analysis.host import (AUTOGRAD, CACHE_SHAPE, DEFAULT_IMPL, DEFAULT_PATH,  # noqa: F401
-                             HOST_SHAPE, PART_LAYERS, STEPS, TOGGLES, TORCH, VARYING, WORKLOADS,
-                             Step, Toggle, cache_table, device_times, host_order, host_rows,
-                             host_table, is_launch_path, is_toggle, known_impl, load_host_parts,
-                             recorded_name, savings_table, split_impl, step_of, triton_step,
-                             varying_table)
+from ..analysis.crossover import (crossover_M, crossover_table, kernel_of,  # noqa: F401
+                                  kernel_times)
+from ..analysis.host import (CACHE_SHAPE, DEFAULT_IMPL, HOST_SHAPE, TORCH,  # noqa: F401
+                             WORKLOADS, cache_table, host_order, host_rows, host_table, is_toggle,
+                             known_impl, recorded_name, split_impl, step_of, triton_step)
 from ..analysis.tables import one_gpu
 from ..results.provenance import gpu_title
 
 # Okabe and Ito's palette (distinct under the common colour-vision deficiencies)
 BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
-ORANGE, SKY, YELLOW, BLACK, GREY = "#E69F00", "#56B4E9", "#F0E442", "#000000", "#999999"
+ORANGE, BLACK, GREY = "#E69F00", "#000000", "#999999"
 #: how each workload is drawn: colour, marker
 WORKLOAD_STYLE = {"fwd": (BLUE, "o"), "fwd+autograd": (ORANGE, "s"), "full": (GREEN, "D")}
 
@@ -75,105 +71,7 @@ def _dots(ax, ys, mid, low, high, color, marker, label=None, size=6):
                 markersize=size, capsize=2, elinewidth=1, label=label, linestyle="none")
 
 
-# ============================================================================ the ladder
-
-def ladder_frame(runs: Dict[str, pd.DataFrame], workloads: Sequence[str] = WORKLOADS
-                 ) -> pd.DataFrame:
-    """``HostRuns.runs`` as one row per (step label, workload): p20, p50, p80 of ``now``, and
-    torch's median of the same measurement."""
-    rows = []
-    for label, f in runs.items():
-        for w in workloads:
-            if ("now", w) not in f.index:
-                continue
-            r = f.loc[("now", w)]
-            t = f.loc[("torch", w), "p50"] if ("torch", w) in f.index else math.nan
-            rows.append({"step": label, "workload": w, "p20": r["p20"], "p50": r["p50"],
-                         "p80": r["p80"], "torch": t})
-    return pd.DataFrame(rows, columns=["step", "workload", "p20", "p50", "p80", "torch"])
-
-
-def plot_ladder(runs: Dict[str, pd.DataFrame], steps: Sequence[str],
-                workloads: Sequence[str] = WORKLOADS, axes=None, title: str = ""):
-    """One panel per workload: host µs per call (log scale; median, whiskers p20-p80) of each
-    step of the launch path, top to bottom in ``steps`` order, with torch's ``F.rms_norm``
-    (the median over the steps' measurements) as a dashed line."""
-    f = ladder_frame({k: runs[k] for k in steps if k in runs}, workloads)
-    ws = [w for w in workloads if w in set(f["workload"])]
-    if axes is None:
-        import matplotlib.pyplot as plt
-        axes = plt.subplots(1, len(ws), figsize=(4.2 * len(ws) + 2.2, 0.55 * len(steps) + 1.8),
-                            sharey=True, constrained_layout=True, squeeze=False)[1][0]
-    labels = [s for s in steps if s in set(f["step"])]
-    ys = np.arange(len(labels))
-    for ax, w in zip(axes, ws):
-        d = f[f["workload"] == w].set_index("step").reindex(labels)
-        color, marker = WORKLOAD_STYLE[w]
-        _dots(ax, ys, d["p50"], d["p20"], d["p80"], color, marker)
-        torch_us = float(np.nanmedian(d["torch"])) if d["torch"].notna().any() else math.nan
-        if math.isfinite(torch_us):
-            ax.axvline(torch_us, color=GREY, linestyle="--", linewidth=1.2)
-            shown = f"{torch_us:.1f}" if torch_us < 100 else f"{torch_us:.0f}"
-            ax.annotate(f"torch {shown} µs", (torch_us, -0.5), xytext=(3, 0),
-                        textcoords="offset points", fontsize=8, color="#555555",
-                        va="bottom", ha="left")
-        for y, v in zip(ys, d["p50"]):
-            if pd.notna(v):
-                ax.annotate(f"{v:.1f}" if v < 100 else f"{v:.0f}", (v, y), xytext=(0, 7),
-                            textcoords="offset points", ha="center", fontsize=8)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-        _plain_log(ax.xaxis)
-        lo = np.nanmin([d["p20"].min(), torch_us]) if math.isfinite(torch_us) else d["p20"].min()
-        hi = np.nanmax([d["p80"].max(), torch_us]) if math.isfinite(torch_us) else d["p80"].max()
-        ax.set_xlim(lo / 1.6, hi * 1.6)
-        ax.set_title(w, fontsize="medium")
-        ax.set_xlabel("host µs per call (log)")
-        ax.grid(True, axis="x", which="both", alpha=0.3)
-    axes[0].set_yticks(ys, labels)
-    axes[0].set_ylim(len(labels) - 0.5, -0.9)
-    axes[0].figure.suptitle(title or "host µs per call along the launch path, one panel per "
-                            "workload (dashed: torch's F.rms_norm)", fontsize="medium")
-    return axes
-
-
 # ============================================================================ against torch
-
-def plot_vs_torch(table: pd.DataFrame, impls: Sequence[str], torch_name: str = TORCH,
-                  ax=None, labels: Optional[Dict[str, str]] = None, gpu: Optional[str] = None):
-    """Host µs per call over torch's ``F.rms_norm`` (``table``: ``host_table``), one row per
-    implementation, one marker per workload, on a log axis centred on 1 (left of the line:
-    cheaper than torch); ``gpu``, the machine measured, names it in the title."""
-    ax = _axes(ax, (8, 0.5 * len(impls) + 1.6))
-    impls = [i for i in impls if i in table.index]
-    ys = np.arange(len(impls))
-    ratios = table.loc[impls] / table.loc[torch_name]
-    k = len(table.columns)
-    for j, w in enumerate(table.columns):
-        color, marker = WORKLOAD_STYLE.get(w, (GREY, "o"))
-        off = (j - (k - 1) / 2) * 0.18
-        ax.plot(ratios[w], ys + off, marker, color=color, linestyle="none", markersize=7,
-                label=w)
-    finite = ratios.to_numpy(dtype=float)
-    finite = finite[np.isfinite(finite)]
-    span = max(2.0, float(np.max(np.abs(np.log2(finite)))) + 0.4) if finite.size else 2.0
-    ax.set_xscale("log", base=2)
-    ax.set_xlim(2 ** -span, 2 ** span)
-    ticks = [2.0 ** e for e in range(-int(span), int(span) + 1)]
-    ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.axvline(1.0, color=BLACK, linewidth=1)
-    ax.set_yticks(ys, [(labels or {}).get(i, i) for i in impls])
-    ax.set_ylim(len(impls) - 0.5, -0.5)
-    torch_label = (labels or {}).get(torch_name, torch_name)
-    ax.set_xlabel(f"host time per call / {torch_label}'s (log scale; < 1: cheaper)")
-    ax.set_title(f"{gpu_title(gpu) + ': ' if gpu else ''}host time per call against "
-                 f"{torch_label}'s",
-                 fontsize="medium")
-    ax.grid(True, axis="x", alpha=0.3)
-    _legend_right(ax, title="workload", title_fontsize="small")
-    return ax
-
 
 def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
               toggles: bool = False, ax=None):
@@ -332,23 +230,14 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
 # ============================================================================ cache cap
 
 def plot_cache_steps(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAPE, ax=None,
-                     references: Sequence[str] = (DEFAULT_IMPL, "triton.row"),
-                     runs: Optional[pd.DataFrame] = None):
+                     references: Sequence[str] = (DEFAULT_IMPL, "triton.row")):
     """Step time (ms; median, whiskers p20-p80) of the training-like step per tensor-cache cap
-    of the ``cached`` path, with the default path's and Triton's steps as horizontal lines;
-    with ``runs`` (``analysis.host.cache_runs``), every recorded run's median as a small grey
-    dot beside its cap."""
+    of the ``cached`` path, with the default path's and Triton's steps as horizontal lines."""
     d, gpu = one_gpu(df, gpu)
     t = cache_table(d, gpu, shape)
     ax = _axes(ax, (7.5, 4))
     xs = np.arange(len(t))
     ms = t["step µs"] / 1e3
-    if runs is not None and not runs.empty:
-        r = runs.reindex(t.index) / 1e3
-        for x, (_, vals) in zip(xs, r.iterrows()):
-            v = vals.dropna().to_numpy()
-            ax.plot(np.full(len(v), x - 0.22), v, "o", color=GREY, markersize=3.5,
-                    alpha=0.8, label="one recorded run's median" if x == 0 else None)
     ax.errorbar(xs, ms, yerr=[(ms - t["step p20"] / 1e3).fillna(0),
                               (t["step p80"] / 1e3 - ms).fillna(0)],
                 fmt="o", color=VERMILLION, markersize=7, capsize=3,
@@ -447,31 +336,6 @@ def plot_cache_cap(df: pd.DataFrame, gpu: Optional[str] = None, shape=CACHE_SHAP
     return axes
 
 
-# ============================================================================ host parts
-
-def plot_host_parts(parts: pd.DataFrame, title: str = "", ax=None):
-    """Forward-with-autograd layers against torch (left) and forward + backward (right)."""
-    if ax is None:
-        import matplotlib.pyplot as plt
-        _, ax = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True,
-                             gridspec_kw={"width_ratios": [3, 1]})
-    left, right = ax
-    for a, tasks in ((left, [t for t in PART_LAYERS if t in parts.index]),
-                     (right, [t for t in ("torch full", "lab full") if t in parts.index])):
-        d = parts.loc[tasks]
-        colors = [GREY if t.startswith("torch") else BLUE for t in tasks]
-        a.barh(range(len(d)), d["p50"], color=colors,
-               xerr=[d["p50"] - d["p20"], d["p80"] - d["p50"]], capsize=2)
-        labels = [f"{t}\n({PART_LAYERS[t]})" if t in PART_LAYERS else t for t in tasks]
-        a.set_yticks(range(len(d)), labels, fontsize=8)
-        a.invert_yaxis()
-        a.set_xlabel("host µs per call (median; whiskers p20-p80)")
-        a.grid(True, axis="x", alpha=0.3)
-    left.set_title(title or "forward with autograd, layer by layer")
-    right.set_title("forward + backward")
-    return ax
-
-
 # the timelines live in their own module; imported last (it takes this module's helpers)
-from .timeline import (KERNEL_NAMES, api_call_name, plot_timeline,  # noqa: E402,F401
-                       plot_timelines, short_kernel_name, trace_gpu)
+from .timeline import (api_call_name, plot_timeline, plot_timelines,  # noqa: E402,F401
+                       short_kernel_name, trace_gpu)

@@ -26,17 +26,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
+from rmsnorm_lab import reference
 from .. import paths
 from .. import results as results_io
-from .sweeps import style_of
 # The notebooks reach everything through this one module: what the compiler made of a kernel
 # and the recorded measurements live beside it.
 from .compiled import (Compiled, compiled_table, inspect, read_compiled,  # noqa: F401
                        target_arch, tool_version)
-from .recorded import (COPY_OF, RECORDED_GPU, RESULTS_ROOT, fmt_shape,  # noqa: F401
-                       load_ncu, load_teach, ncu_sentence, ncu_shape, ncu_units, ncu_value,
-                       ncu_view, recorded_sass,
-                       teach_path, teach_table)
+from .recorded import (COPY_OF, RECORDED_GPU, fmt_shape, load_ncu,  # noqa: F401
+                       load_teach, ncu_view, recorded_sass, teach_path, teach_table)
 
 # ------------------------------------------------------------------------------------------------
 # showing things
@@ -199,36 +197,6 @@ def l2_bytes() -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# how a teaching kernel is drawn
-
-_OI = {"blue": "#0072B2", "vermillion": "#D55E00", "green": "#009E73", "purple": "#CC79A7",
-       "orange": "#E69F00", "sky": "#56B4E9", "black": "#000000", "grey": "#999999"}
-TEACH_STYLES = {
-    "teach.scalar": (_OI["vermillion"], ":", "x"),
-    "teach.vectorized": (_OI["orange"], "-.", "D"),
-    "teach.cta_row": (_OI["blue"], "-", "o"),
-    "teach.warp_row": (_OI["green"], "--", "v"),
-    "teach.persistent": (_OI["purple"], "-", "^"),
-    "teach.cluster_row": (_OI["sky"], "-", ">"),
-    "teach.split_dx": (_OI["sky"], "--", "s"),
-    "teach.split_dw": (_OI["orange"], "-.", "D"),
-    "teach.split": (_OI["purple"], "-", "^"),
-    "teach.fused": (_OI["blue"], "-", "o"),
-    "teach.copy": (_OI["black"], ":", ""),
-    "teach.copy2r1w": (_OI["black"], ":", ""),
-}
-
-
-def style(name: str) -> dict:
-    """matplotlib keywords for a series: the registry's style for the library's names, the
-    table above for the teaching kernels (same palette: Okabe and Ito's)."""
-    if name in TEACH_STYLES:
-        color, ls, marker = TEACH_STYLES[name]
-        return dict(color=color, linestyle=ls, marker=marker, label=name)
-    return style_of(name)
-
-
-# ------------------------------------------------------------------------------------------------
 # measuring live
 
 @dataclasses.dataclass
@@ -254,22 +222,13 @@ def rel_err(out, ref) -> float:
     return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def ref_forward(x, w, eps: float = EPS):
-    """The forward in float64 with the llama rounding point (x·rstd rounded to bf16)."""
-    import torch
-    x64 = x.double()
-    rstd = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
-    return (x64 * rstd).to(x.dtype).double() * w.double()
-
-
 def ref_backward(dy, x, w, rstd):
-    """dx and dw in float64 from the forward's fp32 rstd (llama: dw uses the rounded x·rstd)."""
-    r = rstd.double()[:, None]
-    x_hat = x.double() * r
-    m = dy.double() * w.double()
-    dx = r * (m - x_hat * (m * x_hat).mean(-1, keepdim=True))
-    x_hat_rounded = (x.float() * rstd[:, None]).to(x.dtype).double()
-    dw = (dy.double() * x_hat_rounded).sum(0)
+    """dx and dw of the library's oracle (``rmsnorm_lab.reference``, llama's rounding) left
+    unrounded, from the forward's fp32 rstd: dx in float64; dw of x·rstd rounded to x's dtype
+    (the value the forward multiplied by the weight), summed in fp32, in float64 (w's dtype)."""
+    dx, _ = reference.rms_norm_backward(dy.double(), x.double(), w.double(), rstd,
+                                        casting_mode="llama")
+    _, dw = reference.rms_norm_backward(dy, x, w.double(), rstd, casting_mode="llama")
     return dx, dw
 
 
@@ -284,8 +243,9 @@ def forward_set(M: int, N: int) -> dict:
 
 def forward_case(impl: str, fn, M: int, N: int) -> Case:
     """A teaching forward compiled with TVM-FFI: ``fn(x, w, y, eps)``."""
-    def check(s):
-        return {"y": rel_err(s["y"], ref_forward(s["x"], s["w"]))}
+    def check(s):  # the library's oracle in float64, x·rstd rounded where llama rounds it
+        x_hat = reference.rms_norm(s["x"].double(), eps=EPS, casting_mode="llama")
+        return {"y": rel_err(s["y"], x_hat.to(s["x"].dtype).double() * s["w"].double())}
     return Case(impl, "fwd", M, N, lambda: forward_set(M, N),
                 lambda s: fn(s["x"], s["w"], s["y"], EPS), check, 2 * M * N * 2 + N * 2)
 
@@ -467,7 +427,3 @@ class LiveRun:
                          "status": "FAILED: " + self.failures[key] if key in self.failures
                          else "ok"})
         return pd.DataFrame(rows).set_index(["impl", "M", "N"]) if rows else pd.DataFrame()
-
-
-def supported(max_n: Optional[int], N: int) -> bool:
-    return max_n is None or N <= max_n

@@ -1,16 +1,15 @@
-"""Figures of notebook 05: each norm's model step against torch's norm in the same model, and one
-decode step's kernels on a timeline with the norms picked out. Each function takes an ``ax`` (a
-new figure when omitted) and returns it."""
+"""Figures of notebook 05: each norm's model step against torch's norm in the same model. Each
+function takes an ``ax`` (a new figure when omitted) and returns it."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
-from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILLION, _axes
+from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, _axes
 from ..results.provenance import gpu_title
 
 NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURPLE,
@@ -169,53 +168,3 @@ def _label_room(ax, lo: float, hi: float) -> float:
     width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
     frac = min(0.4, LABEL_PT / max(width_pt, 1.0))
     return lo - frac * (hi - lo) / (1 - frac)
-
-
-def plot_decode_timeline(kernels: Dict[str, pd.DataFrame], step: int = 1, ax=None,
-                         packed: bool = False, norm_color: str = VERMILLION):
-    """One decode step per row (``kernels``: name -> ``profiling.model_share.step_kernels``'s
-    frame): every kernel a bar at its start and length on the GPU, the norm kernels in colour.
-    Time runs from the step's first kernel, each row's span written at its end. Each frame is a
-    trace of its own run, and an eager step's span is that run's host pace: with several rows
-    the x label says so. ``packed``: the kernels end to end, the GPU's idle gaps taken out (what
-    the step's kernels alone take, as a graph replay approaches: the fair comparison)."""
-    ax = _axes(ax, (11.0, 0.9 * len(kernels) + 1.2))
-    spans = []
-    for row, (name, k) in enumerate(kernels.items()):
-        k = k[k["step"] == step].sort_values("start_us")
-        length = k["end_us"] - k["start_us"]
-        start = (length.cumsum() - length) if packed else k["start_us"] - k["start_us"].min()
-        for norm, color in ((False, GREY), (True, norm_color)):
-            sel = k["norm"].astype(bool) == norm
-            # an edge as wide as a hairline: a kernel narrower than a pixel still shows
-            ax.broken_barh(list(zip(start[sel], length[sel])), (row - 0.35, 0.7),
-                           facecolors=color, edgecolors=color, linewidth=0.4)
-        norms = k["norm"].astype(bool)
-        if packed:  # the widths are the point here, and the norms' are a few pixels: say them
-            share = 100 * length[norms].sum() / length.sum()
-            ax.annotate(f"norms {length[norms].sum():.0f} of {length.sum():,.0f} µs "
-                        f"({share:.1f}%)", (length.sum(), row), xytext=(6, 0),
-                        textcoords="offset points", va="center", fontsize=8)
-        else:  # a norm kernel is far narrower than a pixel at this scale: a line marks each one
-            ax.vlines(start[norms] + length[norms] / 2, row - 0.45, row + 0.45,
-                      colors=norm_color, linewidth=1.0)
-            span = float((start + length).max()) if len(k) else 0.0
-            spans.append(span)
-            ax.annotate(f"span {span / 1e3:.1f} ms", (span, row), xytext=(6, 0),
-                        textcoords="offset points", va="center", fontsize=8)
-    if packed:  # room right of the longest row for its note
-        ax.set_xlim(0, 1.3 * max(float((k["end_us"] - k["start_us"])[k["step"] == step].sum())
-                                 for k in kernels.values()))
-    elif spans:  # room right of the longest span for its note
-        ax.set_xlim(right=1.12 * max(spans))
-    ax.set_yticks(range(len(kernels)), list(kernels))
-    ax.invert_yaxis()
-    ax.set_xlabel("µs of kernel time, end to end" if packed
-                  else "µs from the step's first kernel (GPU time)"
-                  + ("\neach row traced in a run of its own: a span is that run's host pace; "
-                     "compare the kernels end to end, not the spans" if len(kernels) > 1 else ""))
-    import matplotlib.patches as mpatches
-    ax.legend(handles=[mpatches.Patch(color=norm_color, label="RMSNorm kernels"),
-                       mpatches.Patch(color=GREY, label="every other kernel")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, frameon=False)
-    return ax

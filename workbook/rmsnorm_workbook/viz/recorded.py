@@ -140,55 +140,6 @@ def ncu_view(ncu: pd.DataFrame, kernels: Optional[Sequence[str]] = None) -> pd.D
     return pd.DataFrame(rows).set_index("kernel") if rows else pd.DataFrame()
 
 
-#: Nsight Compute's "speed of light" of each unit: how busy it was, as a % of its peak
-NCU_UNITS = {"DRAM": "GPU Speed Of Light Throughput/DRAM Throughput",
-             "L2": "GPU Speed Of Light Throughput/L2 Cache Throughput",
-             "L1/TEX": "GPU Speed Of Light Throughput/L1/TEX Cache Throughput",
-             "SM (compute)": "GPU Speed Of Light Throughput/Compute (SM) Throughput"}
-
-
-def ncu_value(ncu: pd.DataFrame, kernel: str, metric: str) -> float:
-    """One recorded metric of ``kernel`` (NaN when the record does not hold it)."""
-    hit = ncu[(ncu["kernel"] == kernel) & (ncu["metric"] == metric)]
-    return float(hit["value"].iloc[0]) if len(hit) else math.nan
-
-
-def ncu_units(ncu: pd.DataFrame, kernel: str) -> pd.Series:
-    """How busy each unit of ``NCU_UNITS`` was during ``kernel``, % of its peak."""
-    return pd.Series({unit: ncu_value(ncu, kernel, m) for unit, m in NCU_UNITS.items()})
-
-
-def ncu_shape(ncu: pd.DataFrame, kernel: Optional[str] = None) -> str:
-    """The M×N the record was taken at (of ``kernel``, or of the first row)."""
-    d = ncu[ncu["kernel"] == kernel] if kernel is not None else ncu
-    d = d if not d.empty else ncu
-    if {"M", "N"} <= set(d.columns):
-        return fmt_shape(int(d["M"].iloc[0]), int(d["N"].iloc[0]))
-    return "?×?"
-
-
-def ncu_sentence(row: pd.Series, shape: str) -> str:
-    """One sentence of what Nsight Compute saw (the ``ncu_view`` columns that were recorded)."""
-    parts = []
-    if pd.notna(row.get("DRAM throughput % of peak")):
-        parts.append(f"DRAM busy **{row['DRAM throughput % of peak']:.0f}%** of its peak")
-    if pd.notna(row.get("achieved occupancy %")):
-        occ = f"achieved occupancy **{row['achieved occupancy %']:.0f}%** of the warp slots"
-        if pd.notna(row.get("theoretical occupancy %")):
-            occ += f" (at most {row['theoretical occupancy %']:.0f}%)"
-        parts.append(occ)
-    if pd.notna(row.get("registers / thread")):
-        parts.append(f"**{row['registers / thread']:.0f}** registers per thread")
-    if pd.notna(row.get("local (spill) ld+st instructions")):
-        n = row["local (spill) ld+st instructions"]
-        parts.append("no spill instruction executed" if n == 0 else
-                     f"**{n:.0f}** spill loads and stores executed")
-    if not parts:
-        return ""
-    return f"Nsight Compute, one launch at {shape} on the {RECORDED_GPU.upper()}: " \
-        + ", ".join(parts) + "."
-
-
 def recorded_sass(kernel: str, gpu: Optional[str] = None, root: Optional[Path] = None
                   ) -> Optional[str]:
     """The excerpt of ``kernel`` from ``profiles/<gpu>/ncu/sass-teach.txt``, or None."""

@@ -22,16 +22,14 @@ machines. Rows of the lesson notebooks' teaching kernels (``impl`` ``teach.*``, 
 
 from __future__ import annotations
 
-import math
 import os
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 try:
     import matplotlib
-    import matplotlib.lines
     import matplotlib.ticker
-except ImportError:  # the tables and fits still work; the figures need matplotlib
+except ImportError:  # the tables still work; the figures need matplotlib
     matplotlib = None
 
 # Headless (CI, a GPU host over ssh): render to files. Jupyter sets MPLBACKEND for its inline
@@ -43,8 +41,8 @@ if matplotlib is not None and sys.platform.startswith("linux") and not (
 
 import pandas as pd  # noqa: E402
 
-from ..analysis.tables import (CEILING_OF_OP, at_width, ceiling_gbps,  # noqa: E402
-                               fixed_cost_fit, library_rows, one_gpu, time_ratio)
+from ..analysis.tables import (CEILING_OF_OP, ceiling_gbps, library_rows,  # noqa: E402
+                               one_gpu, time_ratio)
 from ..legend import LAB_PREFIXES, impl, impl_order  # noqa: E402
 from ..results import CEILINGS  # noqa: E402
 from ..results.provenance import gpu_title  # noqa: E402
@@ -54,7 +52,7 @@ MAX_SERIES = 5
 #: registry colours too light to read on white, and the darker shade drawn instead
 ON_WHITE = {"#F0E442": "#B8A200"}
 #: Okabe-Ito colours used outside the registry's series
-BLUE, VERMILLION, GREEN, GREY, BLACK = "#0072B2", "#D55E00", "#009E73", "#999999", "#000000"
+BLUE, VERMILLION, GREEN, BLACK = "#0072B2", "#D55E00", "#009E73", "#000000"
 
 
 def _axes(ax, size=(7, 4.5)):
@@ -262,79 +260,6 @@ def _fit_ratio_range(ax, values) -> None:
     ax.set_ylim(lo - pad, hi + pad)
 
 
-def _write_values(ax, notes, ticks) -> None:
-    """Each bar's value at its end (above a bar past 1, below one short of it), moved past a
-    mark of its group that the text would sit on."""
-    lo, hi = ax.get_ylim()
-    box = ax.get_position()
-    per_pt = (hi - lo) / max(box.height * ax.figure.get_figheight() * 72, 1.0)  # data per point
-    for x, v, at, group in notes:
-        up = v >= 1
-        for t in ticks:  # the text spans 3 to 13 points past ``at``; a tick is ~2 points thick
-            m = t[group]
-            if up and at - 2 * per_pt <= m <= at + 14 * per_pt:
-                at = m + 2 * per_pt
-            elif not up and at - 14 * per_pt <= m <= at + 2 * per_pt:
-                at = m - 2 * per_pt
-        ax.annotate(f"{v:.2f}", (x, at), textcoords="offset points",
-                    xytext=(0, 3 if up else -10), ha="center", fontsize="x-small")
-
-
-def ratio_bars(ax, labels: Sequence[str], series: Dict[str, pd.DataFrame],
-               colours: Optional[Dict[str, str]] = None, annotate: bool = True,
-               refs: Optional[Dict[str, float]] = None,
-               marks: Optional[Dict[str, Sequence[float]]] = None):
-    """Grouped bars of ratios, drawn from 1 (not from 0), so a bar's length is the difference
-    that matters; the y range fits what is drawn (and 1). ``series`` maps a legend label to a
-    frame with one row per label (in order) holding ``ratio`` and optional ``lo``/``hi``
-    (whiskers); NaN leaves a gap. ``refs`` adds dashed reference lines (label -> ratio),
-    ``marks`` a reference value per
-    label drawn as a black tick across its group (label -> values). Returns ``ax``."""
-    import numpy as np
-
-    n = max(1, len(series))
-    width = 0.8 / n
-    palette = [BLUE, VERMILLION, GREEN, GREY]
-    seen = []  # every value drawn: the y range fits them
-    xs = np.arange(len(labels))
-    notes = []  # (x, value, where the text starts, group): written once the y range is set
-    for j, (name, r) in enumerate(series.items()):
-        colour = (colours or {}).get(name, palette[j % len(palette)])
-        pos = xs + (j - (n - 1) / 2) * width
-        vals = r["ratio"].to_numpy(dtype=float)
-        err = None
-        if {"lo", "hi"} <= set(r.columns):
-            err = [np.clip(vals - r["lo"].to_numpy(dtype=float), 0, None),
-                   np.clip(r["hi"].to_numpy(dtype=float) - vals, 0, None)]
-            seen += list(r[["lo", "hi"]].to_numpy(dtype=float).ravel())
-        ax.bar(pos, vals - 1, width, bottom=1, color=colour, yerr=err, capsize=2,
-               label=name,
-               hatch=None if j == 0 else "//", edgecolor="white", linewidth=0.5)
-        seen += list(vals)
-        if annotate:
-            tips = r["hi"].to_numpy(dtype=float) if "hi" in r.columns else vals
-            lows = r["lo"].to_numpy(dtype=float) if "lo" in r.columns else vals
-            for i, (x, v, hi, lo) in enumerate(zip(pos, vals, tips, lows)):
-                if np.isfinite(v):
-                    notes.append((x, v, np.nanmax([v, hi]) if v >= 1 else np.nanmin([v, lo]), i))
-    for name, v in (refs or {}).items():
-        ax.axhline(v, color=GREY, linestyle="--", linewidth=1.2, label=name)
-        seen.append(v)
-    for name, vals in (marks or {}).items():
-        vals = np.asarray(vals, dtype=float)
-        ax.plot(xs, vals, linestyle="none", marker="_", markersize=34, markeredgewidth=2.2,
-                color=BLACK, label=name)
-        seen += list(vals)
-    _fit_ratio_range(ax, seen)
-    _write_values(ax, notes, [np.asarray(v, dtype=float) for v in (marks or {}).values()])
-    ax.axhline(1.0, color=BLACK, linewidth=1)
-    ax.set_xticks(list(xs), list(labels), rotation=30 if len(labels) > 4 else 0)
-    ax.grid(True, axis="y", alpha=0.3)
-    if len(series) > 1 or refs or marks:
-        legend_outside(ax, markerscale=0.45 if marks else 1.0)
-    return ax
-
-
 def plot_time_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
                     gpu: Optional[str] = None, ax=None, slower: str = "cute.split",
                     faster: str = "cute.fused"):
@@ -362,110 +287,4 @@ def plot_time_ratio(df: pd.DataFrame, op: str = "bwd", path: str = "graph",
     ax.set_title(f"{gpu_title(gpu)}: {op}, {slower} over {faster} ({path}); > 1: {faster} faster",
                  fontsize="medium")
     ax.grid(True, axis="y", alpha=0.3)
-    return ax
-
-
-def plot_fixed_cost(df: pd.DataFrame, impls, op: str = "fwd", N: int = 4096,
-                    path: str = "graph", gpu: Optional[str] = None, min_M: int = 0, ax=None):
-    """Each implementation's median µs minus the time the ceiling (``copy`` for the forward)
-    would take to move the same bytes, against the MB moved (a linear axis from 0) at width N:
-    the time a launch spends beyond streaming at the ceiling's rate. Markers are the measured
-    points; the thin line of the same colour is ``fixed_cost_fit``'s line through them, which
-    meets 0 MB at the fit's fixed cost (the legend gives it and the streaming rate)."""
-    import numpy as np
-
-    d, gpu = one_gpu(df, gpu)
-    ceiling = ceiling_gbps(df, op, gpu)
-    if ceiling is None:
-        raise ValueError(f"no {CEILING_OF_OP.get(op)} ceiling measured for {gpu}")
-    fit = fixed_cost_fit(df, impls, op, N, path, gpu, min_M)
-    p50 = at_width(d, impls, op, N, path, min_M)
-    ax = _axes(ax)
-    top, handles = 0.0, []
-    for name in [i for i in impls if i in p50.index.get_level_values(0)][:MAX_SERIES]:
-        pts = p50.loc[name].dropna()
-        mb = pts["bandwidth"] * pts["time"] / 1e3  # GB/s x µs = kB; / 1e3: MB
-        st = style_of(name)
-        label, ls = st.pop("label"), st.pop("linestyle")
-        st["fillstyle"] = "full" if ls == "-" else "none"  # two series of one colour apart
-        if name in fit.index:
-            f = fit.loc[name]
-            label += f": fixed {f['fixed µs']:.2f} µs, {f['streaming GB/s']:.0f} GB/s"
-            xs = np.array([0.0, float(mb.max())])
-            ax.plot(xs, f["fixed µs"] + xs * 1e3 * (1 / f["streaming GB/s"] - 1 / ceiling),
-                    color=st["color"], linestyle=ls, linewidth=1.2)
-        ax.plot(mb.to_numpy(), (pts["time"] - mb * 1e3 / ceiling).to_numpy(), linestyle="none",
-                markersize=7, markeredgewidth=1.5, label=label, **st)
-        handles.append(matplotlib.lines.Line2D([], [], linestyle=ls, label=label, **st))
-        top = max(top, float(mb.max()))
-    ax.axhline(0, color=BLACK, linewidth=1)
-    ax.set_xlim(0, top * 1.05 if top else None)
-    ax.set_xlabel(f"MB moved per call (N = {N}; one point per M measured)")
-    ax.set_ylabel(f"median µs beyond the bytes at {ceiling:.0f} GB/s\n({CEILING_OF_OP[op]}, "
-                  "1 GiB)")
-    ax.set_title(f"{gpu_title(gpu)}: {op} ({path}): time beyond the {ceiling:.0f} GB/s ceiling; "
-                 "lines: the fit", fontsize="medium")
-    ax.grid(True, alpha=0.3)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.18), fontsize="small",
-              frameon=False)
-    return ax
-
-
-def plot_probe(probe: pd.DataFrame, captions: dict, M: int, N: int, ax=None,
-                title: str = "", highlight_impl: Optional[str] = None):
-    """One probe's configurations at M x N as dots: the median µs over its repetitions,
-    whiskers from the fastest to the slowest, each labelled with its median. ``captions`` maps
-    ``impl`` names to labels and fixes the order (top to bottom); configurations not in it are
-    left out. The lab's configurations (``row.*``) are blue, the rest grey, ``highlight_impl``
-    orange. Dots, not bars: the x range starts just under the fastest configuration, so the
-    differences show, and no bar length suggests a zero that is not on the axis."""
-    ax = _axes(ax)
-    at = probe[(probe["M"] == M) & (probe["N"] == N) & probe["impl"].isin(list(captions))]
-    stats = at.groupby("impl")["us"].agg(["median", "min", "max"]).reindex(list(captions))
-    stats = stats.dropna()
-    ys = list(range(len(stats)))[::-1]
-    for y, (name, r) in zip(ys, stats.iterrows()):
-        colour = "#E69F00" if name == highlight_impl else (BLUE if name.startswith("row.")
-                                                           else GREY)
-        ax.errorbar([r["median"]], [y], xerr=[[r["median"] - r["min"]], [r["max"] - r["median"]]],
-                    fmt="o", color=colour, markersize=8, capsize=3)
-        ax.annotate(f"{r['median']:.1f}", (r["max"], y), xytext=(6, 0),
-                    textcoords="offset points", va="center", fontsize=8)
-    ax.set_yticks(ys, [captions[i] for i in stats.index])
-    if len(stats):
-        lo, hi = stats["min"].min(), stats["max"].max()
-        ax.set_xlim(lo - 0.08 * (hi - lo), hi + 0.14 * (hi - lo))
-    ax.set_ylim(-0.6, len(stats) - 0.4)
-    ax.set_xlabel("µs per call (CUDA-graph replay; median, whiskers min–max)\n"
-                  "the axis starts near the fastest configuration, not at 0")
-    ax.set_title(title or f"{M}×{N}", fontsize="medium")
-    ax.grid(True, axis="x", alpha=0.3)
-    return ax
-
-
-def plot_percent_of_copy(table: pd.DataFrame, impls: Sequence[str], style, ax=None,
-                         x: str = "M", title: str = ""):
-    """``table`` (rows impl, M, N; a ``% of copy`` column, as ``lesson.teach_table`` builds it)
-    drawn as one line per implementation of ``impls`` against ``x``, at most five; 100 % is
-    the copy of the same bytes at each shape. The y range runs from just under the lowest
-    point to just over 100. ``style(name)`` gives each line's keywords."""
-    ax = _axes(ax)
-    shown = [i for i in impls if i in table.index.get_level_values("impl")][:MAX_SERIES]
-    lows, highs = [100.0], [100.0]
-    for name in shown:
-        s = table.xs(name, level="impl").reset_index().sort_values(x)
-        st = style(name)
-        ax.plot(s[x], s["% of copy"], markersize=6, **st)
-        lows.append(float(s["% of copy"].min()))
-        highs.append(float(s["% of copy"].max()))
-    ax.axhline(100, color=BLACK, linestyle=":", linewidth=1, label="copy of the same bytes")
-    lo = max(0.0, math.floor((min(lows) - 4) / 10) * 10)
-    ax.set_ylim(lo, max(highs) + 0.06 * (max(highs) - lo))
-    _log2_x(ax, table.index.get_level_values(x))
-    ax.set_xlabel(x)
-    ax.set_ylabel("% of a same-shape copy (median)")
-    if title:
-        ax.set_title(title, fontsize="medium")
-    ax.grid(True, alpha=0.3)
-    legend_outside(ax)
     return ax
