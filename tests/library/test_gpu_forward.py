@@ -98,7 +98,8 @@ def test_short_rows_with_a_row_stride():
         poison_allocator()
         with settings.override(forward_variant="warp"):
             y, rstd = forward(x, w, 1e-6, 0.0, "llama", "cute", need_rstd=True)
-        torch.testing.assert_close(y, reference.rms_norm(x, w, 1e-6), rtol=0, atol=0.02)
+        torch.testing.assert_close(y, reference.rms_norm(x, w, 1e-6, 0.0, "llama"), rtol=0,
+                                   atol=0.02)
         torch.testing.assert_close(rstd, reference.rstd_of(x, 1e-6), rtol=1e-5, atol=0)
 
 
