@@ -7,7 +7,8 @@ them honest.
 
 ``check`` fails a notebook that has no outputs, holds an error, or whose text outputs (streams,
 text/plain, text/markdown) differ from a fresh execution on the recorded results; figures are not
-compared. Both run each notebook from the ``notebooks/`` folder with ``CUDA_VISIBLE_DEVICES`` empty,
+compared, nor the text of a cell tagged ``machine`` (it prints what this machine's tools say, such
+as the version of the ``ptxas`` on PATH), which must still run without an error. Both run each notebook from the ``notebooks/`` folder with ``CUDA_VISIBLE_DEVICES`` empty,
 so a GPU machine also executes the recorded path.
 
 ``live`` runs each notebook as a plain Python script with the GPU visible (no Jupyter needed: the
@@ -58,13 +59,21 @@ def execute(nb: "nbformat.NotebookNode", cwd: Path) -> "nbformat.NotebookNode":
     return nb
 
 
+#: the tag of a cell whose printed text depends on the machine's tools (not compared)
+MACHINE_TAG = "machine"
+
+
 def text_outputs(nb: "nbformat.NotebookNode") -> List[List[str]]:
-    """Per code cell, its text outputs in order (figures and execution counts left out)."""
+    """Per code cell, its text outputs in order (figures and execution counts left out; a cell
+    tagged ``machine`` counts as having none)."""
     cells = []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         texts = []
+        if MACHINE_TAG in cell.get("metadata", {}).get("tags", []):
+            cells.append(texts)
+            continue
         for out in cell.get("outputs", []):
             if out.output_type == "stream":
                 texts.append(f"[{out.name}] " + "".join(out.text).rstrip())

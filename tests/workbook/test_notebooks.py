@@ -70,3 +70,16 @@ def test_live_runs_a_notebook_as_a_plain_script_with_its_figures(tmp_path):
     nb.cells.append(nbformat.v4.new_code_cell("raise SystemExit(3)"))
     nbformat.write(nb, broken)
     assert nbtool.live([broken], tmp_path / "out") == 1
+
+
+def test_a_cell_tagged_machine_runs_but_its_text_is_not_compared(tmp_path):
+    path = tiny(tmp_path, source="print('ptxas 13.0')")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].metadata["tags"] = ["machine"]
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="ptxas 12.9\n")]
+    nbformat.write(nb, path)
+    assert nbtool.problems(path) == []
+    nb.cells[1].source = "raise RuntimeError('no ptxas')"  # but it must run
+    nbformat.write(nb, path)
+    with pytest.raises(Exception, match="no ptxas"):
+        nbtool.problems(path)
