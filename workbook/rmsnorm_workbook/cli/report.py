@@ -41,7 +41,8 @@ def _provenance(df: pd.DataFrame) -> str:
     for col in ("sm_count", "driver", "torch", "triton", "cutlass_dsl", "commit"):
         lines.append(f"- {col}: " + ", ".join(str(v) for v in sorted(d[col].unique())))
     times = sorted(d["timestamp"].unique())
-    lines.append(f"- measured: {times[0]}" + (f" to {times[-1]}" if len(times) > 1 else ""))
+    lines.append(f"- measured (the newest row of each measurement): {times[0]}"
+                 + (f" to {times[-1]}" if len(times) > 1 else ""))
     return "\n".join(lines)
 
 
@@ -198,20 +199,20 @@ def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
     return text
 
 
-#: what the crossover figure's series are (notebook 03, section 7, builds it)
+#: what the crossover figure's series are (notebook 03, section 5, draws one run of it)
 CROSSOVER_CAPTION = (
     "The kernels' device times come from the runs of the sweeps that measured them, one series "
     "a run (solid, hollow markers), as measured rather than joined into one curve. `@tvm_ffi` "
     "is the lab's default launch path; `+python_node` the same call made from Python (its "
     "launch path and autograd node) instead of the C++ extension, what a machine without a "
     "compiler runs. Where a kernel's curve crosses a host line (a ring), that call stops being "
-    "host-bound. Notebook 03, section 7, builds this figure.")
+    "host-bound. Notebook 03, section 5, draws it for one run.")
 
 
 def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
     """What the cache-cap figure's memory panel draws (each bar: the step's peak counted from its
     start, and stacked on it, hatched, the storage the cache pinned at that start), and why the
-    solid part of a bounded cap reads below the cache off (notebook 03, section 8), from
+    solid part of a bounded cap reads below the cache off (notebook 03, step 2), from
     ``analysis.host.cache_memory_table``."""
     from ..analysis import host as host_tables
     from ..bench.host import LAYERS
@@ -249,7 +250,7 @@ def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
         text += (f" Unbounded, nothing is evicted: {n} such tensors ({n * act:,.0f} MiB) stay "
                  f"allocated after every step, its bar reaches {total:,.0f} MiB, and each step "
                  "adds as many again, growth that a count from each step's start does not show "
-                 "(notebook 03, section 8).")
+                 "(notebook 03, step 2 of section 3).")
     return text
 
 
@@ -330,8 +331,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     findings = Findings()
     md = ["## How it was measured", "",
           f"Measured by this lab's benchmark; results read from `{shown_path(root)}` (figures "
-          "quoted from elsewhere, in `results/reported/`, appear only in the last section, "
-          "labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; "
+          "quoted from elsewhere, in `results/reported/`, appear only in the section across "
+          "GPUs, labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; "
           "`eager` is `triton.testing.do_bench` "
           "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
@@ -391,7 +392,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                 md += [captions[name], ""] if captions.get(name) else []
     progress(f"[{next(step)}/{total}] how the kernels work: thread layout and backward "
              "data flow (notebooks 01 and 02)")
-    md += ["## how the kernels work (notebooks 01 and 02)", ""]
+    md += ["## How the kernels work (notebooks 01 and 02)", ""]
     md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
     # notebooks 04 and 05's figures (reads only, no compiling)
     from .report_sections import gpu_section, model_section

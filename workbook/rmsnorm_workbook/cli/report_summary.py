@@ -104,8 +104,14 @@ def _shape(shape: Tuple[int, int]) -> str:
     return f"{shape[0]}x{shape[1]}"
 
 
+#: how the summary names each ceiling (the 1 GiB copies, not a copy of the shape's own bytes:
+#: the header lines say so)
+CEILING_NAMES = {"copy": "copy", "copy2r1w": "2-in copy"}
+
+
 def _lab_cell(h: OpHeadline) -> str:
-    pct = f" ({h.lab_pct:.0f}% of {h.ceiling})" if h.lab_pct is not None else ""
+    ceiling = CEILING_NAMES.get(h.ceiling, h.ceiling)
+    pct = f" ({h.lab_pct:.0f}% of {ceiling})" if h.lab_pct is not None else ""
     return f"{h.lab_gbps:.0f} GB/s{pct}"
 
 
@@ -130,7 +136,7 @@ def stdout_lines(df: pd.DataFrame, files: int, findings: Findings, report_md: Pa
         shapes = {h.shape for h in findings.ops}
         one = _shape(next(iter(shapes))) if len(shapes) == 1 else None
         lines += _wrap(f"the lab against the fastest peer at {one or 'the shape named'} "
-                       "(CUDA-graph replay, median GB/s):")
+                       "(graph replay, median GB/s; % of a 1 GiB copy's):")
         cells = [(f"{gpu_title(h.gpu)} {h.op}" + ("" if one else f" {_shape(h.shape)}"),
                   f"{h.lab} {_lab_cell(h)}", _peer_cell(h), _fastest_cell(h))
                  for h in findings.ops]
@@ -179,7 +185,8 @@ def markdown_lines(df: pd.DataFrame, files: int, findings: Findings) -> List[str
           + "; ".join(_runs(df)) + ".", ""]
     if findings.ops:
         md += ["The lab (its default, `cute.auto`, where measured) against the fastest peer at "
-               "one shape (CUDA-graph replay, median; the sections below have every shape):", "",
+               "one shape (CUDA-graph replay, median; the percentage is of the 1 GiB copy's GB/s; the "
+               "sections below have every shape):", "",
                "| GPU | op | shape | lab | GB/s | fastest peer | the lab's |",
                "|---|---|---|---|---|---|---|"]
         md += [f"| {gpu_title(h.gpu)} | {h.op} | {_shape(h.shape)} | `{h.lab}` | {_lab_cell(h)} "
