@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the lab in a virtual environment and builds its native part. Run it again at any time:
-# it reuses what is there. README.md, "Setup", says what it downloads and how long it takes.
+# it reuses what is there. docs/install.md says what it downloads and how long it takes.
 #
 # (Its own variables are RMSNORM_*, not RMSNORM_LAB_*: the lab warns about RMSNORM_LAB_* names it
 # does not know, and ignores them.)
