@@ -223,7 +223,7 @@ def plot_bandwidth_vs_M(df: pd.DataFrame, reported: pd.DataFrame, impl: str = "c
                  for x in r.sort_values("value").itertuples()]
         for i, (m, pct, g, _) in enumerate(stars):
             ax.plot([m], [pct], color=_color(g),
-                    label=None if i else f"{REPORTED} device times (colour: GPU; below: kernel)",
+                    label=None if i else f"{REPORTED} device times (colour: the GPU; label: the kernels)",
                     markeredgecolor=BLACK, markeredgewidth=0.5, **STYLE[REPORTED])
         # a source reports its own kernels, often at one point: one label per group of stars
         # that coincide, under the curves (they rise with M), an arrow to its stars; a star in

@@ -192,7 +192,8 @@ def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax, impls):
     ax.set_ylabel("GB/s (median; band p20–p80)" + (f"\n{NOT_FROM_ZERO}"
                                                     if ax.get_ylim()[0] > 0 else ""))
     # the subset on a line of its own: one long line overflows the axes and is cut at the edge
-    subset = f"\n{len(shown)} of {measured} implementations shown" if len(shown) < measured else ""
+    subset = (f"\n{len(shown)} of {measured} kernels: the default, the best other lab, best peers"
+              if len(shown) < measured else "")
     ax.set_title(f"{gpu_title(gpu)}: {op} bandwidth vs {x}, {fixed}={value}, {path}{subset}",
                  fontsize="medium")
     ax.grid(True, alpha=0.3)
