@@ -341,7 +341,7 @@ def test_bandwidth_plot_highlights_at_most_five_series_and_shows_the_differences
     assert not any(lbl.startswith("teach.") for lbl in labels)
     lo, hi = ax.get_ylim()
     assert lo > 2500 and hi >= COPY_GBPS  # not from 0: the differences between lines show
-    assert "4 of 8 implementations" in ax.get_title()
+    assert "4 of 8 kernels" in ax.get_title()
     named = plots.plot_bandwidth_vs_M(df, "fwd", ax=Figure().subplots(),
                                       impls=["quack", "teach.cta_row"])
     assert [line.get_label() for line in named.get_lines()][:2] == ["quack", "teach.cta_row"]
