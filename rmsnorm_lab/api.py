@@ -32,6 +32,7 @@ TORCH_DTYPES = FLOAT_DTYPES + (torch.float64,)
 #: ``eps=None`` for every dtype the kernels take (their statistics are computed in fp32, as
 #: torch's are: ``reference.default_eps``); float64 inputs get fp64's
 FP32_EPS = torch.finfo(torch.float32).eps
+_ALIASES = reference.CASTING_MODE_ALIASES
 
 #: the paths a call can take (``choose_path``)
 PATHS = ("reference", "custom_op", "native", "python_node", "empty", "kernels")
@@ -293,8 +294,8 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     eps_given = eps
     if eps is None:  # torch's default (float64's epsilon for float64 x: below)
         eps = FP32_EPS
-    if casting_mode == "torch":  # the alias the memo's keys and the kernels never see
-        casting_mode = "gemma"
+    if casting_mode in _ALIASES:  # names the memo's keys and the kernels never see
+        casting_mode = _ALIASES[casting_mode]
     compiling = torch.compiler.is_compiling()
     fast = backend in (None, "cute") and not in_place and not compiling
     if fast:  # a call planned before: all in C++ (the raw arguments, as the memo keys them)

@@ -30,13 +30,13 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .api import rms_norm
+from .api import FP32_EPS, rms_norm
 from .reference import DEFAULT_CASTING_MODE, check_casting_mode
 from .registry import BACKENDS
 
 #: What ``eps=None`` resolves to: fp32's machine epsilon, as torch's rms_norm uses for fp32, bf16
-#: and fp16 inputs (the statistics are computed in fp32).
-DEFAULT_EPS = torch.finfo(torch.float32).eps
+#: and fp16 inputs (the statistics are computed in fp32); ``rms_norm``'s own constant.
+DEFAULT_EPS = FP32_EPS
 
 
 class RMSNorm(nn.Module):
