@@ -16,7 +16,7 @@
   them whenever ``torch.compiler.is_compiling()``.
 
 All three save ``(x, weight, rstd)`` and run the same kernels (the native node runs the steps
-``cute.backward_runner.backward_steps`` decides). There is no double
+``cute.launch.backward.backward_steps`` decides). There is no double
 backward: ``backward(create_graph=True)`` raises rather than silently dropping second-order
 terms. Custom-op schemas cannot return ``Optional[Tensor]``, so without a weight the backward op
 returns an empty ``dw`` and the autograd formula maps it to None.

@@ -53,7 +53,7 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
     else:
         global _cute_runner
         if _cute_runner is None:
-            from .cute import runner as _cute_runner
+            from .cute.launch import forward as _cute_runner
         if settings.experiments.settings_per_call:
             per_call_settings_cost()
         y, rstd = _cute_runner.forward(x2, weight, eps, offset, casting_mode, need_rstd,
@@ -87,7 +87,7 @@ def fused_add_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optional[
     else:
         global _cute_runner
         if _cute_runner is None:
-            from .cute import runner as _cute_runner
+            from .cute.launch import forward as _cute_runner
         y, h, rstd = _cute_runner.fused_add_forward(x2, r2, weight, eps, offset, casting_mode,
                                                     need_rstd, settings.forward_variant,
                                                     sm_count(x2.get_device()))
@@ -125,7 +125,7 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     if backend == "cute":
         global _cute_backward
         if _cute_backward is None:
-            from .cute import backward_runner as _cute_backward
+            from .cute.launch import backward as _cute_backward
         dx2, dw = _cute_backward.backward(dy2, x2, weight, rstd1, offset, casting_mode,
                                           settings.backward, sm_count(x2.get_device()),
                                           need_dw=need_dw, dh2=dh2)

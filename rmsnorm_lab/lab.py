@@ -39,24 +39,24 @@ _NAMES: Dict[str, Tuple[str, str]] = {
     "kernel_backward": ("dispatch", "backward"),
     # cute_backward(dy2, x2, weight, rstd, offset, casting_mode, mode, sms): the CuTe backward on
     # 2-D rows with its mode named (no settings read)
-    "cute_backward": ("cute.backward_runner", "backward"),
+    "cute_backward": ("cute.launch.backward", "backward"),
     "RMSNormFunction": ("autograd", "RMSNormFunction"),
     "validate": ("api", "validate"),
-    "plan_forward": ("cute.plan", "plan_forward"),
-    "plan_backward": ("cute.backward_plan", "plan_backward"),
-    "plan_split": ("cute.backward_plan", "plan_split"),
-    "fused_strips": ("cute.backward_plan", "fused_strips"),
-    "dw_row_groups": ("cute.backward_plan", "dw_row_groups"),
-    "with_dw_cluster": ("cute.backward_plan", "with_dw_cluster"),
+    "plan_forward": ("cute.plan.forward", "plan_forward"),
+    "plan_backward": ("cute.plan.backward", "plan_backward"),
+    "plan_split": ("cute.plan.backward", "plan_split"),
+    "fused_strips": ("cute.plan.backward", "fused_strips"),
+    "dw_row_groups": ("cute.plan.backward", "dw_row_groups"),
+    "with_dw_cluster": ("cute.plan.backward", "with_dw_cluster"),
     "compile_and_inspect": ("cute.inspect_ptx", "compile_and_inspect"),
     "ptx_facts": ("cute.inspect_ptx", "ptx_facts"),
     "ptxas_report": ("cute.inspect_ptx", "ptxas_report"),
-    "arch_name": ("cute.compile", "arch_name"),
+    "arch_name": ("cute.launch.compile", "arch_name"),
     "routed_to_native": ("dispatch", "routed_to_native"),
     "native_node": ("dispatch", "native_node"),
     # forward_entry(x2, weight, casting_mode, need_rstd, variant, pdl): the CuTe forward's launch
     # entry (its plan, its compiled kernel on first use)
-    "forward_entry": ("cute.runner", "entry_for"),
+    "forward_entry": ("cute.launch.forward", "entry_for"),
     "NVTX_DOMAIN": ("common.nvtx", "DOMAIN"),
     "sm_count": ("common.device", "sm_count"),
     "TRANSFORMERS": ("models.patch", "TRANSFORMERS"),
@@ -88,7 +88,7 @@ def memo_call() -> Optional[Callable]:
 def clear_forward_caches() -> None:
     """Forget the CuTe forward's compilations, launch entries and cached tensor handles (the
     tensor-handle cache's memory is measured from empty)."""
-    from .cute import runner
+    from .cute.launch import forward as runner
     runner.clear_caches()
 
 

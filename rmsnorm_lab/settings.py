@@ -72,7 +72,7 @@ class _Toggles:
 @dataclasses.dataclass
 class Experiments(_Toggles):
     """Toggles the lab's notebooks and benchmarks switch to measure a part of the host path."""
-    #: how torch tensors reach a compiled CuTe kernel (cute/runner.py lists the paths);
+    #: how torch tensors reach a compiled CuTe kernel (cute/launch/forward.py lists the paths);
     #: ``tvm_ffi`` is the fastest on the host
     launch_path: str = "tvm_ffi"
     #: CuTe calls on the ``tvm_ffi`` path: ``native`` (the C++ extension: call memo, launch and
@@ -98,8 +98,8 @@ class Settings(_Toggles):
     #: CuTe backward: ``fused`` (dx and dW partials in one kernel), ``split`` (a dx kernel and a dW
     #: kernel), ``auto`` (per shape). ``RMSNORM_LAB_BACKWARD=split`` is the escape hatch.
     backward: str = "auto"
-    #: programmatic dependent launch on Hopper where it was measured to pay (cute/plan.py
-    #: ``uses_pdl``, cute/backward_plan.py ``backward_uses_pdl``); off: plain stream order
+    #: programmatic dependent launch on Hopper where it was measured to pay (cute/plan/forward.py
+    #: ``uses_pdl``, cute/plan/backward.py ``backward_uses_pdl``); off: plain stream order
     pdl: bool = True
     #: NVTX ranges (domain ``rmsnorm_lab``) around compile, marshal, launch and reduce
     nvtx: bool = False

@@ -115,11 +115,11 @@ def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
 def compile_and_inspect(plan, arch: str) -> PtxFacts:
     """Compile a forward or backward ``plan`` for ``arch`` with the PTX kept, and read the facts
     off it (``facts.ptx`` holds the text)."""
-    from .plan import ForwardPlan
+    from .plan.forward import ForwardPlan
     if isinstance(plan, ForwardPlan):
-        from .runner import compile_forward as compile_with_ptx
+        from .launch.forward import compile_forward as compile_with_ptx
     else:
-        from .backward_runner import compile_backward as compile_with_ptx
+        from .launch.backward import compile_backward as compile_with_ptx
     with tempfile.TemporaryDirectory() as tmp:
         compile_with_ptx(plan, arch, keep_ptx_dir=tmp)
         paths = glob.glob(os.path.join(tmp, f"*.{arch}.ptx")) or glob.glob(

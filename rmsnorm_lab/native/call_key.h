@@ -17,7 +17,7 @@ namespace rmsnorm_lab {
 // Everything a Launch was decided from, read off the call's arguments: the row width and how x
 // is laid out as rows, dtypes and devices of x and the weight, the 16-byte alignment of their
 // pointers and of x's row stride, the casting mode, eps and offset, the class of the row count
-// (the two thresholds a plan reads: auto's few-rows tiles, cute/auto.py row_class), and a code
+// (the two thresholds a plan reads: auto's few-rows tiles, cute/plan/auto.py row_class), and a code
 // of the settings the plan read (native/launch.py, Snapshot), which Python updates on every
 // settings change. The row count
 // itself is not in the key: a Launch's grids follow it (RowsRule), so calls whose M changes
@@ -36,7 +36,7 @@ struct CallKey {
   int64_t sizes[kMaxDims] = {};  // kExact only
   int64_t strides[kMaxDims] = {};
   int32_t dims = 0;
-  int8_t row_class = 0;   // cute/auto.py row_class: 0 many rows, 1 few, 2 fewest
+  int8_t row_class = 0;   // cute/plan/auto.py row_class: 0 many rows, 1 few, 2 fewest
   int32_t x_dtype = 0;
   int32_t x_device = 0;   // device type * 256 + index
   int32_t w_dtype = -1;   // -1: no weight

@@ -16,7 +16,7 @@
 namespace rmsnorm_lab {
 namespace py = pybind11;
 
-// Argument codes of a backward step (rmsnorm_lab/cute/backward_runner.py: DY .. OFFSET).
+// Argument codes of a backward step (rmsnorm_lab/cute/launch/backward.py: DY .. OFFSET).
 enum Arg : int64_t {
   kDy, kX, kW, kRstd, kDx, kPartials, kNoPartials, kDw, kDh, kCount, kOffset
 };

@@ -1,8 +1,8 @@
 """What the native node launches, decided in Python.
 
 Python decides what to launch, exactly as the Python paths do: the forward entry
-(``cute.runner.entry_for``), for a training call the backwards' steps
-(``cute.backward_runner.backward_steps``: dx and dW, dx alone, dW alone), and the rules by which
+(``cute.launch.forward.entry_for``), for a training call the backwards' steps
+(``cute.launch.backward.backward_steps``: dx and dW, dx alone, dW alone), and the rules by which
 the forward grid, the strip counts and the rows of dW partials follow the row count. The decision
 is handed to the extension as one ``LaunchSpec`` of plain values; the extension (native_node.cpp)
 launches the forward and, for a training call, keeps what the backward needs on its tape node and
@@ -30,10 +30,11 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 
 from ..common.rows import INT32_LIMIT, as_rows, check_weight
-from ..cute import backward_runner, runner
-from ..cute.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX
-from ..cute.backward_runner import RowsRule
-from ..cute.plan import check_int32_addressable
+from ..cute.launch import backward as backward_runner
+from ..cute.launch import forward as runner
+from ..cute.plan.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX
+from ..cute.launch.backward import RowsRule
+from ..cute.plan.forward import check_int32_addressable
 from ..registry import nvtx_argb
 from ..settings import on_change, settings
 
@@ -177,7 +178,7 @@ def memo(native, residual: bool = False):
         return found
     with _memo_lock:
         if residual not in _memos:
-            # the one use of M a plan makes: ``auto``'s row class (cute/auto.py row_class)
+            # the one use of M a plan makes: ``auto``'s row class (cute/plan/auto.py row_class)
             memo = native.CallMemo(LAUNCHES_CAP, AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)
             memo.settings = settings_code()
 

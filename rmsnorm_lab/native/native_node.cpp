@@ -327,7 +327,7 @@ class CallMemo {
   }
 
   int64_t capacity_;
-  // M's row class is part of the key (cute/auto.py AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)
+  // M's row class is part of the key (cute/plan/auto.py AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)
   int64_t few_rows_max_;
   int64_t fewest_rows_max_;
   std::unordered_map<CallKey, std::shared_ptr<const Launch>, CallKeyHash> launches_;

@@ -6,7 +6,7 @@ import ctypes
 import torch
 import tvm_ffi
 
-from rmsnorm_lab.cute.backward_runner import (COUNT, DH, DW, DX, DY, NO_PARTIALS, OFFSET,
+from rmsnorm_lab.cute.launch.backward import (COUNT, DH, DW, DX, DY, NO_PARTIALS, OFFSET,
                                               PARTIALS, RSTD, W, X, RowsRule)
 from rmsnorm_lab.native.launch import BackwardSpec, LaunchSpec, StepSpec, ffi_handle
 

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from rmsnorm_lab.cute.backward_plan import (
+from rmsnorm_lab.cute.plan.backward import (
     DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, FP32_LIVE, auto_mode, dw_row_groups, fused_strips,
     MAX_FUSED_CTAS_PER_SM, plan_backward, plan_split, resident_ctas, strip_bounds,
     strip_partition, vector_width)
-from rmsnorm_lab.cute.plan import COPY_BYTES, NotEligible
+from rmsnorm_lab.cute.plan.forward import COPY_BYTES, NotEligible
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 
@@ -125,7 +125,7 @@ def test_fused_rows_narrower_than_a_warp_share_it_in_lane_groups(N, lanes):
 
 
 def test_one_warp_strips_share_a_cta_and_write_one_partial_row_per_cta():
-    from rmsnorm_lab.cute.backward_plan import ONE_WARP_STRIPS_PER_CTA, fused_strips
+    from rmsnorm_lab.cute.plan.backward import ONE_WARP_STRIPS_PER_CTA, fused_strips
     narrow = plan_backward("fused", 128, BF16, BF16, "llama", True)
     assert narrow.threads == 32 and narrow.strips_per_cta == ONE_WARP_STRIPS_PER_CTA
     assert narrow.cta_threads == 32 * ONE_WARP_STRIPS_PER_CTA
@@ -224,13 +224,13 @@ def test_rows_too_wide_for_registers_fuse_in_chunks_with_dw_in_shared_memory():
 
 
 def test_backward_pdl_on_hopper_only():
-    from rmsnorm_lab.cute.backward_plan import backward_uses_pdl
+    from rmsnorm_lab.cute.plan.backward import backward_uses_pdl
     assert backward_uses_pdl("sm_90a")
     assert not backward_uses_pdl("sm_100a") and not backward_uses_pdl(None)
 
 
 def test_cluster_backward_splits_rows_one_cta_cannot_hold():
-    from rmsnorm_lab.cute.backward_plan import plan_cluster_backward
+    from rmsnorm_lab.cute.plan.backward import plan_cluster_backward
     with pytest.raises(NotEligible, match="fits one CTA"):
         plan_cluster_backward(8192, BF16, BF16, "llama", True)
     p = plan_cluster_backward(16384, BF16, BF16, "llama", True)
@@ -249,8 +249,8 @@ def test_cluster_backward_splits_rows_one_cta_cannot_hold():
 
 
 def test_staged_backward_keeps_rows_in_flight_in_shared_memory():
-    from rmsnorm_lab.cute.backward_plan import plan_staged_backward
-    from rmsnorm_lab.cute.plan import MAX_STAGES, STAGED_SMEM_PER_SM
+    from rmsnorm_lab.cute.plan.backward import plan_staged_backward
+    from rmsnorm_lab.cute.plan.forward import MAX_STAGES, STAGED_SMEM_PER_SM
     p = plan_staged_backward(4096, BF16, BF16, "llama", True)
     assert (p.kind, p.threads, p.vecs_per_thread, p.chunks, p.vec) == ("fused", 256, 1, 2, 8)
     assert 2 <= p.stages <= MAX_STAGES and p.ctas_per_sm >= 2 and p.dw_smem_bytes == 0
@@ -300,7 +300,7 @@ def test_auto_mode_stages_rows_the_fused_plan_takes_in_two_chunks():
 
 
 def test_fused_ctas_pair_up_to_sum_their_dw_rows_where_a_row_sits_in_registers():
-    from rmsnorm_lab.cute.backward_plan import DW_CLUSTER, with_dw_cluster
+    from rmsnorm_lab.cute.plan.backward import DW_CLUSTER, with_dw_cluster
     bf16 = torch.bfloat16
     for N, dtype in ((1024, bf16), (4096, bf16), (8192, bf16), (4096, torch.float32)):
         plan = plan_backward("fused", N, dtype, dtype, "llama", True)

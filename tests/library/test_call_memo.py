@@ -14,7 +14,7 @@ pytest.importorskip("tvm_ffi")
 
 from native_standins import EPS, StandIns, functions, make_launch  # noqa: E402
 from rmsnorm_lab import api, dispatch, settings  # noqa: E402
-from rmsnorm_lab.cute.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX  # noqa: E402
+from rmsnorm_lab.cute.plan.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX  # noqa: E402
 from rmsnorm_lab.native import build as native_node  # noqa: E402
 from rmsnorm_lab.native import launch as native_launch  # noqa: E402
 
@@ -125,7 +125,8 @@ def _python_plans(x, w):
     """What Python plans for a training call of x (forward and backward), as the native planner
     asks for them (native/launch.py plan_launch); None where Python refuses the layout."""
     from rmsnorm_lab.common.rows import as_rows
-    from rmsnorm_lab.cute import backward_runner, runner
+    from rmsnorm_lab.cute.launch import backward as backward_runner
+    from rmsnorm_lab.cute.launch import forward as runner
     try:
         x2 = as_rows(x)
     except ValueError:

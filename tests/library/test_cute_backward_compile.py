@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from rmsnorm_lab.cute.backward_plan import backward_uses_pdl, plan_backward
+from rmsnorm_lab.cute.plan.backward import backward_uses_pdl, plan_backward
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect, waits_before_global_access
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
@@ -92,8 +92,8 @@ def test_compiles_with_expected_memory_instructions(arch, kind, N, x_dtype, w_dt
 def test_dw_reduce_compiles_with_unrolled_loads_and_one_rounding_store(arch, w_dtype, tmp_path):
     import glob
 
-    from rmsnorm_lab.cute import dw_reduce
-    from rmsnorm_lab.cute.backward_runner import compile_dw_reduce
+    from rmsnorm_lab.cute.kernels import dw_reduce
+    from rmsnorm_lab.cute.launch.backward import compile_dw_reduce
     from rmsnorm_lab.cute.inspect_ptx import ptx_facts, ptxas_report
 
     pdl = backward_uses_pdl(arch)
@@ -147,8 +147,8 @@ def test_fused_add_backward_reads_dh_and_spills_nothing(arch, kind, N, x_dtype, 
 
 
 def test_wide_fused_add_backward_is_refused_for_split():
-    from rmsnorm_lab.cute.backward_plan import auto_mode
-    from rmsnorm_lab.cute.plan import NotEligible
+    from rmsnorm_lab.cute.plan.backward import auto_mode
+    from rmsnorm_lab.cute.plan.forward import NotEligible
     with pytest.raises(NotEligible, match="split"):
         plan_backward("fused", 16384, BF16, BF16, "llama", True, dh=True)
     assert auto_mode(16384, BF16, BF16, "llama", True, dh=True) == "staged"
@@ -182,7 +182,7 @@ def test_cluster_backward_exchanges_each_rows_sum_through_distributed_shared_mem
         arch, N, x_dtype, w_dtype):
     """Two mbarriers taken in turn, one cluster barrier before the loop, one remote store per
     row: the row's slice in registers, read once (no chunks), no local memory."""
-    from rmsnorm_lab.cute.backward_plan import plan_cluster_backward
+    from rmsnorm_lab.cute.plan.backward import plan_cluster_backward
     plan = plan_cluster_backward(N, x_dtype, w_dtype, "llama", True, arch=arch)
     facts = compile_and_inspect(plan, arch)
     ptx = facts.ptx
@@ -207,7 +207,7 @@ def test_staged_backward_rings_rows_through_shared_memory(arch, N, x_dtype, w_dt
     stages - 1 of them before the loop), one wait per row, the row sum's barrier the only one;
     x, dy and dh are never loaded into registers from global memory (only w is), no local
     memory, and the registers of the plan's strips per SM."""
-    from rmsnorm_lab.cute.backward_plan import plan_staged_backward
+    from rmsnorm_lab.cute.plan.backward import plan_staged_backward
     plan = plan_staged_backward(N, x_dtype, w_dtype, "llama", True, dh=dh)
     facts = compile_and_inspect(plan, arch)
     ptx = facts.ptx
@@ -237,7 +237,7 @@ def test_fused_backward_sums_its_dw_rows_across_a_cluster(arch, N, x_dtype, w_dt
     the thread's columns, counted by the owner's one mbarrier, after one cluster barrier; the
     owner's sum goes to global memory as fp32 (no 16-byte partial-row stores are left), no local
     memory, and the registers of the plan's strips per SM."""
-    from rmsnorm_lab.cute.backward_plan import with_dw_cluster
+    from rmsnorm_lab.cute.plan.backward import with_dw_cluster
     plan = with_dw_cluster(plan_backward("fused", N, x_dtype, w_dtype, mode, True, dh=dh), arch)
     assert plan.dw_cluster == 2
     facts = compile_and_inspect(plan, arch)

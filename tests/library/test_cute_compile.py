@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect, waits_before_global_access
-from rmsnorm_lab.cute.plan import plan_forward
+from rmsnorm_lab.cute.plan.forward import plan_forward
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
@@ -198,7 +198,7 @@ def test_chunked_second_pass_rereads_all_but_the_last_chunk(residual, plan_arch)
 def test_short_rows_issue_every_tiles_loads_before_reducing(residual):
     """Per-head rows (128 bf16, one copy a lane): a CTA owns SHORT_ROW_TILES tiles, and the 16-byte
     loads of all of them (x, and the residual) come before the first shuffle of a reduction."""
-    from rmsnorm_lab.cute.plan import SHORT_ROW_TILES
+    from rmsnorm_lab.cute.plan.forward import SHORT_ROW_TILES
     plan = plan_forward("warp", 128, BF16, BF16, "llama", store_rstd=True, aligned=True,
                         arch="sm_90a", residual=residual)
     assert plan.tiles_per_cta == SHORT_ROW_TILES > 1

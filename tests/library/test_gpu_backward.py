@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from rmsnorm_lab import reference
-from rmsnorm_lab.cute.backward_plan import auto_mode
-from rmsnorm_lab.cute.backward_runner import backward
-from rmsnorm_lab.cute.plan import NotEligible, is_aligned
+from rmsnorm_lab.cute.plan.backward import auto_mode
+from rmsnorm_lab.cute.launch.backward import backward
+from rmsnorm_lab.cute.plan.forward import NotEligible, is_aligned
 
 pytestmark = pytest.mark.gpu
 
@@ -244,7 +244,7 @@ def test_fused_strips_setting_reaches_the_kernel():
     """settings.fused_strips (RMSNORM_LAB_FUSED_STRIPS) sets the fused grid when the call names
     none: the dW partial rows are then exactly that many, and the result is still right."""
     from rmsnorm_lab import settings
-    from rmsnorm_lab.cute import backward_runner
+    from rmsnorm_lab.cute.launch import backward as backward_runner
     dy, x, w, rstd = inputs((1000, 4096), torch.bfloat16, True)
     seen = []
     real = backward_runner.compile_dw_reduce
@@ -271,8 +271,9 @@ def test_back_to_back_backwards_under_pdl(mode, capture_on_side_stream):
     back in one CUDA graph, each reading the dx of the one before as its dy, must each match
     the reference on the dy it actually read (outputs start as NaN)."""
     from rmsnorm_lab import settings
-    from rmsnorm_lab.cute import backward_runner, compile
-    from rmsnorm_lab.cute.backward_plan import backward_uses_pdl
+    from rmsnorm_lab.cute.launch import backward as backward_runner
+    from rmsnorm_lab.cute.launch import compile
+    from rmsnorm_lab.cute.plan.backward import backward_uses_pdl
 
     steps = 6
     dy, x, w, rstd = inputs((4096, 4096), torch.bfloat16, True)

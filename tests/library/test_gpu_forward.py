@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rmsnorm_lab import reference, rms_norm, settings
-from rmsnorm_lab.cute.plan import NotEligible
+from rmsnorm_lab.cute.plan.forward import NotEligible
 
 pytestmark = pytest.mark.gpu
 
@@ -177,9 +177,9 @@ def test_chained_launches_read_complete_outputs(variant, M, N, in_graph,
     launched back to back: every step must match the reference on the input it actually read
     (outputs start as NaN, so a read that came early shows up). ``auto`` at few rows: CTAs of
     64, 64 and 256 threads, every one launched with PDL."""
-    from rmsnorm_lab.cute import runner
-    from rmsnorm_lab.cute.compile import target_arch
-    from rmsnorm_lab.cute.plan import PDL_ARCHS
+    from rmsnorm_lab.cute.launch import forward as runner
+    from rmsnorm_lab.cute.launch.compile import target_arch
+    from rmsnorm_lab.cute.plan.forward import PDL_ARCHS
 
     steps = 8
     x = fresh((M, N), torch.bfloat16)

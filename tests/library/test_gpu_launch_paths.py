@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rmsnorm_lab import reference, rms_norm, settings
-from rmsnorm_lab.cute import runner
+from rmsnorm_lab.cute.launch import forward as runner
 
 pytestmark = pytest.mark.gpu
 

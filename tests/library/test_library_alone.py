@@ -101,7 +101,7 @@ def test_the_wheel_holds_the_library_alone(wheel):
                 and ".dist-info/" not in n}
     assert packages == {"rmsnorm_lab"}, packages
     assert "rmsnorm_lab/native/native_node.cpp" in names  # the native node builds from a wheel
-    for module in ("cute/forward.py", "triton/forward.py", "models/patch.py", "lab.py"):
+    for module in ("cute/kernels/forward.py", "triton/forward.py", "models/patch.py", "lab.py"):
         assert f"rmsnorm_lab/{module}" in names
     metadata = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rmsnorm_lab.cute.auto import auto_variant
-from rmsnorm_lab.cute.plan import (COPY_BYTES, NotEligible, elems_in_registers, pipelines,
+from rmsnorm_lab.cute.plan.auto import auto_variant
+from rmsnorm_lab.cute.plan.forward import (COPY_BYTES, NotEligible, elems_in_registers, pipelines,
                                    plan_forward, uses_pdl)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
@@ -84,7 +84,7 @@ def test_chunks_pipeline_except_two_chunks_of_a_full_register_budget():
 
 
 def test_rows_wider_than_the_registers_take_a_copy_a_chunk_at_64_warps_an_sm_on_hopper():
-    from rmsnorm_lab.cute.plan import WIDE_CTAS_PER_SM, WIDE_THREADS
+    from rmsnorm_lab.cute.plan.forward import WIDE_CTAS_PER_SM, WIDE_THREADS
     for N, chunks in ((24576, 3), (32768, 4), (49152, 6), (65536, 8), (20480, 3)):
         p = plan("row", N)
         assert (p.threads, p.vecs_per_thread, p.chunks) == (WIDE_THREADS, 1, chunks)
@@ -146,7 +146,7 @@ def test_auto_variant_fused_add_keeps_warp_per_row_at_few_rows():
 
 
 def test_staged_rows_are_wide_rows_ringed_through_shared_memory():
-    from rmsnorm_lab.cute.plan import STAGED_SMEM_PER_SM
+    from rmsnorm_lab.cute.plan.forward import STAGED_SMEM_PER_SM
     p = plan("staged", 32768)
     assert (p.threads, p.vecs_per_thread, p.chunks, p.vec) == (256, 1, 16, 8)
     assert (p.ctas_per_sm, p.stages) == (1, 3)
@@ -174,7 +174,7 @@ def test_a_cluster_grid_holds_as_many_clusters_as_the_sms_hold_ctas():
     assert c.grid(M=16384, sm_count=132) == 8 * (132 * 2 // 4)
     assert c.grid(M=3, sm_count=132) == 3                 # never more clusters than rows
     # the native node's grid rule reads the same cap
-    from rmsnorm_lab.cute.backward_runner import RowsRule
+    from rmsnorm_lab.cute.launch.backward import RowsRule
     assert c.grid_cap(132) == 528
     assert RowsRule(c.rows_per_cta, c.grid_cap(132)).of(16384) == c.grid(16384, 132)
     p = plan("persistent", 4096)
@@ -182,9 +182,9 @@ def test_a_cluster_grid_holds_as_many_clusters_as_the_sms_hold_ctas():
 
 
 def test_auto_takes_the_few_rows_tiles_for_few_rows():
-    from rmsnorm_lab.cute.auto import (AUTO_FEW_ROWS_MAX as most, AUTO_FEWEST_ROWS_MAX as fewest,
+    from rmsnorm_lab.cute.plan.auto import (AUTO_FEW_ROWS_MAX as most, AUTO_FEWEST_ROWS_MAX as fewest,
                                        row_class)
-    from rmsnorm_lab.cute.plan import FEW_ROWS_COPIES_PER_THREAD
+    from rmsnorm_lab.cute.plan.forward import FEW_ROWS_COPIES_PER_THREAD
     assert [row_class(m) for m in (1, fewest, fewest + 1, most, most + 1, 65536)] == \
         [2, 2, 1, 1, 0, 0]
     for n in (1024, 4096, 8192, 32768):
@@ -216,8 +216,8 @@ def test_auto_takes_the_few_rows_tiles_for_few_rows():
 def test_auto_entry_follows_the_row_count():
     """The entry cache sees M only through auto's rule: a few-rows call and a many-rows call of
     the same width get different plans, two many-rows calls share one."""
-    from rmsnorm_lab.cute import runner
-    from rmsnorm_lab.cute.auto import AUTO_FEW_ROWS_MAX as most
+    from rmsnorm_lab.cute.launch import forward as runner
+    from rmsnorm_lab.cute.plan.auto import AUTO_FEW_ROWS_MAX as most
     w = torch.randn(4096, dtype=BF16)
     few = runner.entry_for(torch.randn(most, 4096, dtype=BF16), w, "llama", False, "auto", True)
     many = runner.entry_for(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, "auto",
@@ -236,7 +236,7 @@ def test_unknown_variant_is_a_value_error():
 
 
 def test_int32_addressing_limit_is_enforced_with_a_way_out():
-    from rmsnorm_lab.cute.plan import check_int32_addressable
+    from rmsnorm_lab.cute.plan.forward import check_int32_addressable
     check_int32_addressable(M=2**31 // 4096 - 1, row_stride=4096, N=4096)
     with pytest.raises(ValueError, match="backend='triton'"):
         check_int32_addressable(M=2**31 // 4096, row_stride=4096, N=4096)
@@ -267,7 +267,7 @@ def test_pdl_only_where_measured_to_pay_and_only_when_asked():
 def test_compile_target_for_every_architecture_torch_reports():
     """The architecture-specific ``a`` target from Hopper on (where PDL, clusters and TMA live),
     the plain one before: sm_80 and sm_89 have no ``a`` variant."""
-    from rmsnorm_lab.cute.compile import arch_name
+    from rmsnorm_lab.cute.launch.compile import arch_name
     assert [arch_name(*cc) for cc in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0))] \
         == ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a"]
 
@@ -283,7 +283,7 @@ def test_y_streams_past_l2_only_for_rows_wider_than_the_registers():
 def test_short_rows_take_several_tiles_a_cta_and_longer_rows_one():
     """Rows of one copy a lane (per-head widths) take SHORT_ROW_TILES tiles in CTAs of
     SHORT_ROW_THREADS, and the grid counts CTAs of all their rows; four copies a lane keep one."""
-    from rmsnorm_lab.cute.plan import SHORT_ROW_THREADS, SHORT_ROW_TILES
+    from rmsnorm_lab.cute.plan.forward import SHORT_ROW_THREADS, SHORT_ROW_TILES
     for N, dtype in ((64, BF16), (128, BF16), (256, BF16), (128, F32)):
         p = plan("warp", N, dtype)
         assert (p.vecs_per_thread, p.threads, p.tiles_per_cta) == \

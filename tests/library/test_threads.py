@@ -10,9 +10,10 @@ import textwrap
 CHILD = textwrap.dedent("""
     import os, threading, torch
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from rmsnorm_lab.cute import backward_runner, runner
-    from rmsnorm_lab.cute.backward_plan import plan_backward
-    from rmsnorm_lab.cute.plan import plan_forward
+    from rmsnorm_lab.cute.launch import backward as backward_runner
+    from rmsnorm_lab.cute.launch import forward as runner
+    from rmsnorm_lab.cute.plan.backward import plan_backward
+    from rmsnorm_lab.cute.plan.forward import plan_forward
 
     BF16 = torch.bfloat16
     jobs = [(runner.compile_forward, plan_forward("row", n, BF16, BF16, "llama", False, True,

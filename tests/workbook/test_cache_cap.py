@@ -38,7 +38,7 @@ def test_cache_replay_frees_what_the_warm_up_step_left_pinned(frame):
 def test_cache_replay_follows_the_runners_own_cache():
     """The replay in analysis.host against runner._cached_handle on CPU tensors."""
     torch = pytest.importorskip("torch")
-    runner = pytest.importorskip("rmsnorm_lab.cute.runner")
+    runner = pytest.importorskip("rmsnorm_lab.cute.launch.forward")
     w = torch.zeros(8)
     for cap in (0, 3, 4, 8, -1):
         runner.clear_caches()

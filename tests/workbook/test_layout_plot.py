@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from rmsnorm_lab.cute.plan import plan_forward  # noqa: E402
+from rmsnorm_lab.cute.plan.forward import plan_forward  # noqa: E402
 from rmsnorm_workbook.viz.layout import draw_row_layout, row_layout  # noqa: E402
 
 BF16, F32 = torch.bfloat16, torch.float32

@@ -21,8 +21,8 @@ def test_the_checker_finds_a_cycle_and_a_library_module_importing_tooling():
     edges = {"rmsnorm_lab.api": {"rmsnorm_lab.dispatch"},
              "rmsnorm_lab.dispatch": {"rmsnorm_lab.api", "rmsnorm_workbook.viz.sweeps"},
              "rmsnorm_workbook.viz.sweeps": {"rmsnorm_lab.api"},
-             "rmsnorm_lab.cute": {"rmsnorm_lab.cute.plan"},  # a package and its own module
-             "rmsnorm_lab.cute.plan": {"rmsnorm_lab.cute"}}
+             "rmsnorm_lab.cute": {"rmsnorm_lab.cute.plan.forward"},  # a package and its own module
+             "rmsnorm_lab.cute.plan.forward": {"rmsnorm_lab.cute"}}
     assert c.cycles(edges) == [["rmsnorm_lab.api", "rmsnorm_lab.dispatch",
                                 "rmsnorm_workbook.viz.sweeps"]]
     assert c.layer_breaches(edges) == [
@@ -32,12 +32,12 @@ def test_the_checker_finds_a_cycle_and_a_library_module_importing_tooling():
 
 def test_the_workbook_reaches_the_library_through_its_public_modules_only():
     c = load_checker()
-    edges = {"rmsnorm_workbook.viz.flow": {"rmsnorm_lab.lab", "rmsnorm_lab.cute.backward_plan"},
+    edges = {"rmsnorm_workbook.viz.flow": {"rmsnorm_lab.lab", "rmsnorm_lab.cute.plan.backward"},
              "rmsnorm_workbook.bench.ops": {"rmsnorm_lab", "rmsnorm_lab.reference",
                                             "rmsnorm_lab.settings"},
              "rmsnorm_lab.__main__": {"rmsnorm_workbook.__main__"}}  # the entry point
     assert c.layer_breaches(edges) == [
-        "rmsnorm_workbook.viz.flow imports rmsnorm_lab.cute.backward_plan, not a public module "
+        "rmsnorm_workbook.viz.flow imports rmsnorm_lab.cute.plan.backward, not a public module "
         "of the library"]
 
 

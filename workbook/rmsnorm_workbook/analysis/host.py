@@ -222,7 +222,7 @@ def cache_table(df: pd.DataFrame, gpu: Optional[str] = None,
 
 
 #: the tensors one forward on the ``cached`` path hands to the handle cache, in order
-#: (``rmsnorm_lab/cute/runner.py``: ``_launch_marshaled``): x, the weight, y, rstd
+#: (``rmsnorm_lab/cute/launch/forward.py``: ``_launch_marshaled``): x, the weight, y, rstd
 CACHED_TENSORS = ("x", "w", "y", "rstd")
 #: those of them that are activation-sized (M x N)
 ACTIVATIONS = ("x", "y")
@@ -231,7 +231,7 @@ ACTIVATIONS = ("x", "y")
 def cache_after_step(cap: int, layers: int) -> List[str]:
     """The tensors whose handles the ``cached`` path still holds after a step of ``layers``
     forwards on fresh activations, oldest first (``x3``: layer 3's x; ``w``: the shared weight):
-    the policy of ``cute/runner.py``'s ``_cached_handle`` replayed, a FIFO of ``cap`` handles
+    the policy of ``cute/launch/forward.py``'s ``_cached_handle`` replayed, a FIFO of ``cap`` handles
     in which a hit keeps its place, ``cap == 0`` keeps nothing and a negative cap never evicts.
     A kept handle keeps its tensor's storage allocated."""
     kept: List[str] = []

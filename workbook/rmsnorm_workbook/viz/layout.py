@@ -1,6 +1,6 @@
 """A picture of how a CuTe forward plan maps threads and 16-byte copies onto its CTA tile.
 
-The mapping (``rmsnorm_lab/cute/plan.py``): thread ``(c, r)`` of a CTA works on row ``r`` of the
+The mapping (``rmsnorm_lab/cute/plan/forward.py``): thread ``(c, r)`` of a CTA works on row ``r`` of the
 tile, and its ``k``-th copy moves the ``vec`` contiguous elements starting at column
 ``(k * threads_per_row + c) * vec``. ``draw_row_layout`` draws one line per (row, column block k)
 and one cell per copy, coloured by the warp of the thread that issues it: thread ``c`` owns the

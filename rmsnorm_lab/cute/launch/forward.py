@@ -25,15 +25,15 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 
-from ..common import nvtx
-from ..reference import check_casting_mode
-from ..settings import settings
-from .auto import auto_variant, row_class
+from ...common import nvtx
+from ...reference import check_casting_mode
+from ...settings import settings
+from ..plan.auto import auto_variant, row_class
 from .compile import COMPILE_LOCK, compile_locked, compile_tvm_ffi, target_arch
-from .forward import (TORCH_TO_CUTE, RMSNormClusterForward, RMSNormForward,
+from ..kernels.forward import (TORCH_TO_CUTE, RMSNormClusterForward, RMSNormForward,
                       RMSNormFusedAddForward)
-from .forward_staged import RMSNormStagedForward
-from .plan import INT32_LIMIT, ForwardPlan, check_int32_addressable, plan_forward
+from ..kernels.forward_staged import RMSNormStagedForward
+from ..plan.forward import INT32_LIMIT, ForwardPlan, check_int32_addressable, plan_forward
 
 
 _COMPILED: Dict[Tuple, object] = {}

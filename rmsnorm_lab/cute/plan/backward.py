@@ -26,10 +26,10 @@ Three kernels serve the backward (``dx = rstd * (m - x_hat * mean(m * x_hat))`` 
 ``cluster`` (``plan_cluster_backward``) is the fused kernel for rows one CTA cannot hold, each
 row's columns split over the CTAs of a thread-block cluster, a strip per cluster.
 
-Either way a last small kernel (dw_reduce.py) sums the G (or row-group) fp32 partial rows into dw,
+Either way a last small kernel (kernels/dw_reduce.py) sums the G (or row-group) fp32 partial rows into dw,
 reading G x N fp32 values: little next to the M x N inputs.
 
-Thread/value mapping is the forward's (plan.py): thread c of a row owns, in column block k, the
+Thread/value mapping is the forward's (plan/forward.py): thread c of a row owns, in column block k, the
 ``vec`` contiguous elements starting at ``col = (k * threads_per_row + c) * vec``. The ``dw``
 kernel uses the same formula with ``rows_per_cta`` row lanes that walk the rows of their group.
 
@@ -44,8 +44,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..registry import BACKWARD_MODES
-from .plan import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
+from ...registry import BACKWARD_MODES
+from .forward import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
                    MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
                    ELEM_BYTES, chunked, elems_in_registers, persistent_grid,
                    resident_ctas, row_threads, staged_fit)
@@ -109,7 +109,7 @@ class BackwardPlan(RowTilePlan):
     #: staged: rows of x and dy in flight in shared memory per strip (0: other plans)
     stages: int = 0
     #: fused: CTAs of a thread-block cluster, each on its own strip, whose dW rows are summed in
-    #: distributed shared memory into one partial row (dw_cluster.py; 1: a partial row a CTA)
+    #: distributed shared memory into one partial row (device/dw_cluster.py; 1: a partial row a CTA)
     dw_cluster: int = 1
 
     def resident_grid(self, sms: int) -> int:
@@ -201,7 +201,7 @@ def _check(N: int, x_dtype: torch.dtype, casting_mode: str):
         raise NotEligible(f"x dtype {x_dtype} is not supported")
     if N < 1:
         raise NotEligible("N must be positive")
-    from ..reference import CASTING_MODES, check_casting_mode
+    from ...reference import CASTING_MODES, check_casting_mode
     if check_casting_mode(casting_mode) != casting_mode:  # callers resolve an alias first
         raise ValueError(f"a kernel plan takes one of {CASTING_MODES}, got the alias "
                          f"{casting_mode!r}")
@@ -365,13 +365,13 @@ def plan_split(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], cas
 def backward_uses_pdl(arch: Optional[str]) -> bool:
     """Do the backward kernels (fused or dx + dw) and the dW reduction launch with programmatic
     dependent launch on ``arch`` (when ``settings.pdl`` allows it)? Each kernel then overlaps
-    its launch with the previous one's drain (plan.py, ``uses_pdl``). All of them or none: the
+    its launch with the previous one's drain (plan/forward.py, ``uses_pdl``). All of them or none: the
     reduction alone on PDL gains nothing, since the kernel before it must release it early.
     Measured on Hopper only (docs/design-record.md, 'Backward: PDL on Hopper')."""
     return arch in PDL_ARCHS
 
 
-# CTAs of a thread-block cluster that sum their fused strips' dW rows on chip (dw_cluster.py):
+# CTAs of a thread-block cluster that sum their fused strips' dW rows on chip (device/dw_cluster.py):
 # two halve the partial rows, which pays at few rows and costs nothing at many; four and eight
 # lose (docs/design-record.md, 'Backward: paired dW exchange').
 DW_CLUSTER = 2
@@ -395,7 +395,7 @@ def with_dw_cluster(plan: Optional[BackwardPlan], arch: Optional[str]) -> Option
 # `auto`: each chunk past the first re-reads the row, mostly from L2, against one exchange per row
 # in a cluster: the cluster wins from 3 chunks and loses at 2
 # (docs/design-record.md, 'Backward: clusters from three chunks'). The forward's `auto` takes no
-# cluster: its chunked row wins at every width measured (plan.py, WIDE_THREADS).
+# cluster: its chunked row wins at every width measured (plan/forward.py, WIDE_THREADS).
 AUTO_CLUSTER_MIN_CHUNKS = 3
 
 

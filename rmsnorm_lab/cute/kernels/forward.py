@@ -11,7 +11,7 @@ rows split over a thread-block cluster.
 * ``cluster``    (``RMSNormClusterForward``) a row too wide for one CTA's registers over the CTAs
                  of a cluster, their partial sums exchanged through distributed shared memory.
 
-Rows wider than the register budget (``plan.chunks > 1``), and rows of 16 KB (see plan.py), stream
+Rows wider than the register budget (``plan.chunks > 1``), and rows of 16 KB (see plan/forward.py), stream
 through registers in column chunks: one pass for the sum of squares, a second pass to normalize
 that starts from the last chunk, still in registers, and re-reads the others (from L2).
 
@@ -25,21 +25,14 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
-import torch
 from cutlass import Float32, Int32
 
-from . import cluster_sum
-from .pdl import wait_for_previous_grid
-from .plan import ForwardPlan
-from .reduce import SLOTS, row_sum
-from .tiles import EVICT, RowTiles, strip_rows
-
-TORCH_TO_CUTE = {
-    torch.float32: cutlass.Float32,
-    torch.bfloat16: cutlass.BFloat16,
-    torch.float16: cutlass.Float16,
-}
-
+from ..device import cluster_sum
+from ..device.pdl import wait_for_previous_grid
+from ..plan.forward import ForwardPlan
+from ..device.reduce import SLOTS, row_sum
+from ..device.tiles import EVICT, RowTiles, strip_rows
+from ..dtypes import TORCH_TO_CUTE
 
 class RMSNormForward(RowTiles):
     """``__call__`` is the host side (builds tensors, launches); ``kernel`` is the device body."""
@@ -125,7 +118,7 @@ class RMSNormForward(RowTiles):
         warp_in_row = (tidx % p.threads_per_row) // 32
         lane = tidx % 32
         if cutlass.const_expr(p.pdl):
-            wait_for_previous_grid()  # before any global access (pdl.py)
+            wait_for_previous_grid()  # before any global access (device/pdl.py)
 
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):

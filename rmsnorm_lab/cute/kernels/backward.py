@@ -14,18 +14,18 @@ The math (reference.py holds the rounding points)::
   than a warp are walked ``rows_per_cta`` at a time, one lane group each, and the groups' dW
   accumulators are summed by shuffles before the write; one-warp strips share a CTA
   (``strips_per_cta``) and sum their rows in shared memory into one partial row; the CTAs of a
-  thread-block cluster (``dw_cluster``) sum theirs in distributed shared memory (dw_cluster.py).
+  thread-block cluster (``dw_cluster``) sum theirs in distributed shared memory (device/dw_cluster.py).
 * ``RMSNormBackward`` with a ``dx`` plan: one CTA per row, dx only (the split path). Rows wider
   than the register budget take two passes over column chunks, like the forward.
-* ``RMSNormClusterBackward`` (backward_cluster.py): the fused plan of a row too wide for one CTA,
+* ``RMSNormClusterBackward`` (kernels/backward_cluster.py): the fused plan of a row too wide for one CTA,
   over the CTAs of a thread-block cluster.
-* ``RMSNormBackwardDW`` (backward_dw.py): the split path's dW. CTA (b, g) sums ``dy * x_hat``
+* ``RMSNormBackwardDW`` (kernels/backward_dw.py): the split path's dW. CTA (b, g) sums ``dy * x_hat``
   over the rows of group g for column block b -- one warp per row, ``dw_unroll`` rows per warp
   in flight -- then reduces over its warps in shared memory and writes ``dw_partial[g, block b]``.
 
-A last kernel, ``DwReduce`` (dw_reduce.py), sums the partial rows into dw.
+A last kernel, ``DwReduce`` (kernels/dw_reduce.py), sums the partial rows into dw.
 
-The thread/value mapping and the predicated 16-byte tiled copies are the forward's (forward.py);
+The thread/value mapping and the predicated 16-byte tiled copies are the forward's (kernels/forward.py);
 naming follows the CUTLASS examples (``mX`` tensor, ``gX`` tile, ``tXgX`` this thread's slice,
 ``tXrX`` its registers, ``tXcX`` the coordinates of those elements).
 """
@@ -38,12 +38,12 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.memory import SmemAllocator
 
-from . import dw_cluster
-from .backward_plan import BackwardPlan
-from .forward import TORCH_TO_CUTE
-from .pdl import wait_for_previous_grid
-from .reduce import SLOTS, row_sum
-from .tiles import RowTiles, strip_rows
+from ..device import dw_cluster
+from ..plan.backward import BackwardPlan
+from ..dtypes import TORCH_TO_CUTE
+from ..device.pdl import wait_for_previous_grid
+from ..device.reduce import SLOTS, row_sum
+from ..device.tiles import RowTiles, strip_rows
 
 
 class _Common(RowTiles):
@@ -76,7 +76,7 @@ class RMSNormBackward(_Common):
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
         # One-warp strips sharing a CTA sum their dW rows in shared memory before the write.
         self.strips_meet = plan.strips_per_cta > 1 and plan.w_dtype is not None
-        # The CTAs of a cluster sum their dW rows in distributed shared memory (dw_cluster.py).
+        # The CTAs of a cluster sum their dW rows in distributed shared memory (device/dw_cluster.py).
         self.dw_cluster = plan.dw_cluster if plan.w_dtype is not None else 1
 
     @cute.jit

@@ -5,11 +5,11 @@
 ``stages - 1`` rows ahead of the row it works on, so what is in flight is bounded by shared memory
 (228 KB an SM on Hopper) rather than by registers. The row is read from DRAM once; both passes
 (the sum of squares, then normalize and store) read it from shared memory, and w sits in
-registers for the whole strip. The backward's ``staged`` mode (backward_staged.py) rings its rows
+registers for the whole strip. The backward's ``staged`` mode (kernels/backward_staged.py) rings its rows
 the same way. A variant to pick, not ``auto``'s: the chunked row is faster at every width
 (docs/design-record.md, 'Forward: variants auto does not launch').
 
-Naming follows forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice of one
+Naming follows kernels/forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice of one
 of its rows.
 """
 
@@ -21,9 +21,9 @@ from cutlass import Float32
 from cutlass.memory import SmemAllocator
 
 from .forward import RMSNormForward
-from .plan import ForwardPlan
-from .reduce import SLOTS, row_sum
-from .tiles import strip_rows
+from ..plan.forward import ForwardPlan
+from ..device.reduce import SLOTS, row_sum
+from ..device.tiles import strip_rows
 
 
 class RMSNormStagedForward(RMSNormForward):

@@ -1,8 +1,8 @@
 """CuTe DSL RMSNorm backward, the split path's dW kernel: CTA (b, g) sums ``dy * x_hat`` over the
 rows of group g for column block b -- one warp per row, ``dw_unroll`` rows per warp in flight --
 then reduces over its warps in shared memory and writes ``dw_partial[g, block b]``; ``DwReduce``
-(dw_reduce.py) sums the partial rows. The math and the copies are the fused kernel's
-(backward.py)."""
+(kernels/dw_reduce.py) sums the partial rows. The math and the copies are the fused kernel's
+(kernels/backward.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from cutlass import Float32, Int32
 from cutlass.memory import SmemAllocator
 
 from .backward import _Common
-from .backward_plan import BackwardPlan
-from .pdl import wait_for_previous_grid
+from ..plan.backward import BackwardPlan
+from ..device.pdl import wait_for_previous_grid
 
 
 class RMSNormBackwardDW(_Common):

@@ -1,6 +1,6 @@
 """Compile cache and launches for the CuTe backward kernels.
 
-Like the forward (runner.py), the kernels are compiled once per plan with TVM-FFI
+Like the forward (launch/forward.py), the kernels are compiled once per plan with TVM-FFI
 (``--enable-tvm-ffi``) against typed stand-ins whose M and row strides are symbolic, so one
 compilation serves every M, stride and strip count, and torch tensors are passed as they are, on
 torch's current stream. What a kernel bakes in (dtypes, N, casting mode, thread mapping, target
@@ -8,7 +8,7 @@ arch) is the compile-cache key; everything a call needs beyond its tensors (mode
 stand-ins for absent tensors) is found with one dict probe (``_Entry``).
 
 ``backward`` returns ``(dx, dw)``. The last step of dW sums the G strip (or row-group) fp32
-partial rows in one more kernel (dw_reduce.py), which reads G x N fp32 values, small next to the
+partial rows in one more kernel (kernels/dw_reduce.py), which reads G x N fp32 values, small next to the
 2 x M x N the kernels read, rounds once to the weight's dtype, and keeps every kernel free of
 atomics (so dW is bitwise reproducible run to run).
 """
@@ -23,19 +23,19 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from ..common import nvtx
-from ..common.rows import kernel_grad_rows
-from ..reference import check_casting_mode
-from ..settings import settings
-from .backward import RMSNormBackward, RMSNormBackwardDh
-from .backward_dw import RMSNormBackwardDW
-from .backward_cluster import RMSNormClusterBackward
-from .backward_staged import RMSNormStagedBackward, RMSNormStagedBackwardDh
-from .backward_plan import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
+from ...common import nvtx
+from ...common.rows import kernel_grad_rows
+from ...reference import check_casting_mode
+from ...settings import settings
+from ..kernels.backward import RMSNormBackward, RMSNormBackwardDh
+from ..kernels.backward_dw import RMSNormBackwardDW
+from ..kernels.backward_cluster import RMSNormClusterBackward
+from ..kernels.backward_staged import RMSNormStagedBackward, RMSNormStagedBackwardDh
+from ..plan.backward import (DW_CTAS_PER_SM, DW_MIN_ROWS_PER_GROUP, MODES, BackwardPlan,
                             auto_mode, backward_uses_pdl, plan_backward, plan_cluster_backward,
                             plan_staged_backward, plan_split, with_dw_cluster)
-from .dw_reduce import DwReduce
-from .forward import TORCH_TO_CUTE
+from ..kernels.dw_reduce import DwReduce
+from ..dtypes import TORCH_TO_CUTE
 from .compile import compile_tvm_ffi, target_arch
 
 _COMPILED: Dict[Tuple, object] = {}

@@ -1,11 +1,11 @@
 """Which forward variant ``auto`` launches for a shape: the row width and dtype, the alignment,
-and of the row count only its class (``row_class``). Plain Python, like plan.py."""
+and of the row count only its class (``row_class``). Plain Python, like plan/forward.py."""
 
 from __future__ import annotations
 
 import torch
 
-from .plan import COPY_BYTES, ELEM_BYTES
+from .forward import COPY_BYTES, ELEM_BYTES
 
 # Rows of at most this many bytes go to warp-per-row under `auto` at many rows: warp-per-row wins
 # at N=1024 bf16, CTA-per-row from N=2048

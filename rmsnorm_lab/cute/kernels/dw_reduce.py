@@ -21,7 +21,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.memory import SmemAllocator
 
-from .pdl import wait_for_previous_grid
+from ..device.pdl import wait_for_previous_grid
 
 COLS_PER_CTA = 32   # one warp across the columns: 128-byte loads of fp32
 ROW_LANES = 32      # warps per CTA, each on its own rows (1024 threads)
@@ -34,7 +34,7 @@ class DwReduce:
     def __init__(self, N: int, w_type, pdl: bool = False):
         self.N = N
         self.w_type = w_type
-        self.pdl = pdl  # programmatic dependent launch (pdl.py)
+        self.pdl = pdl  # programmatic dependent launch (device/pdl.py)
 
     @cute.jit
     def __call__(self, gPart: cute.Tensor, gDw: cute.Tensor, stream: cuda.CUstream):

@@ -20,8 +20,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..common.rows import INT32_LIMIT
-from ..registry import FORWARD_VARIANTS as VARIANTS
+from ...common.rows import INT32_LIMIT
+from ...registry import FORWARD_VARIANTS as VARIANTS
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
 # at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
@@ -139,7 +139,7 @@ class ForwardPlan(RowTilePlan):
         return -(-M // self.cta_rows)
 
 
-# ``auto``'s few-rows tile of the middle row class (cute/auto.py): copies a thread.
+# ``auto``'s few-rows tile of the middle row class (cute/plan/auto.py): copies a thread.
 FEW_ROWS_COPIES_PER_THREAD = 4
 # Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
 # thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
@@ -263,7 +263,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     ``residual``: the fused residual add, which holds a residual chunk beside x's while it adds
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
     the tiles of one copy a chunk (all measured without it). ``row_class``: ``auto``'s class of
-    the row count, whose few-rows tiles cute/auto.py describes.
+    the row count, whose few-rows tiles cute/plan/auto.py describes.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Optional
 import cutlass.cute as cute
 import torch
 
-from ..common import nvtx
+from ...common import nvtx
 
 #: held by every CuTe compilation of the lab (re-entrant: a build may compile a helper kernel)
 COMPILE_LOCK = threading.RLock()

@@ -1,7 +1,7 @@
 """CuTe DSL RMSNorm fused backward over a thread-block cluster: rows too wide for one CTA's
 registers, each row's columns split over the CTAs of a cluster (``plan.cluster_n``), the row's
 sum exchanged through distributed shared memory. The math, the copies and the naming are the
-fused kernel's (backward.py)."""
+fused kernel's (kernels/backward.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from cutlass import Float32
 from cutlass.memory import SmemAllocator
 
 from .backward import RMSNormBackward
-from .backward_plan import BackwardPlan
-from . import cluster_sum
-from .reduce import SLOTS, row_sum
-from .tiles import strip_rows
+from ..plan.backward import BackwardPlan
+from ..device import cluster_sum
+from ..device.reduce import SLOTS, row_sum
+from ..device.tiles import strip_rows
 
 
 class RMSNormClusterBackward(RMSNormBackward):

@@ -1,6 +1,6 @@
 """CuTe DSL RMSNorm fused backward with rows staged in shared memory: each strip keeps its next
 rows of x and dy (and the fused add's dh) in flight by ``cp.async`` (``plan.stages`` rows), where
-the fused kernel (backward.py) keeps one next row in registers, or none for the fused add. The
+the fused kernel (kernels/backward.py) keeps one next row in registers, or none for the fused add. The
 math, the strips and the dW partial rows are the fused kernel's; the naming too (``sX`` x's rows
 in shared memory, ``tXsX`` this thread's slice of one of them)."""
 
@@ -12,10 +12,10 @@ from cutlass import Float32
 from cutlass.memory import SmemAllocator
 
 from .backward import RMSNormBackward, RMSNormBackwardDh
-from .backward_plan import BackwardPlan
-from .pdl import wait_for_previous_grid
-from .reduce import SLOTS, row_sum
-from .tiles import strip_rows
+from ..plan.backward import BackwardPlan
+from ..device.pdl import wait_for_previous_grid
+from ..device.reduce import SLOTS, row_sum
+from ..device.tiles import strip_rows
 
 
 class RMSNormStagedBackward(RMSNormBackward):
