@@ -5,10 +5,11 @@ weight, eps)``.
 A call is validated once, here (``validate``), so every backend sees well-formed arguments and a
 user sees an error that names the argument at fault; the arguments are normalised there too
 (torch's call shape, ``eps=None``, a casting mode's alias), so the backends, the kernels and the
-call memo see one spelling of each call. ``choose_path`` then decides, from a few facts about
-the call, which of the library's paths serves it. A call the native node has planned before
-skips both: the extension's call memo (``dispatch.fast_call``) only holds keys inserted after
-this validation passed for the same key.
+call memo see one spelling of each call. The validated call, with the settings as one snapshot,
+is a ``route.Call``; ``route.choose_path`` decides which of the library's paths serves it and
+``route.PATHS`` runs it. A call the native node has planned before skips all of that: the
+extension's call memo (``dispatch.fast_call``) only holds keys filed after this validation
+passed for the same key.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from torch.autograd import forward_ad
-
-from . import autograd, dispatch, reference
+from . import dispatch, reference
 from .common.rows import rows_without_copy, same_layout
 from .registry import BACKENDS
-from .settings import settings
+from .route import PATHS, Call, choose_path, torch_machinery
+from .settings import settings, snapshot
 
 #: what the kernels take; the ``torch`` backend (CPU tensors, or ``backend="torch"``) takes
 #: float64 too
@@ -33,10 +33,6 @@ TORCH_DTYPES = FLOAT_DTYPES + (torch.float64,)
 #: torch's are: ``reference.default_eps``); float64 inputs get fp64's
 FP32_EPS = torch.finfo(torch.float32).eps
 _ALIASES = reference.CASTING_MODE_ALIASES
-
-#: the paths a call can take (``choose_path``)
-PATHS = ("reference", "custom_op", "native", "python_node", "empty", "kernels")
-
 
 def _dtype_error(name: str, dtype: torch.dtype, backend: str) -> TypeError:
     if dtype == torch.float64:
@@ -142,26 +138,6 @@ def torch_call_shape(x, second, third, rest: Tuple, normalized_shape):
     return weight, eps
 
 
-def torch_machinery(x: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[str]:
-    """What torch must see of this call, if anything. ``"transform"``: a tensor a functorch
-    transform (vmap, grad, jvp) wrapped, or a forward-mode dual; the reference math then runs as
-    torch ops, which every transform and forward-mode AD understand. ``"dispatcher"``: a tensor
-    subclass (a FakeTensor, say), a meta tensor or an active dispatch mode; the custom op then
-    runs, so a mode sees one op and a fake tensor gets the op's fake implementation. None: a
-    plain call, for the kernels."""
-    for t in (x, weight):
-        if t is not None and (torch._C._functorch.is_functorch_wrapped_tensor(t)
-                              or forward_ad.unpack_dual(t).tangent is not None):
-            return "transform"
-    if torch._C._len_torch_dispatch_stack() > 0:
-        return "dispatcher"
-    for t in (x, weight):
-        if t is not None and (type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta
-                              or torch._is_functional_tensor(t)):
-            return "dispatcher"
-    return None
-
-
 _AUTOCAST_UPCASTS: Dict[str, bool] = {}
 
 
@@ -176,48 +152,6 @@ def autocast_upcasts(device_type: str) -> bool:
             out = torch.nn.functional.rms_norm(probe, (2,))
         found = _AUTOCAST_UPCASTS[device_type] = out.dtype == torch.float32
     return found
-
-
-def choose_path(*, compiling: bool, machinery: Optional[str], native: bool, training: bool,
-                empty: bool) -> str:
-    """Which path serves a validated call:
-
-    ``reference``    a functorch transform or forward-mode AD (``torch_machinery``): the
-                     reference math as torch ops;
-    ``custom_op``    under torch.compile, or when torch's dispatcher must see the call
-                     (``torch_machinery``): the ``torch.library`` op, one opaque graph node;
-    ``native``       the native node (``native``: the settings route this backend there, the call
-                     is not ``in_place``, x is not empty, and the extension is built);
-    ``python_node``  a training call anywhere else: ``autograd.RMSNormFunction``;
-    ``empty``        an inference call on an empty x: an empty y;
-    ``kernels``      any other inference call: ``dispatch.forward`` (the backend's kernels, or
-                     the reference for ``backend="torch"``).
-    """
-    if machinery == "transform":
-        return "reference"
-    if compiling or machinery == "dispatcher":
-        return "custom_op"
-    if native:
-        return "native"
-    if training:
-        return "python_node"
-    return "empty" if empty else "kernels"
-
-
-def _kernels(x, weight, eps, offset, casting_mode, backend, in_place):
-    return dispatch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=False)[0]
-
-
-_RUN: Dict[str, Callable] = {
-    "reference": lambda x, w, eps, off, mode, backend, in_place: reference.rms_norm(
-        x, w, eps, off, mode),
-    "custom_op": autograd.rms_norm_compiled,
-    "native": lambda x, w, eps, off, mode, backend, in_place: dispatch.native_forward(
-        x, w, eps, off, mode),
-    "python_node": autograd.rms_norm_autograd,
-    "empty": lambda x, *_: torch.empty_like(x),
-    "kernels": _kernels,
-}
 
 
 def validate_residual(x: torch.Tensor, residual: torch.Tensor, in_place: bool) -> None:
@@ -332,14 +266,14 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
                                             and torch_machinery(residual, None)) or None)
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, residual))
+    snap = snapshot()
     native = (not compiling and machinery is None and not in_place and x.numel() > 0
               and (residual is None or same_layout(x, residual))
-              and dispatch.routed_to_native(backend) and dispatch.native_node() is not None)
+              and dispatch.routed_to_native(backend, snap) and dispatch.native_node() is not None)
     path = choose_path(compiling=compiling, machinery=machinery, native=native,
                        training=training, empty=x.numel() == 0)
-    if residual is not None:
-        return autograd.fused_add(x, residual, weight, eps, offset, casting_mode, backend, path)
-    return _RUN[path](x, weight, eps, offset, casting_mode, backend, in_place)
+    return PATHS[path](Call(x, weight, residual, eps, offset, casting_mode, backend, in_place,
+                            snap))
 
 
 def _fast(x, weight, eps, offset, casting_mode, residual):

@@ -16,7 +16,10 @@
   them whenever ``torch.compiler.is_compiling()``.
 
 All three save ``(x, weight, rstd)`` and run the same kernels (the native node runs the steps
-``cute.launch.backward.backward_steps`` decides). There is no double
+``cute.launch.backward.BackwardLaunch.steps`` decides). The eager nodes run their backward under
+the settings snapshot of their forward (the native node fixes its backward when it plans the
+forward, and the Python node keeps the snapshot on its context); the custom ops read the
+settings in force when each op runs. There is no double
 backward: ``backward(create_graph=True)`` raises rather than silently dropping second-order
 terms. Custom-op schemas cannot return ``Optional[Tensor]``, so without a weight the backward op
 returns an empty ``dw`` and the autograd formula maps it to None.
@@ -44,25 +47,29 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import dispatch, reference
+from . import dispatch
 from .reference import compute_dtype
+from .settings import Snapshot, snapshot
 
 
 # ----------------------------------------------------------------------------- the work
 
 def forward_impl(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
-                 casting_mode: str, backend: str) -> Tuple[Tensor, Tensor]:
+                 casting_mode: str, backend: str, snap: Optional[Snapshot] = None
+                 ) -> Tuple[Tensor, Tensor]:
     """``(y, rstd)``: y contiguous in x's shape and dtype, rstd fp32 ``x.shape[:-1]``."""
-    return dispatch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=True)
+    return dispatch.forward(x, weight, eps, offset, casting_mode, backend, need_rstd=True,
+                            snap=snap)
 
 
 def backward_impl(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, offset: float,
                   casting_mode: str, backend: str, dx_out: Optional[Tensor] = None,
-                  need_dw: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+                  need_dw: bool = True, snap: Optional[Snapshot] = None
+                  ) -> Tuple[Tensor, Optional[Tensor]]:
     """``(dx, dw)``; dx is ``dx_out`` when given (written into its storage); dw is None when
     ``need_dw`` is off."""
     return dispatch.backward(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dx_out,
-                             need_dw=need_dw)
+                             need_dw=need_dw, snap=snap)
 
 
 def check_in_place(dy: Tensor, x: Tensor) -> None:
@@ -131,7 +138,7 @@ def _rms_norm_bwd_inplace_fake(dy, x, weight, rstd, offset, casting_mode, backen
 
 def _backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, offset: float,
               casting_mode: str, backend: str, in_place: bool, use_ops: bool,
-              need_dw: bool = True):
+              need_dw: bool = True, snap: Optional[Snapshot] = None):
     """The backward body both wrappers share: ``(dx, dw or None)``; the eager path computes no
     dW where none is needed (the ops always return it: the compiler drops what is unused)."""
     if in_place:
@@ -141,12 +148,13 @@ def _backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], rstd: Tensor, off
             dw = dw if weight is not None else None
         else:
             _, dw = backward_impl(dy, x, weight, rstd, offset, casting_mode, backend, dx_out=dy,
-                                  need_dw=need_dw)
+                                  need_dw=need_dw, snap=snap)
         return dy, dw
     if use_ops:
         dx, dw = rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, backend)
         return dx, (dw if weight is not None else None)
-    return backward_impl(dy, x, weight, rstd, offset, casting_mode, backend, need_dw=need_dw)
+    return backward_impl(dy, x, weight, rstd, offset, casting_mode, backend, need_dw=need_dw,
+                         snap=snap)
 
 
 def _setup_context(ctx, inputs, output):
@@ -167,13 +175,17 @@ rms_norm_fwd.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """The eager training path: the same work as the custom ops, without their dispatch cost."""
+    """The eager training path: the same work as the custom ops, without their dispatch cost.
+    ``snap``: the settings of the call (None: those in force), which its backward runs under
+    too."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, offset, casting_mode, backend, in_place):
-        y, rstd = forward_impl(x, weight, eps, offset, casting_mode, backend)
+    def forward(ctx, x, weight, eps, offset, casting_mode, backend, in_place, snap=None):
+        snap = snap or snapshot()
+        y, rstd = forward_impl(x, weight, eps, offset, casting_mode, backend, snap)
         ctx.save_for_backward(x, weight, rstd)
         ctx.args = (offset, casting_mode, backend, in_place)
+        ctx.snap = snap
         return y
 
     @staticmethod
@@ -183,8 +195,8 @@ class RMSNormFunction(torch.autograd.Function):
                                "backward(create_graph=True)")
         x, weight, rstd = ctx.saved_tensors
         dx, dw = _backward(dy, x, weight, rstd, *ctx.args, use_ops=False,
-                           need_dw=ctx.needs_input_grad[1])
-        return dx, dw, None, None, None, None, None
+                           need_dw=ctx.needs_input_grad[1], snap=ctx.snap)
+        return dx, dw, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- the fused add
@@ -204,7 +216,8 @@ def _fused_add_fwd_fake(x, residual, weight, eps, offset, casting_mode, backend)
             x.new_empty(x.shape[:-1], dtype=compute_dtype(x.dtype)))
 
 
-def _fused_add_grads(dy, dh, h, weight, rstd, offset, casting_mode, backend, use_ops: bool):
+def _fused_add_grads(dy, dh, h, weight, rstd, offset, casting_mode, backend, use_ops: bool,
+                     snap: Optional[Snapshot] = None):
     """``(d, dw)``: the gradient of x and of the residual (one tensor: ``h = x + residual``)
     and dW. An output that got no gradient (None) contributes nothing."""
     if dy is None:  # y unused: h's gradient alone, and no dW
@@ -212,7 +225,8 @@ def _fused_add_grads(dy, dh, h, weight, rstd, offset, casting_mode, backend, use
     if use_ops:
         d, dw = rms_norm_bwd(dy, h, weight, rstd, offset, casting_mode, backend, dh)
         return d, (dw if weight is not None else None)
-    return dispatch.backward(dy, h, weight, rstd, offset, casting_mode, backend, dh=dh)
+    return dispatch.backward(dy, h, weight, rstd, offset, casting_mode, backend, dh=dh,
+                             snap=snap)
 
 
 def _fused_add_setup_context(ctx, inputs, output):
@@ -238,11 +252,13 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
     residual get one and the same gradient, ``dh + dx_norm``, computed in one backward pass."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, eps, offset, casting_mode, backend):
+    def forward(ctx, x, residual, weight, eps, offset, casting_mode, backend, snap=None):
+        snap = snap or snapshot()
         y, h, rstd = dispatch.fused_add_forward(x, residual, weight, eps, offset, casting_mode,
-                                                backend, need_rstd=True)
+                                                backend, need_rstd=True, snap=snap)
         ctx.save_for_backward(h, weight, rstd)
         ctx.args = (offset, casting_mode, backend)
+        ctx.snap = snap
         return y, h
 
     @staticmethod
@@ -251,40 +267,30 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
             raise RuntimeError("rms_norm has no double backward: its backward cannot run under "
                                "backward(create_graph=True)")
         h, weight, rstd = ctx.saved_tensors
-        d, dw = _fused_add_grads(dy, dh, h, weight, rstd, *ctx.args, use_ops=False)
+        d, dw = _fused_add_grads(dy, dh, h, weight, rstd, *ctx.args, use_ops=False,
+                                 snap=ctx.snap)
         if not ctx.needs_input_grad[2]:
             dw = None
-        return d, d, dw, None, None, None, None
+        return d, d, dw, None, None, None, None, None
 
 
-def fused_add(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, offset: float,
-              casting_mode: str, backend: str, path: str) -> Tuple[Tensor, Tensor]:
-    """``(y, h)`` of the fused residual add along ``path`` (``api.choose_path``'s)."""
-    if path == "custom_op":
-        y, h, _ = fused_add_rms_norm_fwd(x, residual, weight, float(eps), float(offset),
-                                         casting_mode, backend)
-        return y, h
-    if path == "reference":
-        h = x + residual
-        return reference.rms_norm(h, weight, eps, offset, casting_mode), h
-    if path == "native":
-        return dispatch.native_fused_add(x, residual, weight, eps, offset, casting_mode)
-    if path == "python_node":
-        return FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset, casting_mode,
-                                             backend)
-    y, h, _ = dispatch.fused_add_forward(x, residual, weight, eps, offset, casting_mode, backend,
-                                         need_rstd=False)
+# ----------------------------------------------------------------------------- the paths
+
+def python_node(call) -> object:
+    """y (with a residual, ``(y, h)``) of a validated ``route.Call`` on the Python node's tape."""
+    if call.residual is None:
+        return RMSNormFunction.apply(call.x, call.weight, call.eps, call.offset,
+                                     call.casting_mode, call.backend, call.in_place, call.snap)
+    return FusedAddRMSNormFunction.apply(call.x, call.residual, call.weight, call.eps,
+                                         call.offset, call.casting_mode, call.backend, call.snap)
+
+
+def custom_op(call) -> object:
+    """y (with a residual, ``(y, h)``) of a ``route.Call`` through the custom ops, which Dynamo
+    records as one node each (under torch.compile, or for torch's dispatcher)."""
+    if call.residual is None:
+        return rms_norm_fwd(call.x, call.weight, float(call.eps), float(call.offset),
+                            call.casting_mode, call.backend, bool(call.in_place))[0]
+    y, h, _ = fused_add_rms_norm_fwd(call.x, call.residual, call.weight, float(call.eps),
+                                     float(call.offset), call.casting_mode, call.backend)
     return y, h
-
-
-def rms_norm_autograd(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
-                      casting_mode: str, backend: str, in_place: bool) -> Tensor:
-    """``y`` on the Python node's tape (arguments validated by ``api.rms_norm``)."""
-    return RMSNormFunction.apply(x, weight, eps, offset, casting_mode, backend, in_place)
-
-
-def rms_norm_compiled(x: Tensor, weight: Optional[Tensor], eps: float, offset: float,
-                      casting_mode: str, backend: str, in_place: bool) -> Tensor:
-    """``y`` through the custom op, which Dynamo records as one node (under torch.compile)."""
-    return rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode, backend,
-                        bool(in_place))[0]

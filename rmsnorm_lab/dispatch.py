@@ -1,16 +1,17 @@
 """From validated arguments to a backend: the CuTe kernels (in Python or through the native
 node), the Triton kernels, or the reference.
 
-``forward`` and ``backward`` serve the Python paths (the ``torch.autograd.Function``, the custom
-ops, inference calls off the native node). ``native_forward`` is the native node's entry, and
-``fast_call`` the whole host path of a call the node has planned before (the extension's call
-memo; None while the settings route calls elsewhere or the node is not built).
+``forward``, ``fused_add_forward`` and ``backward`` serve the Python paths (the
+``torch.autograd.Function``, the custom ops, inference calls off the native node); ``native`` is
+the native node's entry, and ``fast_call`` the whole host path of a call the node has planned
+before (the extension's call memo; None while the settings route calls elsewhere or the node is
+not built). Each takes the call's settings as one ``Snapshot`` (``settings.snapshot()``; None
+takes the snapshot in force, for callers outside ``rms_norm``).
 """
 
 from __future__ import annotations
 
-import os
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -19,21 +20,34 @@ from .common import nvtx
 from .common.device import sm_count
 from .common.rows import as_rows, check_weight, grad_rows
 from .registry import BACKENDS
-from .settings import from_environ, on_change, settings
+from .settings import Snapshot, on_change, settings, snapshot
 
-_cute_runner = None  # imported on first use: CUTLASS takes seconds to import
+_cute_forward = None  # cute.launch.forward, imported on first use: CUTLASS takes seconds
 _cute_backward = None
 
+#: what launches the CuTe forward's planned kernel instead of its TVM-FFI call (None: that
+#: call): the host lesson's launch paths, installed by ``lab.forward_launcher``; calls go off
+#: the native node while one is installed
+_launcher: Optional[Callable] = None
 
-def per_call_settings_cost() -> None:
-    """What a launch path that consults the environment pays per call: parse and validate every
-    ``RMSNORM_LAB_*`` variable (not applied: ``settings`` stays authoritative). The experiment
-    ``settings_per_call`` measures this against reading once at import."""
-    from_environ(os.environ)
+
+def set_forward_launcher(launcher: Optional[Callable]) -> Optional[Callable]:
+    """Install ``launcher`` (None: the TVM-FFI call); returns the one it replaces."""
+    global _launcher
+    previous, _launcher = _launcher, launcher
+    _update_fast_call()
+    return previous
+
+
+def _cute():
+    global _cute_forward
+    if _cute_forward is None:
+        from .cute.launch import forward as _cute_forward
+    return _cute_forward
 
 
 def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
-            casting_mode: str, backend: str, need_rstd: bool
+            casting_mode: str, backend: str, need_rstd: bool, snap: Optional[Snapshot] = None
             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(y, rstd)``: y contiguous in x's shape and dtype, rstd fp32 ``x.shape[:-1]`` (fp64 for
     the ``torch`` backend's float64 x; None unless ``need_rstd``)."""
@@ -46,18 +60,15 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
         return y.contiguous(), (rstd.contiguous() if need_rstd else None)
     x2 = as_rows(x)
     check_weight(weight, x2.shape[1])
+    snap = snap or snapshot()
     if backend == "triton":
         from .triton.forward import triton_rms_norm_forward
-        with nvtx.range("launch", "triton", x2.shape):
+        with nvtx.range("launch", "triton", x2.shape, on=snap.nvtx):
             y, rstd = triton_rms_norm_forward(x2, weight, eps, offset, casting_mode, need_rstd)
     else:
-        global _cute_runner
-        if _cute_runner is None:
-            from .cute.launch import forward as _cute_runner
-        if settings.experiments.settings_per_call:
-            per_call_settings_cost()
-        y, rstd = _cute_runner.forward(x2, weight, eps, offset, casting_mode, need_rstd,
-                                       settings.forward_variant, sm_count(x2.get_device()))
+        y, rstd = (_cute_forward or _cute()).forward(
+            x2, weight, eps, offset, casting_mode, need_rstd, snap, sm_count(x2.get_device()),
+            _launcher)
     if x.dim() == 2:  # already rows: no views to make on the hot path
         return y, rstd
     return y.view(x.shape), (rstd.view(x.shape[:-1]) if rstd is not None else None)
@@ -65,7 +76,7 @@ def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset:
 
 def fused_add_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
                       eps: float, offset: float, casting_mode: str, backend: str,
-                      need_rstd: bool
+                      need_rstd: bool, snap: Optional[Snapshot] = None
                       ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """``(y, h, rstd)`` of the fused residual add: ``h = x + residual`` (x's shape and dtype,
     rounded once), y its RMSNorm, rstd fp32 ``x.shape[:-1]`` (None unless ``need_rstd``)."""
@@ -79,18 +90,16 @@ def fused_add_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optional[
         return y.contiguous(), h.contiguous(), (rstd.contiguous() if need_rstd else None)
     x2, r2 = as_rows(x), as_rows(residual, "residual")
     check_weight(weight, x2.shape[1])
+    snap = snap or snapshot()
     if backend == "triton":
         from .triton.forward import triton_fused_add_forward
-        with nvtx.range("launch", "triton", x2.shape):
+        with nvtx.range("launch", "triton", x2.shape, on=snap.nvtx):
             y, h, rstd = triton_fused_add_forward(x2, r2, weight, eps, offset, casting_mode,
                                                   need_rstd)
     else:
-        global _cute_runner
-        if _cute_runner is None:
-            from .cute.launch import forward as _cute_runner
-        y, h, rstd = _cute_runner.fused_add_forward(x2, r2, weight, eps, offset, casting_mode,
-                                                    need_rstd, settings.forward_variant,
-                                                    sm_count(x2.get_device()))
+        y, h, rstd = (_cute_forward or _cute()).fused_add_forward(
+            x2, r2, weight, eps, offset, casting_mode, need_rstd, snap,
+            sm_count(x2.get_device()))
     if x.dim() == 2:
         return y, h, rstd
     return (y.view(x.shape), h.view(x.shape),
@@ -100,7 +109,7 @@ def fused_add_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optional[
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
              rstd: torch.Tensor, offset: float, casting_mode: str, backend: str,
              dx_out: Optional[torch.Tensor] = None, need_dw: bool = True,
-             dh: Optional[torch.Tensor] = None
+             dh: Optional[torch.Tensor] = None, snap: Optional[Snapshot] = None
              ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(dx, dw)``: dx shaped like x in x's dtype, dw in weight's dtype (None without a
     weight, or when ``need_dw`` is off: the CuTe backend then runs the dx kernel alone).
@@ -122,16 +131,17 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
     dh2 = grad_rows(dh, N) if dh is not None else None
     rstd1 = rstd if rstd.dim() == 1 else rstd.reshape(M)
     check_weight(weight, N)
+    snap = snap or snapshot()
     if backend == "cute":
         global _cute_backward
         if _cute_backward is None:
             from .cute.launch import backward as _cute_backward
         dx2, dw = _cute_backward.backward(dy2, x2, weight, rstd1, offset, casting_mode,
-                                          settings.backward, sm_count(x2.get_device()),
+                                          snap.backward, sm_count(x2.get_device()), snap,
                                           need_dw=need_dw, dh2=dh2)
     elif backend == "triton":
         from .triton.backward import triton_rms_norm_backward
-        with nvtx.range("launch", "triton", x2.shape):
+        with nvtx.range("launch", "triton", x2.shape, on=snap.nvtx):
             if dx_out is not None:
                 return dx_out, triton_rms_norm_backward(dy2, x2, weight, rstd1, offset,
                                                         casting_mode, dx=dx_out.view(M, N),
@@ -153,10 +163,12 @@ def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
 
 # ----------------------------------------------------------------------------- the native node
 
-def routed_to_native(backend: str) -> bool:
-    """Whether the settings send calls of ``backend`` to the native node."""
-    return (backend == "cute" and settings.experiments.autograd_node == "native"
-            and settings.experiments.launch_path == "tvm_ffi")
+def routed_to_native(backend: str, snap: Optional[Snapshot] = None) -> bool:
+    """Whether calls of ``backend`` go to the native node under the settings ``snap`` (None:
+    those in force): CuTe calls, unless the Python node is chosen or a forward launcher of the
+    host lesson's is installed."""
+    return (backend == "cute" and (snap or snapshot()).autograd_node == "native"
+            and _launcher is None)
 
 
 _native = None  # (extension, native.launch) once loaded; False where it cannot be built
@@ -174,8 +186,7 @@ fast_add_call = None
 def _update_fast_call() -> None:
     global fast_call, fast_add_call
     fast_call = fast_add_call = None
-    if (routed_to_native(settings.backend) and not settings.experiments.settings_per_call
-            and _native):
+    if routed_to_native(settings.backend) and _native:
         extension, native_launch = _native
         fast_call = native_launch.memo(extension).call
         fast_add_call = native_launch.memo(extension, residual=True).call_add
@@ -198,22 +209,13 @@ def native_node():
     return _native or None
 
 
-def native_forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
-                   casting_mode: str) -> torch.Tensor:
-    """y through the native node (on its tape for a training call); ``native_node()`` must
-    have returned the node."""
+def native(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+           eps: float, offset: float, casting_mode: str, snap: Snapshot):
+    """y (with ``residual``, laid out as x: ``(y, h)`` of the fused add) through the native
+    node, on its tape for a training call; ``native_node()`` must have returned the node."""
     extension, native_launch = _native
-    if settings.experiments.settings_per_call:
-        per_call_settings_cost()
-    return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode)
-
-
-def native_fused_add(x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
-                     eps: float, offset: float, casting_mode: str
-                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(y, h) of the fused add through the native node (``native_forward``'s counterpart; the
-    residual laid out as x)."""
-    extension, native_launch = _native
-    if settings.experiments.settings_per_call:
-        per_call_settings_cost()
-    return native_launch.rms_norm_add(extension, x, residual, weight, eps, offset, casting_mode)
+    sms = sm_count(x.get_device())
+    if residual is None:
+        return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode, snap, sms)
+    return native_launch.rms_norm_add(extension, x, residual, weight, eps, offset, casting_mode,
+                                      snap, sms)

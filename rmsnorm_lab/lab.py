@@ -16,16 +16,22 @@ Plans and compiled code (read on any machine, no GPU needed)
     ``plan_forward``, ``plan_backward``, ``plan_split``, ``fused_strips``, ``dw_row_groups``,
     ``with_dw_cluster``, ``compile_and_inspect``, ``ptx_facts``, ``ptxas_report``, ``arch_name``.
 The host path, taken apart (the host lesson and its benchmark)
-    ``routed_to_native``, ``native_node``, ``memo_call``, ``forward_entry``,
-    ``clear_forward_caches``, ``NVTX_DOMAIN``, ``sm_count``.
+    ``routed_to_native``, ``native_node``, ``memo_call``, ``forward_launch``,
+    ``clear_forward_caches``, ``NVTX_DOMAIN``, ``sm_count``, ``snapshot``.
+    ``forward_launcher(fn)``: the hook through which the host lesson's launch paths take the
+    CuTe forward's last step (``fn(launch, x2, w, y, rstd, grid, eps, offset)`` in place of the
+    TVM-FFI call; calls leave the native node while it is installed), with what they build on:
+    ``forward_kernel_object`` (a plan's kernel class instance), ``compile_locked``,
+    ``COMPILE_LOCK``, ``nvtx_range``.
 Models
     ``TRANSFORMERS``: the transformers norm classes ``patch`` replaces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 # name -> (module of the library, attribute): imported on first use, so that reading a constant
 # (say NVTX_DOMAIN) does not load CuTe DSL
@@ -38,8 +44,7 @@ _NAMES: Dict[str, Tuple[str, str]] = {
     # kernel_backward(dy, x, weight, rstd, offset, casting_mode, backend) -> (dx, dw)
     "kernel_backward": ("dispatch", "backward"),
     # cute_backward(dy2, x2, weight, rstd, offset, casting_mode, mode, sms): the CuTe backward on
-    # 2-D rows with its mode named (no settings read)
-    "cute_backward": ("cute.launch.backward", "backward"),
+    # 2-D rows with its mode named (the other settings: those in force)
     "RMSNormFunction": ("autograd", "RMSNormFunction"),
     "validate": ("api", "validate"),
     "plan_forward": ("cute.plan.forward", "plan_forward"),
@@ -54,10 +59,17 @@ _NAMES: Dict[str, Tuple[str, str]] = {
     "arch_name": ("cute.launch.compile", "arch_name"),
     "routed_to_native": ("dispatch", "routed_to_native"),
     "native_node": ("dispatch", "native_node"),
-    # forward_entry(x2, weight, casting_mode, need_rstd, variant, pdl): the CuTe forward's launch
-    # entry (its plan, its compiled kernel on first use)
-    "forward_entry": ("cute.launch.forward", "entry_for"),
+    # forward_launch(x2, weight, casting_mode, need_rstd, snap, sms): the CuTe forward's launch
+    # (its plan, its grid rule, its compiled kernel on first use)
+    "forward_launch": ("cute.launch.forward", "forward_launch"),
+    "forward_kernel_object": ("cute.launch.forward", "kernel_object"),
+    "compile_locked": ("cute.launch.compile", "compile_locked"),
+    "COMPILE_LOCK": ("cute.launch.compile", "COMPILE_LOCK"),
+    "snapshot": ("settings", "snapshot"),
     "NVTX_DOMAIN": ("common.nvtx", "DOMAIN"),
+    # nvtx_range(stage, impl, shape=None, on=None): a range of the lab's domain (on: None
+    # follows settings.nvtx)
+    "nvtx_range": ("common.nvtx", "range"),
     "sm_count": ("common.device", "sm_count"),
     "TRANSFORMERS": ("models.patch", "TRANSFORMERS"),
 }
@@ -85,11 +97,36 @@ def memo_call() -> Optional[Callable]:
     return dispatch.fast_call
 
 
+def cute_backward(dy2, x2, weight, rstd, offset: float, casting_mode: str, mode: str, sms: int,
+                  **kwargs):
+    """The CuTe backward on 2-D rows with its mode named, under the other settings in force
+    (``cute.launch.backward.backward``'s keywords: strips, need_dx, need_dw, dh2)."""
+    from .cute.launch import backward
+    from .settings import snapshot
+    return backward.backward(dy2, x2, weight, rstd, offset, casting_mode, mode, sms, snapshot(),
+                             **kwargs)
+
+
 def clear_forward_caches() -> None:
-    """Forget the CuTe forward's compilations, launch entries and cached tensor handles (the
-    tensor-handle cache's memory is measured from empty)."""
-    from .cute.launch import forward as runner
-    runner.clear_caches()
+    """Forget the CuTe forward's compilations and launches."""
+    from .cute.launch import forward
+    forward.clear_caches()
 
 
-__all__ = sorted(set(_NAMES) | {"memo_call", "clear_forward_caches"})
+@contextlib.contextmanager
+def forward_launcher(launcher: Callable) -> Iterator[None]:
+    """For the block, the CuTe forward's planned kernel is launched by ``launcher(launch, x2, w,
+    y, rstd, grid, eps, offset)`` (``launch``: a ``cute.launch.forward.ForwardLaunch``) instead
+    of its TVM-FFI call, and calls take the Python path (the native node launches through
+    TVM-FFI only). The host lesson's launch paths plug in here; process-wide, like the
+    settings."""
+    from . import dispatch
+    previous = dispatch.set_forward_launcher(launcher)
+    try:
+        yield
+    finally:
+        dispatch.set_forward_launcher(previous)
+
+
+__all__ = sorted(set(_NAMES) | {"memo_call", "clear_forward_caches", "cute_backward",
+                                "forward_launcher"})

@@ -2,25 +2,26 @@
 
 ``settings`` holds what a user chooses: the backend, the forward and backward kernels, programmatic
 dependent launch and NVTX ranges. ``settings.experiments`` holds what the notebooks and the
-benchmarks switch to *measure* something (another launch path, the Python autograd node, the
-handle cache's cap, a forced strip count, the cost of reading the environment per call); the
+benchmarks switch to *measure* something (the Python autograd node, a forced strip count); the
 defaults are the fast path and a user has no reason to touch them.
 
 Both are read once, when this module is imported, from ``RMSNORM_LAB_<TOGGLE>`` environment
 variables: an unknown ``RMSNORM_LAB_*`` name is ignored with a warning (``UnknownVariableWarning``)
 that lists the valid ones; a known one with a value it cannot take is a ``SettingsError`` (a
 ``ValueError``) naming the variable and the values it takes, which the lab's own command lines
-print as one line before exiting with status 2. The launch path reads these objects (an attribute
-load), never ``os.environ``: re-reading the environment per call costs more than the rest of the
-call (docs/design-record.md, 'Host: settings read once'). ``settings.override(...)`` changes any
-toggle of either group for a block of code and restores it on exit::
+print as one line before exiting with status 2. A call never reads ``os.environ``: re-reading the
+environment per call costs more than the rest of the call
+(docs/design-record.md, 'Host: settings read once'). ``settings.override(...)`` changes any toggle of either group for a block of code and
+restores it on exit::
 
     from rmsnorm_lab import settings
-    with settings.override(forward_variant="warp", launch_path="cached"):
+    with settings.override(forward_variant="warp", nvtx=True):
         y = rms_norm(x, w)
 
 Settings are process-wide (like ``torch.backends`` flags): an override in one thread is seen by
-calls in every thread while it lasts. A call reads the toggles once, when its launch is planned.
+calls in every thread while it lasts. A call takes them once, as a ``Snapshot`` (``snapshot()``,
+rebuilt on every change, so taking it is one global read), and passes that down: its plan, its
+launch and the call memo's key all see the same values.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ import dataclasses
 import os
 import sys
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple
 
 from .registry import BACKENDS, BACKWARD_MODES, FORWARD_VARIANTS
 
-LAUNCH_PATHS = ("tvm_ffi", "cached", "compiled", "jit")
 AUTOGRAD_NODES = ("native", "python")
 FORWARD_CHOICES = ("auto",) + FORWARD_VARIANTS
 BACKWARD_CHOICES = ("auto",) + BACKWARD_MODES
@@ -44,10 +44,9 @@ _CHOICES: Dict[str, tuple] = {
     "backend": BACKENDS,
     "forward_variant": FORWARD_CHOICES,
     "backward": BACKWARD_CHOICES,
-    "launch_path": LAUNCH_PATHS,
     "autograd_node": AUTOGRAD_NODES,
 }
-_MINIMUM: Dict[str, int] = {"fused_strips": 0}  # tensor_cache_cap has none: < 0 is unbounded
+_MINIMUM: Dict[str, int] = {"fused_strips": 0}
 
 
 class _Toggles:
@@ -72,20 +71,12 @@ class _Toggles:
 @dataclasses.dataclass
 class Experiments(_Toggles):
     """Toggles the lab's notebooks and benchmarks switch to measure a part of the host path."""
-    #: how torch tensors reach a compiled CuTe kernel (cute/launch/forward.py lists the paths);
-    #: ``tvm_ffi`` is the fastest on the host
-    launch_path: str = "tvm_ffi"
-    #: CuTe calls on the ``tvm_ffi`` path: ``native`` (the C++ extension: call memo, launch and
-    #: autograd node) or ``python`` (a ``torch.autograd.Function``, as every other launch path,
-    #: Triton, ``in_place=True`` and torch.compile use)
+    #: CuTe calls: ``native`` (the C++ extension: call memo, launch and autograd node) or
+    #: ``python`` (a ``torch.autograd.Function``, as Triton, ``in_place=True``, torch.compile
+    #: and a forward launcher of the host lesson's, ``lab.forward_launcher``, use)
     autograd_node: str = "native"
-    #: marshaled tensor handles kept by the ``cached`` path (FIFO); 0 turns the cache off, a
-    #: negative cap removes the bound (to show why the bound exists)
-    tensor_cache_cap: int = 8
     #: strips (CTAs) of the fused backward; 0: the plan's resident CTAs per SM times the SMs
     fused_strips: int = 0
-    #: re-read the RMSNORM_LAB_* environment on every call, to measure what reading it once saves
-    settings_per_call: bool = False
 
 
 @dataclasses.dataclass
@@ -129,6 +120,10 @@ class Settings(_Toggles):
                 object.__setattr__(targets[k], k, v)
             _notify()
 
+    def snapshot(self) -> "Snapshot":
+        """The toggles a call reads, as one ``Snapshot`` (module function ``snapshot``)."""
+        return _SNAPSHOT[0]
+
     def as_dict(self) -> Dict[str, Any]:
         """Every toggle of both groups, flat."""
         d = {k: v for k, v in super().as_dict().items() if k != "experiments"}
@@ -138,8 +133,35 @@ class Settings(_Toggles):
 USER_TOGGLES = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "experiments")
 EXPERIMENT_TOGGLES = tuple(f.name for f in dataclasses.fields(Experiments))
 
+class Snapshot(NamedTuple):
+    """The settings a call reads, taken once (``snapshot()``) and passed down: the plans, the
+    launches and the call memo's key see these values, whatever another thread changes."""
+    forward_variant: str
+    backward: str
+    pdl: bool
+    nvtx: bool
+    fused_strips: int
+    autograd_node: str
+
+    @property
+    def code(self) -> int:
+        """The snapshot as one integer of the call memo's keys."""
+        return hash(tuple(self))
+
+
 _LISTENERS: List[Callable[[], None]] = []
 _LIVE: List[_Toggles] = []  # the module's own objects: their changes are announced
+_SNAPSHOT: List[Snapshot] = []  # the snapshot of the settings in force (one element)
+
+
+def snapshot() -> Snapshot:
+    """The settings in force as a ``Snapshot`` (rebuilt on every change, not per call)."""
+    return _SNAPSHOT[0]
+
+
+def _take_snapshot() -> Snapshot:
+    return Snapshot(settings.forward_variant, settings.backward, settings.pdl, settings.nvtx,
+                    settings.experiments.fused_strips, settings.experiments.autograd_node)
 
 
 def on_change(listener: Callable[[], None]) -> None:
@@ -149,6 +171,7 @@ def on_change(listener: Callable[[], None]) -> None:
 
 
 def _notify() -> None:
+    _SNAPSHOT[0] = _take_snapshot()
     for listener in _LISTENERS:
         listener()
 
@@ -261,3 +284,4 @@ def _from_environ_at_import() -> Settings:
 
 settings = _from_environ_at_import()
 _LIVE += [settings, settings.experiments]
+_SNAPSHOT.append(_take_snapshot())

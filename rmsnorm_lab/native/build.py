@@ -6,7 +6,8 @@ It links TVM-FFI's C library to call the compiled CuTe kernels, and NVTX's heade
 when its headers are found (the ``nvidia-nvtx`` wheel or the CUDA toolkit).
 
 ``load()`` returns the extension module or raises ``NativeNodeUnavailable`` saying why (no
-compiler, a build error). ``rms_norm`` with ``settings.experiments.autograd_node == "native"``
+compiler, a build error). The backward's argument codes reach the build as macros from their one
+definition (cute/launch/args.py). ``rms_norm`` with ``settings.experiments.autograd_node == "native"``
 falls back to the Python node with one warning when the build fails; ``"python"`` never builds it.
 """
 
@@ -61,17 +62,19 @@ def _build():
     lib = tvm_ffi.libinfo.find_libtvm_ffi()
     lib_dir = os.path.dirname(lib)
     includes = [tvm_ffi.libinfo.find_include_path()]
-    cflags = ["-O2"]
+    from ..cute.launch.args import build_macros
+    cflags = ["-O2"] + build_macros()  # the backward's argument codes, defined in Python
     nvtx = _nvtx_include_dirs()
     if nvtx:
         includes += nvtx
         cflags.append("-DRMSNORM_LAB_NVTX")
     # torch's build folder is named after the extension and shared by every checkout on the
-    # machine, and torch rebuilds on a changed .cpp but not on a changed header: the torch
-    # version and a digest of every source are in the name, so each version of the sources has
-    # a build of its own and no two checkouts rebuild each other's
+    # machine, and torch rebuilds on a changed .cpp but not on a changed header or flag: the
+    # torch version and a digest of every source and flag are in the name, so each version of
+    # the sources has a build of its own and no two checkouts rebuild each other's
     tag = torch.__version__.replace(".", "_").replace("+", "_")
-    digest = hashlib.sha1(b"".join(p.read_bytes() for p in (SOURCE,) + HEADERS)).hexdigest()[:12]
+    digest = hashlib.sha1(b"".join(p.read_bytes() for p in (SOURCE,) + HEADERS)
+                          + " ".join(cflags).encode()).hexdigest()[:12]
     _ninja_on_path()
     return load(name=f"rmsnorm_lab_native_{tag}_{digest}", sources=[str(SOURCE)],
                 extra_include_paths=includes, extra_cflags=cflags,

@@ -16,10 +16,23 @@
 namespace rmsnorm_lab {
 namespace py = pybind11;
 
-// Argument codes of a backward step (rmsnorm_lab/cute/launch/backward.py: DY .. OFFSET).
+// Argument codes of a backward step, defined once in Python (rmsnorm_lab/cute/launch/args.py,
+// Arg) and given to this build as RMSNORM_LAB_ARG_* macros (rmsnorm_lab/native/build.py). Codes
+// below kTensorArgs name a tensor of the call, indexing `run_backward`'s table.
 enum Arg : int64_t {
-  kDy, kX, kW, kRstd, kDx, kPartials, kNoPartials, kDw, kDh, kCount, kOffset
+  kDy = RMSNORM_LAB_ARG_DY,
+  kX = RMSNORM_LAB_ARG_X,
+  kW = RMSNORM_LAB_ARG_W,
+  kRstd = RMSNORM_LAB_ARG_RSTD,
+  kDx = RMSNORM_LAB_ARG_DX,
+  kPartials = RMSNORM_LAB_ARG_PARTIALS,
+  kNoPartials = RMSNORM_LAB_ARG_NO_PARTIALS,
+  kDw = RMSNORM_LAB_ARG_DW,
+  kDh = RMSNORM_LAB_ARG_DH,
+  kCount = RMSNORM_LAB_ARG_COUNT,
+  kOffset = RMSNORM_LAB_ARG_OFFSET,
 };
+constexpr int64_t kTensorArgs = kDh + 1;
 
 template <typename T>
 inline T attr(const py::handle& spec, const char* name) {
@@ -176,8 +189,10 @@ inline torch::autograd::variable_list run_backward(const Launch& k, int64_t m, c
   DLTensor d_dh = dh2.defined() ? dl_view(dh2) : d_none;
   DLTensor d_part = partials.defined() ? dl_view(partials) : d_none;
   DLTensor d_dw = dw.defined() ? dl_view(dw) : d_none;
-  DLTensor* tensors[] = {&d_dy, &r_x.dl, &d_w, &d_rstd, &r_dx.dl, &d_part, &d_none, &d_dw,
-                         &d_dh};
+  DLTensor* tensors[kTensorArgs] = {};
+  tensors[kDy] = &d_dy, tensors[kX] = &r_x.dl, tensors[kW] = &d_w, tensors[kRstd] = &d_rstd;
+  tensors[kDx] = &r_dx.dl, tensors[kPartials] = &d_part, tensors[kNoPartials] = &d_none;
+  tensors[kDw] = &d_dw, tensors[kDh] = &d_dh;
   const EnvStream env(x);
   for (const Step& step : b.steps) {
     TVMFFIAny args[11];
@@ -185,6 +200,8 @@ inline torch::autograd::variable_list run_backward(const Launch& k, int64_t m, c
     TORCH_CHECK(count <= 11, "rmsnorm_lab native node: a step has too many arguments");
     for (int32_t i = 0; i < count; ++i) {
       const int64_t code = step.args[i];
+      TORCH_CHECK(code >= 0 && (code < kTensorArgs || code == kCount || code == kOffset),
+                  "rmsnorm_lab native node: unknown argument code ", code);
       args[i] = code == kCount    ? any_int(step.count.of(m))
                 : code == kOffset ? any_float(k.offset)
                                   : any_tensor(tensors[code]);

@@ -1,10 +1,10 @@
 """What the native node launches, decided in Python.
 
-Python decides what to launch, exactly as the Python paths do: the forward entry
-(``cute.launch.forward.entry_for``), for a training call the backwards' steps
-(``cute.launch.backward.backward_steps``: dx and dW, dx alone, dW alone), and the rules by which
-the forward grid, the strip counts and the rows of dW partials follow the row count. The decision
-is handed to the extension as one ``LaunchSpec`` of plain values; the extension (native_node.cpp)
+Python decides what to launch from the same planning entries the Python paths launch from: the
+forward's ``cute.launch.forward.forward_launch`` and, for a training call, the backward's
+``cute.launch.backward.backward_launch`` and its ``steps`` (dx and dW, dx alone, dW alone), with
+the grids, strip counts and rows of dW partials as rules of the row count. The decision is
+handed to the extension as one ``LaunchSpec`` of plain values; the extension (native_node.cpp)
 launches the forward and, for a training call, keeps what the backward needs on its tape node and
 runs the steps of the backward the inputs' gradients ask for, in C++. The fused residual add
 (``rms_norm_add``) goes the same way with its own forward, dx kernels that add h's gradient, and
@@ -12,31 +12,30 @@ its own memo.
 
 The decision is memoized in the extension's ``CallMemo``, keyed on what a plan reads: the row
 width and layout, dtypes, devices, alignment, casting mode, eps, offset, which side of ``auto``'s
-few-rows threshold the row count is on, and a code of the settings (``Snapshot``); not on the row
-count itself, so calls whose leading shape changes every call share one Launch. A call of a known
-key runs without entering this module (``dispatch.fast_call``). The settings are read once per
-plan, from one snapshot, and the launch is filed under that snapshot's code, so an override in
-another thread cannot file a launch under the wrong settings. A node holds its own reference to
-its Launch, and a Launch to its kernels; the compiled Python functions behind them are pinned in
-``_FUNCTIONS`` for the life of the process, not dropped by the runners' ``clear_caches``.
+few-rows threshold the row count is on, and the code of the settings snapshot the plan read; not
+on the row count itself, so calls whose leading shape changes every call share one Launch. A call
+of a known key runs without entering this module (``dispatch.fast_call``); on a miss the memo
+computes the key once, asks ``plan`` for the launch and files it under that key and the code of
+the snapshot it was planned under. A node holds its own reference to its Launch, and a Launch to
+its kernels; the compiled Python functions behind them are pinned in ``_FUNCTIONS`` for the life
+of the process, not dropped by the launch modules' ``clear_caches``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..common.rows import INT32_LIMIT, as_rows, check_weight
-from ..cute.launch import backward as backward_runner
-from ..cute.launch import forward as runner
+from ..common.rows import as_rows, check_weight
+from ..cute.launch.backward import backward_launch
+from ..cute.launch.forward import forward_launch
 from ..cute.plan.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX
-from ..cute.launch.backward import RowsRule
-from ..cute.plan.forward import check_int32_addressable
+from ..cute.plan.forward import INT32_LIMIT, RowsRule, check_int32_addressable
 from ..registry import nvtx_argb
-from ..settings import on_change, settings
+from ..settings import Snapshot, on_change, snapshot
 
 #: entries -> their compiled functions; never cleared (see above)
 _FUNCTIONS: Dict[Tuple, Tuple] = {}
@@ -55,7 +54,7 @@ def ffi_handle(fn) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
-    """One backward kernel call as the extension sees it (``backward_runner.Step`` with the
+    """One backward kernel call as the extension sees it (``cute.launch.backward.Step`` with the
     kernel as a TVM-FFI handle and the NVTX colour resolved)."""
     kernel: int
     args: Tuple[int, ...]
@@ -99,33 +98,13 @@ class LaunchSpec:
     residual: bool = False
 
 
-class Snapshot(NamedTuple):
-    """The settings a plan reads, read once: the plan and the memo key both use these values."""
-    forward_variant: str
-    backward: str
-    pdl: bool
-    nvtx: bool
-    fused_strips: int
-
-    @classmethod
-    def now(cls) -> "Snapshot":
-        return cls(settings.forward_variant, settings.backward, settings.pdl, settings.nvtx,
-                   settings.experiments.fused_strips)
-
-    @property
-    def code(self) -> int:
-        """The snapshot as one integer of the memo's keys."""
-        return hash(tuple(self))
-
-
 def _backward_spec(bwd, sms: int, w_dtype: Optional[torch.dtype], fused_strips: int,
                    need_dx: bool, need_dw: bool) -> BackwardSpec:
-    steps, partial_rows = backward_runner.backward_steps(bwd, sms, w_dtype, fused_strips, 0,
-                                                         need_dx, need_dw)
+    steps, partial_rows = bwd.steps(sms, w_dtype, fused_strips, 0, need_dx, need_dw)
     _FUNCTIONS.setdefault((bwd, w_dtype, need_dx, need_dw), tuple(s.kernel for s in steps))
-    return BackwardSpec(tuple(StepSpec(ffi_handle(s.kernel), s.args, s.count, s.stage, s.name,
-                                       nvtx_argb(s.name), s.on_partials) for s in steps),
-                        partial_rows)
+    return BackwardSpec(tuple(StepSpec(ffi_handle(s.kernel), tuple(map(int, s.args)), s.count,
+                                       s.stage, s.name, nvtx_argb(s.name), s.on_partials)
+                              for s in steps), partial_rows)
 
 
 def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
@@ -141,33 +120,25 @@ def plan_launch(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, off
     if M * x2.stride(0) >= INT32_LIMIT:
         check_int32_addressable(M, x2.stride(0), N)
     r2 = as_rows(residual, "residual") if residual is not None else None
-    fwd = runner.entry_for(x2, weight, casting_mode, training, snap.forward_variant, snap.pdl,
-                           residual=r2)
-    forward = fwd.ffi()
+    fwd = forward_launch(x2, weight, casting_mode, training, snap, sms, residual=r2)
+    forward = fwd.compiled()
     _FUNCTIONS.setdefault(fwd, (forward,))
     w_dtype = weight.dtype if weight is not None else None
-    backward, aligned, no_partials = (), False, fwd.empty_rstd
+    backward, aligned, no_partials = (), False, fwd.no_rstd
     if training:
         # dy is not known yet: x stands in for its alignment, and the node copies a gradient
         # that arrives in another layout (common.rows.kernel_grad_rows)
-        bwd = backward_runner.entry_for(x2, x2, weight, casting_mode, snap.backward, snap.pdl,
-                                        dh=residual is not None)
+        bwd = backward_launch(x2, x2, weight, casting_mode, snap.backward, snap.pdl,
+                              dh=residual is not None)
         backward = tuple(_backward_spec(bwd, sms, w_dtype, snap.fused_strips, dx, dw)
                          for dx, dw in ((True, True), (True, False), (False, True)))
-        aligned, no_partials = bwd.dx.vec > 1, bwd.no_part
-    plan = fwd.plan
+        aligned, no_partials = bwd.aligned, bwd.no_partials
     return LaunchSpec(
-        forward=ffi_handle(forward), forward_name=plan.variant,
-        forward_argb=nvtx_argb(plan.variant),
-        forward_grid=RowsRule(plan.cta_rows, plan.grid_cap(sms)),
+        forward=ffi_handle(forward), forward_name=fwd.plan.variant,
+        forward_argb=nvtx_argb(fwd.plan.variant), forward_grid=fwd.grid,
         row_stride=x2.stride(0), weighted=weight is not None, eps=eps, offset=offset,
-        nvtx=snap.nvtx, no_weight=fwd.empty_w, no_rstd=fwd.empty_rstd, no_partials=no_partials,
+        nvtx=snap.nvtx, no_weight=fwd.no_weight, no_rstd=fwd.no_rstd, no_partials=no_partials,
         aligned=aligned, backward=backward, residual=residual is not None)
-
-
-def settings_code() -> int:
-    """The settings every plan of this module reads, now, as one integer of the memo's keys."""
-    return Snapshot.now().code
 
 
 def memo(native, residual: bool = False):
@@ -180,47 +151,39 @@ def memo(native, residual: bool = False):
         if residual not in _memos:
             # the one use of M a plan makes: ``auto``'s row class (cute/plan/auto.py row_class)
             memo = native.CallMemo(LAUNCHES_CAP, AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)
-            memo.settings = settings_code()
+            memo.settings = snapshot().code
 
             def follow_settings():
-                memo.settings = settings_code()
+                memo.settings = snapshot().code
             on_change(follow_settings)
             _memos[residual] = memo
     return _memos[residual]
 
 
+def _training(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-             offset: float, casting_mode: str) -> torch.Tensor:
+             offset: float, casting_mode: str, snap: Snapshot, sms: int) -> torch.Tensor:
     """y of ``x`` (any leading shape, validated by ``api.rms_norm``) through the native
-    extension: on the tape when grad mode is on and x or the weight requires grad. Planned once
-    per call key (``plan_launch``), then found in the memo."""
-    calls = memo(native)
-    launch = calls.find(x, weight, eps, offset, casting_mode)
-    if launch is None:
-        from ..common.device import sm_count
-        training = torch.is_grad_enabled() and (
-            x.requires_grad or (weight is not None and weight.requires_grad))
-        snap = Snapshot.now()  # what this plan reads; its launch is filed under the same code
-        spec = plan_launch(x, weight, eps, offset, casting_mode, sm_count(x.get_device()),
-                           training, snap)
-        launch = native.Launch(spec)
-        calls.insert(x, weight, eps, offset, casting_mode, launch, snap.code)
-    return native.apply(x, weight, launch)
+    extension: on the tape when grad mode is on and x or the weight requires grad. The memo
+    runs a known call; a new one is planned under ``snap`` (``plan_launch``) and filed."""
+    def plan():
+        spec = plan_launch(x, weight, eps, offset, casting_mode, sms, _training(x, weight),
+                           snap)
+        return native.Launch(spec), snap.code
+    return memo(native).call(x, weight, eps, offset, casting_mode, plan)
 
 
 def rms_norm_add(native, x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
-                 eps: float, offset: float, casting_mode: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, offset: float, casting_mode: str, snap: Snapshot, sms: int
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(y, h) of the fused residual add through the native extension (``residual`` laid out as
     x: ``common.rows.same_layout``), as ``rms_norm`` does for the plain norm."""
-    calls = memo(native, residual=True)
-    launch = calls.find(x, weight, eps, offset, casting_mode, residual)
-    if launch is None:
-        from ..common.device import sm_count
-        training = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, residual, weight))
-        snap = Snapshot.now()
-        spec = plan_launch(x, weight, eps, offset, casting_mode, sm_count(x.get_device()),
-                           training, snap, residual=residual)
-        launch = native.Launch(spec)
-        calls.insert(x, weight, eps, offset, casting_mode, launch, snap.code, residual)
-    return native.apply_add(x, residual, weight, launch)
+    def plan():
+        spec = plan_launch(x, weight, eps, offset, casting_mode, sms,
+                           _training(x, residual, weight), snap, residual=residual)
+        return native.Launch(spec), snap.code
+    return memo(native, residual=True).call_add(x, residual, weight, eps, offset, casting_mode,
+                                                plan)

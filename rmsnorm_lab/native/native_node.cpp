@@ -264,24 +264,13 @@ class CallMemo {
     return it == launches_.end() ? nullptr : it->second;
   }
 
-  // True when inserted (false: a call the memo does not serve). `settings` is the code of the
-  // settings the launch was planned under, which may differ from the code now in force.
-  bool insert(py::handle x, py::handle w, py::handle eps, py::handle offset, py::handle mode,
-              std::shared_ptr<const Launch> launch, int64_t settings,
-              py::handle r = py::none()) {
-    CallKey key;
-    if (!key_of(x, r, w, eps, offset, mode, &key)) return false;
-    key.settings = settings;
-    if (static_cast<int64_t>(launches_.size()) >= capacity_) launches_.clear();  // bounded
-    launches_[std::move(key)] = std::move(launch);  // nodes hold their own reference
-    return true;
-  }
-
-  // y of a call planned before (on the tape when it is a training call); None otherwise, and
-  // Python takes the call.
+  // y of a call (on the tape when it is a training call). A call not planned before goes to
+  // `planner` (None: the call returns None and Python takes it), which returns (Launch, the code
+  // of the settings it was planned under); the Launch is filed under this call's key, computed
+  // once, with that code (not the code now in force, should the settings change meanwhile).
   py::object call(py::handle x, py::handle w, py::handle eps, py::handle offset,
-                  py::handle mode) const {
-    const auto launch = find(x, w, eps, offset, mode);
+                  py::handle mode, py::handle planner = py::none()) {
+    const auto launch = launch_of(x, py::none(), w, eps, offset, mode, planner);
     if (!launch) return py::none();
     std::optional<at::Tensor> weight;
     if (!w.is_none()) weight = THPVariable_Unpack(w.ptr());
@@ -289,10 +278,10 @@ class CallMemo {
         THPVariable_Wrap(apply(THPVariable_Unpack(x.ptr()), weight, launch)));
   }
 
-  // (y, h) of a fused add planned before (on the tape for a training call); None otherwise.
+  // (y, h) of a fused add, as `call`.
   py::object call_add(py::handle x, py::handle r, py::handle w, py::handle eps,
-                      py::handle offset, py::handle mode) const {
-    const auto launch = find(x, w, eps, offset, mode, r);
+                      py::handle offset, py::handle mode, py::handle planner = py::none()) {
+    const auto launch = launch_of(x, r, w, eps, offset, mode, planner);
     if (!launch) return py::none();
     std::optional<at::Tensor> weight;
     if (!w.is_none()) weight = THPVariable_Unpack(w.ptr());
@@ -324,6 +313,29 @@ class CallMemo {
     key->residual = true;
     key->training = key->training || (rt.requires_grad() && at::GradMode::is_enabled());
     return true;
+  }
+
+  // The Launch of this call: the memo's, or the planner's (filed, where the memo serves the
+  // call), or null (no planner).
+  std::shared_ptr<const Launch> launch_of(py::handle x, py::handle r, py::handle w,
+                                          py::handle eps, py::handle offset, py::handle mode,
+                                          py::handle planner) {
+    CallKey key;
+    key.settings = settings_;
+    const bool keyed = key_of(x, r, w, eps, offset, mode, &key);
+    if (keyed) {
+      const auto it = launches_.find(key);
+      if (it != launches_.end()) return it->second;
+    }
+    if (planner.is_none()) return nullptr;
+    const py::tuple planned = planner();
+    std::shared_ptr<const Launch> launch = planned[0].cast<std::shared_ptr<Launch>>();
+    if (keyed) {
+      key.settings = planned[1].cast<int64_t>();
+      if (static_cast<int64_t>(launches_.size()) >= capacity_) launches_.clear();  // bounded
+      launches_[std::move(key)] = launch;  // nodes hold their own reference
+    }
+    return launch;
   }
 
   int64_t capacity_;
@@ -361,19 +373,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("find", &CallMemo::find, "the Launch planned for this call, or None", py::arg("x"),
            py::arg("weight"), py::arg("eps"), py::arg("offset"), py::arg("casting_mode"),
            py::arg("residual") = py::none())
-      .def("insert", &CallMemo::insert, py::arg("x"), py::arg("weight"), py::arg("eps"),
-           py::arg("offset"), py::arg("casting_mode"), py::arg("launch"), py::arg("settings"),
-           py::arg("residual") = py::none())
       .def("call_add", &CallMemo::call_add,
-           "(y, h) of a fused add planned before (on the tape for a training call), or None: "
-           "Python takes it",
+           "(y, h) of a fused add (on the tape for a training call); one not planned before "
+           "goes to `planner` (() -> (Launch, settings code)), or returns None without one",
            py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"),
-           py::arg("offset"), py::arg("casting_mode"))
+           py::arg("offset"), py::arg("casting_mode"), py::arg("planner") = py::none())
       .def("call", &CallMemo::call,
-           "y of a call planned before (on the tape for a training call), or None: Python "
-           "takes it",
+           "y of a call (on the tape for a training call); one not planned before goes to "
+           "`planner` (() -> (Launch, settings code)), or returns None without one",
            py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("offset"),
-           py::arg("casting_mode"))
+           py::arg("casting_mode"), py::arg("planner") = py::none())
       .def_readwrite("settings", &CallMemo::settings_,
                      "code of the settings in force (part of every key)")
       .def("clear", &CallMemo::clear)

@@ -6,9 +6,13 @@ import ctypes
 import torch
 import tvm_ffi
 
-from rmsnorm_lab.cute.launch.backward import (COUNT, DH, DW, DX, DY, NO_PARTIALS, OFFSET,
-                                              PARTIALS, RSTD, W, X, RowsRule)
+from rmsnorm_lab.cute.launch.args import Arg
+from rmsnorm_lab.cute.plan.forward import RowsRule
 from rmsnorm_lab.native.launch import BackwardSpec, LaunchSpec, StepSpec, ffi_handle
+
+DY, X, W, RSTD, DX, PARTIALS, NO_PARTIALS, DW, DH, COUNT, OFFSET = (
+    Arg.DY, Arg.X, Arg.W, Arg.RSTD, Arg.DX, Arg.PARTIALS, Arg.NO_PARTIALS, Arg.DW, Arg.DH,
+    Arg.COUNT, Arg.OFFSET)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EPS = 1e-6
@@ -101,7 +105,7 @@ def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, 
                 eps=EPS, offset=0.0, backward=None, training=True, spec_only=False,
                 residual=False):
     """A Launch for contiguous ``x`` (rows of its last dimension) with the stand-in kernels, its
-    three backwards (dx and dW, dx alone, dW alone) as ``backward_runner.backward_steps`` orders
+    three backwards (dx and dW, dx alone, dW alone) as ``BackwardLaunch.steps`` orders
     them; ``grid`` and ``count`` are the forward grid and the strips or row groups (capped at
     M); an inference launch (no backwards) with ``training=False``; its LaunchSpec with
     ``spec_only``; the fused add's with ``residual``."""
@@ -137,3 +141,16 @@ def make_launch(native, fns, x, with_weight, split=False, aligned=True, grid=3, 
 
 def _step(fn, args, count, name, stage="launch", on_partials=False):
     return StepSpec(ffi_handle(fn), args, count, stage, name, 0xFFFFFFFF, on_partials)
+
+
+def file_launch(memo, x, w, eps, offset, mode, launch, code, r=None) -> bool:
+    """Run a call through ``memo`` with a planner that returns ``launch`` under the settings
+    ``code`` (the route a new call takes); True when the memo filed it under the call's key."""
+    before = len(memo)
+    if r is None:
+        memo.call(x, w, eps, offset, mode, lambda: (launch, code))
+    else:
+        memo.call_add(x, r, w, eps, offset, mode, lambda: (launch, code))
+    found = memo.find(x, w, eps, offset, mode) if r is None else memo.find(x, w, eps, offset,
+                                                                          mode, r)
+    return len(memo) > before or found is launch

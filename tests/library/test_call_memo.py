@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("tvm_ffi")
 
-from native_standins import EPS, StandIns, functions, make_launch  # noqa: E402
-from rmsnorm_lab import api, dispatch, settings  # noqa: E402
+from native_standins import EPS, StandIns, file_launch, functions, make_launch  # noqa: E402
+from rmsnorm_lab import api, dispatch, lab, settings  # noqa: E402
 from rmsnorm_lab.cute.plan.auto import AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX  # noqa: E402
 from rmsnorm_lab.native import build as native_node  # noqa: E402
 from rmsnorm_lab.native import launch as native_launch  # noqa: E402
@@ -32,10 +32,12 @@ def memo(native):
 
 
 def planned(native, memo, x, w, eps=EPS, offset=0.0, mode="llama", k=None):
-    """Insert a stand-in Launch for this call; returns the stand-ins' log holder."""
+    """File a stand-in Launch for this call, as a new call does (the call runs once, and its
+    log is then cleared); returns the stand-ins' log holder and the launch."""
     k = k or StandIns()
     launch = make_launch(native, functions(k), x, w is not None, eps=eps, offset=offset)
-    assert memo.insert(x, w, eps, offset, mode, launch, memo.settings)
+    assert file_launch(memo, x, w, eps, offset, mode, launch, memo.settings)
+    k.log.clear()
     return k, launch
 
 
@@ -125,14 +127,15 @@ def _python_plans(x, w):
     """What Python plans for a training call of x (forward and backward), as the native planner
     asks for them (native/launch.py plan_launch); None where Python refuses the layout."""
     from rmsnorm_lab.common.rows import as_rows
-    from rmsnorm_lab.cute.launch import backward as backward_runner
-    from rmsnorm_lab.cute.launch import forward as runner
+    from rmsnorm_lab.cute.launch.backward import backward_launch
+    from rmsnorm_lab.cute.launch.forward import forward_launch
     try:
         x2 = as_rows(x)
     except ValueError:
         return None
-    fwd = runner.entry_for(x2, w, "llama", True, "auto", True).plan
-    bwd = backward_runner.entry_for(x2, x2, w, "llama", "auto", True)
+    snap = settings.snapshot()
+    fwd = forward_launch(x2, w, "llama", True, snap, 132).plan
+    bwd = backward_launch(x2, x2, w, "llama", "auto", True)
     return fwd, bwd.mode, bwd.fused, bwd.dx, bwd.dw
 
 
@@ -147,8 +150,8 @@ def test_calls_of_one_key_are_planned_alike(native):
         if plans[a] is None:
             continue
         memo = native.CallMemo(16, AUTO_FEW_ROWS_MAX, AUTO_FEWEST_ROWS_MAX)  # the planner's
-        if not memo.insert(xa, w, EPS, 0.0, "llama", make_launch(native, functions(StandIns()),
-                                                                  xa, True), 0):
+        if not file_launch(memo, xa, w, EPS, 0.0, "llama",
+                           make_launch(native, functions(StandIns()), xa, True), 0):
             continue
         for b, xb in layouts.items():
             if memo.find(xb, w, EPS, 0.0, "llama") is not None:
@@ -237,14 +240,42 @@ def test_calls_it_does_not_serve_go_back_to_python(native, memo):
                 [x, w, EPS, 0.0, 3], [x.tolist(), w, EPS, 0.0, "llama"],
                 [x, "w", EPS, 0.0, "llama"], [x, w, EPS, 10 ** 400, "llama"]):
         assert memo.call(*bad) is None  # never an exception: Python validates and says why
-    assert not memo.insert(torch.randn([1] * 9), None, EPS, 0.0, "llama", None, 0)  # > 8 dims
+    assert memo.call(torch.randn([1] * 9), None, EPS, 0.0, "llama") is None  # > 8 dims
+    assert len(memo) == 1  # the planned call's alone
+
+
+def test_a_call_the_memo_does_not_serve_is_planned_and_not_filed(native, memo):
+    """A call whose key the memo cannot form (here: under autocast) still runs through the
+    planner it is given, once per call, and nothing is filed."""
+    x, w = torch.randn(6, 8), torch.randn(8)
+    k = StandIns()
+    launch = make_launch(native, functions(k), x, True, training=False)
+    asked = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):
+            y = memo.call(x, w, EPS, 0.0, "llama", lambda: asked.append(1) or (launch, 0))
+            assert y.shape == x.shape
+    assert len(asked) == 2 and len(memo) == 0 and len(k.calls("forward")) == 2
+
+
+def test_a_new_call_computes_its_key_once_and_files_under_the_planned_settings(native, memo):
+    """On a miss the planner is asked once and the launch is filed under the code of the
+    settings the planner used, which a hit then needs to match."""
+    x, w = torch.randn(6, 8), torch.randn(8)
+    launch = make_launch(native, functions(StandIns()), x, True, training=False)
+    memo.call(x, w, EPS, 0.0, "llama", lambda: (launch, 11))  # planned under settings 11
+    assert memo.find(x, w, EPS, 0.0, "llama") is None  # 7 in force: not this launch
+    memo.settings = 11
+    assert memo.find(x, w, EPS, 0.0, "llama") is launch
+    assert memo.call(x, w, EPS, 0.0, "llama", lambda: pytest.fail("planned twice")) is not None
 
 
 def test_inference_calls_have_launches_of_their_own(native, memo):
     x, w = torch.randn(6, 8), torch.randn(8)
     k = StandIns()
     launch = make_launch(native, functions(k), x, True, training=False)
-    assert memo.insert(x, w, EPS, 0.0, "llama", launch, memo.settings)
+    assert file_launch(memo, x, w, EPS, 0.0, "llama", launch, memo.settings)
+    k.log.clear()
     y = memo.call(x, w, EPS, 0.0, "llama")
     assert y.grad_fn is None and k.calls("forward")[0]["rstd_rows"] == 0
     with torch.no_grad():  # grad mode off: an inference call even with inputs requiring grad
@@ -262,11 +293,13 @@ def test_bounded(native, memo):
 def test_the_gate_follows_the_toggles(native):
     assert dispatch.native_node() is not None
     assert dispatch.fast_call is not None
-    for toggle in (dict(backend="triton"), dict(autograd_node="python"),
-                   dict(launch_path="cached"), dict(settings_per_call=True)):
+    for toggle in (dict(backend="triton"), dict(autograd_node="python")):
         with settings.override(**toggle):
             assert dispatch.fast_call is None, toggle
         assert dispatch.fast_call is not None
+    with lab.forward_launcher(lambda *args: None):  # the host lesson's launch paths
+        assert dispatch.fast_call is None and not dispatch.routed_to_native("cute")
+    assert dispatch.fast_call is not None
 
 
 def test_settings_a_plan_reads_change_the_memo_code(native):

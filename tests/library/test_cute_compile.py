@@ -202,7 +202,7 @@ def test_short_rows_issue_every_tiles_loads_before_reducing(residual):
     plan = plan_forward("warp", 128, BF16, BF16, "llama", store_rstd=True, aligned=True,
                         arch="sm_90a", residual=residual)
     assert plan.tiles_per_cta == SHORT_ROW_TILES > 1
-    assert plan.grid(1000, 132) == -(-1000 // (plan.rows_per_cta * plan.tiles_per_cta))
+    assert plan.grid(132).of(1000) == -(-1000 // (plan.rows_per_cta * plan.tiles_per_cta))
     facts = compile_and_inspect(plan, "sm_90a")
     body = facts.ptx[:facts.ptx.index("shfl.sync")]
     loads = len(re.findall(r"ld\.global[.\w]*\.v4", body))

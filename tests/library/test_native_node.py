@@ -17,7 +17,7 @@ import torch
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 
-from native_standins import EPS, StandIns, functions, make_launch  # noqa: E402
+from native_standins import EPS, StandIns, file_launch, functions, make_launch  # noqa: E402
 from rmsnorm_lab import settings  # noqa: E402
 from rmsnorm_lab.native import build as native_node  # noqa: E402
 from rmsnorm_lab.native.launch import ffi_handle  # noqa: E402
@@ -258,7 +258,7 @@ def test_real_kernels_are_reached_through_the_c_abi(native):
     from rmsnorm_lab.native import launch as native_launch
     x = torch.randn(64, 4096, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(4096, dtype=torch.bfloat16, requires_grad=True)
-    snap = native_launch.Snapshot("auto", "fused", True, False, 0)
+    snap = native_launch.Snapshot("auto", "fused", True, False, 0, "native")
     spec = native_launch.plan_launch(x, w, EPS, 0.0, "llama", 132, True, snap)
     launch = native.Launch(spec)
     assert launch.forward_grid(64) == 64 and launch.steps(0) == 2
@@ -382,7 +382,7 @@ def test_fused_add_residual_alone_requiring_grad_is_a_training_call(native):
     x, r, w = torch.randn(3, 8), torch.randn(3, 8, requires_grad=True), torch.randn(8)
     memo = native.CallMemo(8, 2048, 511)
     training = make_launch(native, fns, x, True, residual=True)
-    memo.insert(x, w, EPS, 0.0, "llama", training, memo.settings, r)
+    assert file_launch(memo, x, w, EPS, 0.0, "llama", training, memo.settings, r)
     assert memo.find(x, w, EPS, 0.0, "llama", r) is training
     assert memo.find(x, w, EPS, 0.0, "llama", r.detach()) is None  # the inference key
     assert memo.find(x, w, EPS, 0.0, "llama") is None               # rms_norm's key
@@ -398,8 +398,8 @@ def test_fused_add_memo_refuses_a_residual_laid_out_otherwise(native):
     r = torch.randn(8, 4).t()  # x's shape, other strides
     memo = native.CallMemo(8, 2048, 511)
     launch = make_launch(native, fns, x, True, residual=True, training=False)
-    assert not memo.insert(x, w, EPS, 0.0, "llama", launch, memo.settings, r)
     assert memo.call_add(x, r, w, EPS, 0.0, "llama") is None
+    assert len(memo) == 0
     with pytest.raises(RuntimeError, match="laid out as x"):
         native.apply_add(x, r, w, launch)
 
@@ -421,7 +421,7 @@ def test_fused_add_real_kernels_are_reached_through_the_c_abi(native):
     from rmsnorm_lab.native import launch as native_launch
     x, r = (torch.randn(64, 4096, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     w = torch.randn(4096, dtype=torch.bfloat16, requires_grad=True)
-    snap = native_launch.Snapshot("auto", "fused", True, False, 0)
+    snap = native_launch.Snapshot("auto", "fused", True, False, 0, "native")
     spec = native_launch.plan_launch(x, w, EPS, 0.0, "llama", 132, True, snap, residual=r)
     assert spec.residual and spec.backward[0].steps[0].args[5] == 8  # DH after DX
     launch = native.Launch(spec)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from rmsnorm_lab.cute.plan.auto import auto_variant
-from rmsnorm_lab.cute.plan.forward import (COPY_BYTES, NotEligible, elems_in_registers, pipelines,
-                                   plan_forward, uses_pdl)
+from rmsnorm_lab.cute.plan.forward import (COPY_BYTES, NotEligible, RowsRule, elems_in_registers,
+                                           pipelines, plan_forward, uses_pdl)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 
@@ -112,12 +112,12 @@ def test_warp_plan_is_one_warp_per_row_and_refuses_rows_too_wide_for_registers()
 
 def test_persistent_grid_is_bounded_by_sms_and_rows():
     p = plan("persistent", 4096)
-    assert p.grid(M=10, sm_count=132) == 10
-    g = p.grid(M=65536, sm_count=132)
+    assert p.grid(132).of(10) == 10
+    g = p.grid(132).of(65536)
     assert 132 <= g <= 132 * 2048 // p.threads
-    assert plan("row", 4096).grid(M=65536, sm_count=132) == 65536
+    assert plan("row", 4096).grid(132).of(65536) == 65536
     w = plan("warp", 1024)
-    assert w.grid(M=9, sm_count=132) == -(-9 // w.rows_per_cta)
+    assert w.grid(132).of(9) == -(-9 // w.rows_per_cta)
 
 
 def test_auto_falls_back_for_unaligned_or_odd_widths():
@@ -150,8 +150,8 @@ def test_staged_rows_are_wide_rows_ringed_through_shared_memory():
     p = plan("staged", 32768)
     assert (p.threads, p.vecs_per_thread, p.chunks, p.vec) == (256, 1, 16, 8)
     assert (p.ctas_per_sm, p.stages) == (1, 3)
-    assert p.persistent and p.grid(M=5, sm_count=132) == 5         # never more CTAs than rows
-    assert p.grid(M=16384, sm_count=132) == 132 * p.ctas_per_sm    # one resident wave
+    assert p.persistent and p.grid(132).of(5) == 5         # never more CTAs than rows
+    assert p.grid(132).of(16384) == 132 * p.ctas_per_sm    # one resident wave
     for N, dtype in ((24576, BF16), (32768, BF16), (49152, BF16), (16384, F32)):
         q = plan("staged", N, dtype)
         # every CTA's ring fits the SM's shared memory, two rows at least
@@ -171,12 +171,10 @@ def test_a_cluster_grid_holds_as_many_clusters_as_the_sms_hold_ctas():
     c = plan("cluster", 32768)
     assert (c.cluster_n, c.ctas_per_sm) == (4, 2)
     # CLUSTER_GRID_WAVES nominal waves of clusters, each walking a strip of rows
-    assert c.grid(M=16384, sm_count=132) == 8 * (132 * 2 // 4)
-    assert c.grid(M=3, sm_count=132) == 3                 # never more clusters than rows
-    # the native node's grid rule reads the same cap
-    from rmsnorm_lab.cute.launch.backward import RowsRule
-    assert c.grid_cap(132) == 528
-    assert RowsRule(c.rows_per_cta, c.grid_cap(132)).of(16384) == c.grid(16384, 132)
+    assert c.grid(132).of(16384) == 8 * (132 * 2 // 4)
+    assert c.grid(132).of(3) == 3                 # never more clusters than rows
+    # the grid is one rule of M, which the native node evaluates too
+    assert c.grid_cap(132) == 528 and c.grid(132) == RowsRule(c.rows_per_cta, 528)
     p = plan("persistent", 4096)
     assert plan("row", 4096).grid_cap(132) == 0 and p.grid_cap(132) == 132 * p.ctas_per_sm
 
@@ -213,20 +211,22 @@ def test_auto_takes_the_few_rows_tiles_for_few_rows():
         assert few(4096, rows, residual=True).threads == 256
 
 
-def test_auto_entry_follows_the_row_count():
-    """The entry cache sees M only through auto's rule: a few-rows call and a many-rows call of
+def test_auto_launch_follows_the_row_count():
+    """The launch cache sees M only through auto's rule: a few-rows call and a many-rows call of
     the same width get different plans, two many-rows calls share one."""
-    from rmsnorm_lab.cute.launch import forward as runner
+    from rmsnorm_lab.cute.launch.forward import forward_launch
     from rmsnorm_lab.cute.plan.auto import AUTO_FEW_ROWS_MAX as most
+    from rmsnorm_lab.settings import settings
     w = torch.randn(4096, dtype=BF16)
-    few = runner.entry_for(torch.randn(most, 4096, dtype=BF16), w, "llama", False, "auto", True)
-    many = runner.entry_for(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, "auto",
-                            True)
+    auto = settings.snapshot()._replace(forward_variant="auto", pdl=True)
+    few = forward_launch(torch.randn(most, 4096, dtype=BF16), w, "llama", False, auto, 132)
+    many = forward_launch(torch.randn(most + 1, 4096, dtype=BF16), w, "llama", False, auto, 132)
     assert few.plan.variant == many.plan.variant == "row"
     assert few.plan.threads < many.plan.threads
-    assert runner.entry_for(torch.randn(9000, 4096, dtype=BF16), w, "llama", False,
-                            "auto", True) is many
-    row = runner.entry_for(torch.randn(8, 4096, dtype=BF16), w, "llama", False, "row", True)
+    assert forward_launch(torch.randn(9000, 4096, dtype=BF16), w, "llama", False, auto,
+                          132) is many
+    row = forward_launch(torch.randn(8, 4096, dtype=BF16), w, "llama", False,
+                         auto._replace(forward_variant="row"), 132)
     assert row.plan.variant == "row"
 
 
@@ -289,8 +289,8 @@ def test_short_rows_take_several_tiles_a_cta_and_longer_rows_one():
         assert (p.vecs_per_thread, p.threads, p.tiles_per_cta) == \
             (1, SHORT_ROW_THREADS, SHORT_ROW_TILES)
         assert p.cta_rows == p.rows_per_cta * SHORT_ROW_TILES
-        assert p.grid(65536, 132) == 65536 // p.cta_rows
-        assert p.grid(p.cta_rows + 1, 132) == 2
+        assert p.grid(132).of(65536) == 65536 // p.cta_rows
+        assert p.grid(132).of(p.cta_rows + 1) == 2
         assert not p.pdl  # plan() does not ask for PDL
     long_rows = plan("warp", 1024)
     assert (long_rows.vecs_per_thread, long_rows.tiles_per_cta) == (4, 1)

@@ -92,8 +92,8 @@ def test_pdl_toggle_is_on_by_default_and_read_from_the_environment():
 def test_a_bad_value_in_the_environment_names_the_variable():
     with pytest.raises(ValueError, match=r"RMSNORM_LAB_BACKEND='bogus'.*one of"):
         from_environ({"RMSNORM_LAB_BACKEND": "bogus"})
-    with pytest.raises(ValueError, match=r"RMSNORM_LAB_TENSOR_CACHE_CAP='many'"):
-        from_environ({"RMSNORM_LAB_TENSOR_CACHE_CAP": "many"})
+    with pytest.raises(ValueError, match=r"RMSNORM_LAB_FUSED_STRIPS='many'"):
+        from_environ({"RMSNORM_LAB_FUSED_STRIPS": "many"})
 
 
 def test_a_bad_value_stops_a_program_that_imports_the_library_with_a_value_error(tmp_path):

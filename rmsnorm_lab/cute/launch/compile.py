@@ -1,4 +1,5 @@
-"""Compiling CuTe kernels: the target architecture and the one place every compilation goes through.
+"""Compiling CuTe kernels: the target architecture, the typed stand-ins a kernel is compiled
+against, and the one place every compilation goes through.
 
 CuTe DSL builds each kernel in an MLIR context that is global to the process, so two threads
 compiling at once corrupt each other's state (a Python exception in one, or an abort of the whole
@@ -13,8 +14,10 @@ import os
 import threading
 from typing import Callable, Dict, Optional
 
+import cutlass
 import cutlass.cute as cute
 import torch
+from cutlass.cute.runtime import make_fake_tensor
 
 from ...common import nvtx
 
@@ -67,3 +70,27 @@ def compile_tvm_ffi(cache: Dict, key, arch: str, label: str, build: Callable[[],
             fn = compile_locked(kernel, *args, options=options, label=label)
             cache[key] = fn
     return fn
+
+
+def assumed_align(vec: int, dtype: torch.dtype) -> int:
+    """The byte alignment a kernel may assume for a tensor of ``dtype``: 16 on the vector path
+    (``vec`` > 1: the plans checked it), else one element of ``dtype``."""
+    return 16 if vec > 1 else dtype.itemsize
+
+
+def fake_rows(dtype, rows: str, ld: str, align: int, n=None):
+    """A stand-in for (rows, N):(ld, 1) rows whose row count and row stride are symbolic, so one
+    compilation serves every M and stride; N is symbolic too unless ``n`` is given."""
+    width = n if n is not None else cute.sym_int64(symbol="N")
+    return make_fake_tensor(dtype, (cute.sym_int64(symbol=rows), width),
+                            stride=(cute.sym_int64(symbol=ld), 1), assumed_align=align)
+
+
+def fake_vector(dtype, size: str, align: int):
+    """A stand-in for a (size,) vector of unit stride: a weight, rstd, dW."""
+    return make_fake_tensor(dtype, (cute.sym_int64(symbol=size),), stride=(1,),
+                            assumed_align=align)
+
+
+def fake_rstd():
+    return fake_vector(cutlass.Float32, "Mr", 4)

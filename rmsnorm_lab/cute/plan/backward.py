@@ -45,10 +45,10 @@ from typing import List, Optional, Tuple
 import torch
 
 from ...registry import BACKWARD_MODES
-from .forward import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, MAX_CLUSTER,
-                   MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowTilePlan,
-                   ELEM_BYTES, chunked, elems_in_registers, persistent_grid,
-                   resident_ctas, row_threads, staged_fit)
+from .forward import (CLUSTER_ARCHS, COPIES_PER_THREAD, COPY_BYTES, ELEM_BYTES, MAX_CLUSTER,
+                      MAX_COPIES_PER_CHUNK, MAX_THREADS, PDL_ARCHS, NotEligible, RowsRule,
+                      RowTilePlan, chunked, elems_in_registers, persistent_grid, resident_ctas,
+                      row_threads, staged_fit)
 
 KINDS = ("fused", "dx", "dw")
 MODES = BACKWARD_MODES + ("auto",)
@@ -158,26 +158,39 @@ def strip_partition(M: int, strips: int) -> List[Tuple[int, int]]:
     return [strip_bounds(M, strips, s) for s in range(strips)]
 
 
-def fused_strips(M: int, sms: int, plan: Optional[BackwardPlan] = None,
-                 strips: Optional[int] = None) -> int:
-    """CTA count (= grid size = dw_partial rows) of the fused kernel, each holding
-    ``plan.strips_per_cta`` strips (clusters, for the cluster plan and with ``dw_cluster``: a
-    cluster of ``dw_cluster`` CTAs writes one partial row): by default as many as fit
-    on the GPU at once (``plan.resident_grid``; one per SM without a plan), never more than it
-    takes to give every strip a row (a strip without rows would only add zeros)."""
-    g = (plan.resident_grid(sms) if plan is not None else sms) if strips is None else strips
+def fused_strips_rule(plan: Optional[BackwardPlan], sms: int, strips: int = 0) -> RowsRule:
+    """The fused kernel's CTA count (= grid size = rows of dW partials) as a rule of M, each CTA
+    holding ``plan.strips_per_cta`` strips (clusters, for the cluster plan and with
+    ``dw_cluster``: a cluster of ``dw_cluster`` CTAs writes one partial row): ``strips``, or by
+    default as many as fit on the GPU at once (``plan.resident_grid``; one per SM without a
+    plan), never more than it takes to give every strip a row (a strip without rows would only
+    add zeros)."""
+    g = strips or (plan.resident_grid(sms) if plan is not None else sms)
     if g < 1:
         raise ValueError(f"strips must be positive, got {g}")
-    per_cta = plan.strips_per_cta * plan.dw_cluster if plan is not None else 1
-    return max(1, min(g, -(-M // per_cta)))
+    return RowsRule(plan.strips_per_cta * plan.dw_cluster if plan is not None else 1, g)
+
+
+def fused_strips(M: int, sms: int, plan: Optional[BackwardPlan] = None,
+                 strips: Optional[int] = None) -> int:
+    """``fused_strips_rule`` at M rows."""
+    if strips is not None and strips < 1:
+        raise ValueError(f"strips must be positive, got {strips}")
+    return fused_strips_rule(plan, sms, strips or 0).of(M)
+
+
+def dw_row_groups_rule(plan: BackwardPlan, sms: int, groups: int = 0) -> RowsRule:
+    """Row groups of the split path's dW kernel as a rule of M: ``groups``, or enough CTAs for
+    DW_CTAS_PER_SM per SM across the column blocks, with at least DW_MIN_ROWS_PER_GROUP rows in
+    each group."""
+    if groups:
+        return RowsRule(1, groups)
+    return RowsRule(DW_MIN_ROWS_PER_GROUP, -(-(sms * DW_CTAS_PER_SM) // plan.col_blocks))
 
 
 def dw_row_groups(M: int, plan: BackwardPlan, sms: int) -> int:
-    """Row groups of the dW kernel: enough CTAs for DW_CTAS_PER_SM per SM across the column
-    blocks, but at least DW_MIN_ROWS_PER_GROUP rows in each group."""
-    want = -(-(sms * DW_CTAS_PER_SM) // plan.col_blocks)
-    most = max(1, -(-M // DW_MIN_ROWS_PER_GROUP))
-    return max(1, min(want, most))
+    """``dw_row_groups_rule`` at M rows."""
+    return dw_row_groups_rule(plan, sms).of(M)
 
 
 # ---------------------------------------------------------------------------------------------

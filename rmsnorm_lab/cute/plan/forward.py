@@ -45,6 +45,19 @@ class NotEligible(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class RowsRule:
+    """An integer that follows the row count M: ``max(1, min(cap, ceil(M / per)))`` (cap 0: no
+    cap). Grids, strip counts and rows of dW partials are such rules, so one plan serves every M;
+    the Python launches and the native node evaluate the same rule per call."""
+    per: int = 1
+    cap: int = 0
+
+    def of(self, M: int) -> int:
+        n = -(-M // self.per)
+        return max(1, min(n, self.cap) if self.cap else n)
+
+
+@dataclasses.dataclass(frozen=True)
 class RowTilePlan:
     """The tile every row kernel works on (forward and backward plans alike); the kernels' shared
     layout code (``tiles.RowTiles``) reads these fields."""
@@ -132,11 +145,10 @@ class ForwardPlan(RowTilePlan):
         return persistent_grid(sm_count, self.ctas_per_sm, self.cluster_n) \
             if self.persistent else 0
 
-    def grid(self, M: int, sm_count: int) -> int:
-        cap = self.grid_cap(sm_count)
-        if cap:
-            return max(1, min(-(-M // self.rows_per_cta), cap))
-        return -(-M // self.cta_rows)
+    def grid(self, sm_count: int) -> RowsRule:
+        """The grid, in CTAs (clusters for ``cluster``), as a rule of M: a tile of ``cta_rows``
+        rows a CTA, up to ``grid_cap``."""
+        return RowsRule(self.cta_rows, self.grid_cap(sm_count))
 
 
 # ``auto``'s few-rows tile of the middle row class (cute/plan/auto.py): copies a thread.
