@@ -196,13 +196,19 @@ def test_lab_impl_names():
         lab.lab_impls("sideways")
 
 
+def _snap_of(args, kwargs, at: int):
+    """The settings snapshot an ``autograd`` forward_impl/backward_impl call received."""
+    return kwargs["snap"] if "snap" in kwargs else args[at]
+
+
 def test_pinned_toggles_hold_for_the_forward_and_the_backward(monkeypatch):
     seen = []
     real_fwd, real_bwd = lab_autograd.forward_impl, lab_autograd.backward_impl
 
     def spy(real, step):
         def call(*args, **kwargs):
-            seen.append((step, settings.backward, settings.pdl))
+            snap = _snap_of(args, kwargs, 6)
+            seen.append((step, snap.backward, snap.pdl))
             return real(*args, **kwargs)
         return call
 
@@ -212,7 +218,7 @@ def test_pinned_toggles_hold_for_the_forward_and_the_backward(monkeypatch):
     fn = lab.pinned_backward("split", backend="torch", pdl=False)
     inputs = bwd_inputs()
     assert runner.check(runner.BWD, fn, inputs, runner.BWD.reference(inputs)) == ("ok", "")
-    assert seen == [("fwd", settings.backward, False), ("bwd", "split", False)]
+    assert seen == [("fwd", "split", False), ("bwd", "split", False)]
     assert settings.pdl
 
 
@@ -222,7 +228,7 @@ def test_pinned_backward_mode_reaches_the_backward(monkeypatch, mode):
     real = lab_autograd.backward_impl
 
     def spy(*args, **kwargs):
-        seen.append(settings.backward)
+        seen.append(_snap_of(args, kwargs, 10).backward)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lab_autograd, "backward_impl", spy)

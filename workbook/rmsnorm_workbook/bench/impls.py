@@ -8,7 +8,7 @@ from typing import Callable, Dict
 import torch
 
 from rmsnorm_lab import rms_norm, settings
-from rmsnorm_lab.lab import RMSNormFunction, VARIANTS, native_node, routed_to_native, validate
+from rmsnorm_lab.lab import VARIANTS, native_node, routed_to_native
 
 #: the configuration every lab implementation is measured in: eps and Llama's rounding (the
 #: peers' too: bench/peers.py), named here rather than left to rms_norm's defaults (torch's)
@@ -65,34 +65,13 @@ def lab_impls(op: str) -> Dict[str, Callable]:
 
 def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:
     """``fn(x, w) -> y``: ``rms_norm(x, w, backend=backend)`` whose backward runs with
-    ``settings.backward == mode``, on the tape node the library itself would use. The native
-    node fixes its backward at the forward, so the forward runs under ``settings.override``; the
-    Python node reads the toggle when its backward runs, so there ``RMSNormFunction`` is
-    subclassed only to wrap its backward in the override. ``toggles`` (other settings, e.g.
-    ``pdl=False``) hold for the forward and the backward alike."""
-
-    class Pinned(RMSNormFunction):
-        @staticmethod
-        def backward(ctx, dy):
-            with settings.override(backward=mode, **toggles):
-                return RMSNormFunction.backward(ctx, dy)
-
-    Pinned.__name__ = Pinned.__qualname__ = f"RMSNormFunction_{mode}"
-
+    ``settings.backward == mode``, on the tape node the library itself would use. The call is
+    made under ``settings.override``, and either node keeps the settings of its forward for its
+    backward. ``toggles`` (other settings, e.g. ``pdl=False``) hold for the forward and the
+    backward alike."""
     def run(x, w, eps: float = EPS):
-        if not (torch.is_grad_enabled()
-                and (x.requires_grad or (w is not None and w.requires_grad))):
-            with settings.override(**toggles):
-                return rms_norm(x, w, eps, casting_mode=MODE,
-                                backend=backend)  # no tape: a plain forward
-        with settings.override(**toggles):
-            native = routed_to_native(backend) and native_node() is not None
-        if native and x.numel():
-            with settings.override(backward=mode, **toggles):
-                return rms_norm(x, w, eps, casting_mode=MODE, backend=backend)
-        validate(x, w, MODE, backend)  # what rms_norm checks before taping
-        with settings.override(**toggles):  # the forward under the same toggles
-            return Pinned.apply(x, w, eps, 0.0, MODE, backend, False)
+        with settings.override(backward=mode, **toggles):
+            return rms_norm(x, w, eps, casting_mode=MODE, backend=backend)
     return run
 
 
