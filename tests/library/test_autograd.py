@@ -375,3 +375,23 @@ def test_gradcheck_in_float64_on_the_cpu(mode, offset):
     assert torch.autograd.gradcheck(m, (x,))
     y = rms_norm(x, w, **kw)
     assert y.dtype == torch.float64 and "RMSNormFunction" in y.grad_fn.name()
+
+
+def test_the_python_node_runs_its_backward_under_its_forwards_settings(monkeypatch):
+    """A call takes the settings once: the Python node's backward gets the snapshot its forward
+    took, as the native node's launch does, whatever is in force when backward() runs."""
+    from rmsnorm_lab import autograd as lab_autograd
+    from rmsnorm_lab import settings
+    seen = []
+    real = lab_autograd.backward_impl
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["snap"].backward, kwargs["snap"].pdl))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(lab_autograd, "backward_impl", spy)
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    with settings.override(backward="split", pdl=False):
+        y = rms_norm(x, None, backend="torch")
+    with settings.override(backward="fused"):
+        y.sum().backward()
+    assert seen == [("split", False)]

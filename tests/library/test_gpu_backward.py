@@ -8,7 +8,7 @@ import torch
 
 from rmsnorm_lab import reference
 from rmsnorm_lab.cute.plan.backward import auto_mode
-from rmsnorm_lab.cute.launch.backward import backward
+from rmsnorm_lab.lab import cute_backward as backward
 from rmsnorm_lab.cute.plan.forward import NotEligible, is_aligned
 
 pytestmark = pytest.mark.gpu
@@ -278,7 +278,7 @@ def test_back_to_back_backwards_under_pdl(mode, capture_on_side_stream):
     steps = 6
     dy, x, w, rstd = inputs((4096, 4096), torch.bfloat16, True)
     with settings.override(pdl=True):
-        entry = backward_runner.entry_for(dy, x, w, "llama", mode, True)
+        entry = backward_runner.backward_launch(dy, x, w, "llama", mode, True)
         assert all(p.pdl for p in entry.plans) == backward_uses_pdl(compile.target_arch(x.device))
 
         def chain():

@@ -186,7 +186,8 @@ def test_chained_launches_read_complete_outputs(variant, M, N, in_graph,
     w = (1 + 0.1 * fresh((N,), torch.float32)).to(torch.bfloat16)
     with settings.override(forward_variant=variant, pdl=True):
         if target_arch(x.device) in PDL_ARCHS and variant in ("row", "auto"):
-            assert runner.entry_for(x, w, "llama", False, variant, True).plan.pdl
+            assert runner.forward_launch(x, w, "llama", False, settings.snapshot(),
+                                         132).plan.pdl
 
         def chain():
             ys = [x]
