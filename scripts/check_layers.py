@@ -1,6 +1,6 @@
 """Checks the shape of the two packages: no import cycle; the library (``rmsnorm_lab``) never
 importing the workbook (``rmsnorm_workbook``); the workbook reaching the library through its
-public modules only (``PUBLIC``); no source file over 500 lines; at most 8 modules beside the
+public modules only (``PUBLIC``); no source file over 500 lines; at most 9 modules beside the
 packages at the top of the library.
 
     python3 scripts/check_layers.py          # prints what it found; exit status 1 on a breach
@@ -28,7 +28,7 @@ PUBLIC = (PACKAGE, f"{PACKAGE}.reference", f"{PACKAGE}.settings", f"{PACKAGE}.la
 #: the library's command-line entry point hands over to the workbook by name; nothing imports it
 ENTRY = f"{PACKAGE}.__main__"
 #: modules beside __init__/__main__ at the top of the package
-MAX_TOP_MODULES = 8
+MAX_TOP_MODULES = 9
 MAX_LINES = 500
 
 
