@@ -1,5 +1,5 @@
 """The tensor-handle cache's cost, read from the cache-cap step (notebook 03, section 8): the
-replay of the cache's FIFO against the runner's own cache and the memory it explains. Results
+replay of the cache's FIFO against the cached launch path's own cache and the memory it explains. Results
 frames are SYNTHETIC (test_plots_host.synthetic_frame) but for the recorded H200 run's."""
 
 import matplotlib
@@ -35,13 +35,13 @@ def test_cache_replay_frees_what_the_warm_up_step_left_pinned(frame):
     assert m.loc["unbounded", "freed in the step (MiB)"] == 0
 
 
-def test_cache_replay_follows_the_runners_own_cache():
-    """The replay in analysis.host against runner._cached_handle on CPU tensors."""
+def test_cache_replay_follows_the_cached_paths_own_cache():
+    """The replay in analysis.host against launch_paths.cached_handle on CPU tensors."""
     torch = pytest.importorskip("torch")
-    runner = pytest.importorskip("rmsnorm_lab.cute.launch.forward")
+    paths = pytest.importorskip("rmsnorm_workbook.bench.launch_paths")
     w = torch.zeros(8)
     for cap in (0, 3, 4, 8, -1):
-        runner.clear_caches()
+        paths.clear_caches()
         names = {}
         for layer in range(5):
             ts = {"x": torch.zeros(2, 8), "w": w, "y": torch.zeros(2, 8), "rstd": torch.zeros(2)}
@@ -49,9 +49,9 @@ def test_cache_replay_follows_the_runners_own_cache():
                 t = ts[name]
                 names[(t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))] = \
                     name if name == "w" else f"{name}{layer}"
-                runner._cached_handle(t, 4, cap)
-        kept = [names[k] for k in runner._HANDLES]
-        runner.clear_caches()
+                paths.cached_handle(t, 4, cap)
+        kept = [names[k] for k in paths._HANDLES]
+        paths.clear_caches()
         assert kept == H.cache_after_step(cap, 5), cap
 
 

@@ -303,10 +303,11 @@ def test_show_code_shows_a_function_or_a_slice_of_a_source_file(capsys):
     from pathlib import Path
 
     import rmsnorm_lab
-    from rmsnorm_lab.cute.launch import forward as runner
-    lesson.show_code(runner._marshal)
+    from rmsnorm_workbook.bench import launch_paths
+    lesson.show_code(launch_paths.marshal)
     out = capsys.readouterr().out
-    assert out.startswith("`rmsnorm_lab.cute.launch.forward._marshal`:") and "from_dlpack(" in out
+    assert out.startswith("`rmsnorm_workbook.bench.launch_paths.marshal`:")
+    assert "from_dlpack(" in out
     assert "```python" in out and out.rstrip().endswith("```")
     node = Path(rmsnorm_lab.__file__).parent / "native" / "native_node.cpp"
     lesson.show_code(node, start="at::Tensor apply(", end="// ----")

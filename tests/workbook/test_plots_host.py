@@ -103,9 +103,10 @@ def test_split_impl():
     assert ph.is_toggle("cute.auto@tvm_ffi+settings_per_call") and not ph.is_toggle("quack")
 
 
-def test_default_impl_is_the_settings_default():
-    from rmsnorm_lab.settings import Experiments
-    assert ph.DEFAULT_IMPL == f"cute.auto@{Experiments().launch_path}"
+def test_default_impl_is_the_instruments_default():
+    from rmsnorm_workbook.bench import instruments
+    assert ph.DEFAULT_IMPL == f"cute.auto@{instruments.DEFAULTS.launch_path}" == \
+        "cute.auto@tvm_ffi"
 
 
 def test_host_table_has_three_workloads_in_order(frame):
@@ -145,16 +146,23 @@ def test_recorded_name_maps_settings_to_host_rows():
     assert ph.recorded_name({"autograd_node": "python"}) == "cute.auto@tvm_ffi+python_node"
     assert ph.recorded_name({"nvtx": True, "settings_per_call": True}) is None  # not recorded
     assert ph.recorded_name({"backend": "triton"}) is None
-    from rmsnorm_lab.settings import settings
-    with settings.override(launch_path="compiled"):
+    from rmsnorm_workbook.bench.instruments import use
+    with use(launch_path="compiled"):
         assert ph.recorded_name() == "cute.auto@compiled"
+    with use(settings_per_call=True):
+        assert ph.recorded_name() == "cute.auto@tvm_ffi+settings_per_call"
+    with use(launch_path="cached", tensor_cache_cap=4):
+        assert ph.recorded_name() is None  # the host rows ran the default cap
+    with use(nvtx=True):  # a library setting, through the same door
+        assert ph.recorded_name() == "cute.auto@tvm_ffi+nvtx"
+    assert ph.recorded_name() == "cute.auto@tvm_ffi"
 
 
 def test_host_runs_look_up_the_recorded_rows_of_the_settings_in_force(frame, capsys):
     from rmsnorm_workbook.analysis.host_live import HostRuns
-    from rmsnorm_lab.settings import settings
+    from rmsnorm_workbook.bench.instruments import use
     runs = HostRuns(frame, live=False)
-    with settings.override(launch_path="cached"):
+    with use(launch_path="cached"):
         m = runs.measure("cached")
     assert m.loc[("now", "fwd"), "p50"] == HOST["cute.auto@cached"][0]
     assert m.loc[("default", "full"), "p50"] == HOST["cute.auto@tvm_ffi"][2]
@@ -162,7 +170,7 @@ def test_host_runs_look_up_the_recorded_rows_of_the_settings_in_force(frame, cap
     s = runs.summary("cached")
     assert list(s.index) == ["fwd", "fwd+autograd", "full"]
     assert s.loc["fwd", "/ torch"] == pytest.approx(14.0 / 11.0)
-    with settings.override(nvtx=True, settings_per_call=True):
+    with use(nvtx=True, settings_per_call=True):
         assert runs.measure("two toggles") is None
     assert "not recorded" in capsys.readouterr().out
     assert list(runs.runs) == ["cached"]

@@ -266,9 +266,10 @@ class Recorder:
 def spy_rms_norm(calls, grads):
     from rmsnorm_lab.api import rms_norm
     from rmsnorm_lab.settings import settings
+    from rmsnorm_workbook.bench import instruments
 
     def f(x, w, eps, backend, casting_mode):
-        calls.append((settings.nvtx, settings.experiments.launch_path, backend,
+        calls.append((settings.nvtx, instruments.state().launch_path, backend,
                       x.requires_grad, casting_mode))
         y = rms_norm(x, w, eps, backend=backend, casting_mode=casting_mode)
         if x.requires_grad:

@@ -23,13 +23,14 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from .bench.instruments import LAUNCH_PATHS
 from .bench.runner import OPS
 from .cli.bench import cmd_bench, parse_shapes
 from .cli.common import EXIT_USAGE, UsageError, error, path_arg, put_ninja_on_path
 from .cli.profile import PROFILE_EPILOG, cmd_nsys_summary, cmd_profile
 from .cli.report import cmd_report
 from rmsnorm_lab import __version__
-from rmsnorm_lab.settings import BACKENDS, BACKWARD_CHOICES, FORWARD_CHOICES, LAUNCH_PATHS
+from rmsnorm_lab.settings import BACKENDS, BACKWARD_CHOICES, FORWARD_CHOICES
 
 DESCRIPTION = """\
 Measure RMSNorm GPU kernels (CuTe DSL, Triton) and report what was measured: figures, a
@@ -139,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="default: settings.backend (RMSNORM_LAB_BACKEND)")
     p.add_argument("--launch-path", choices=LAUNCH_PATHS, default=None,
-                   help="how tensors reach a CuTe kernel "
-                        "(default: settings.experiments.launch_path)")
+                   help="how tensors reach a CuTe forward kernel: the library's own "
+                        "(tvm_ffi, the default) or one of the host lesson's (the workbook's "
+                        "bench/launch_paths.py)")
     p.add_argument("--variant", choices=FORWARD_CHOICES, default=None,
                    help="CuTe forward kernel (default: settings.forward_variant)")
     p.add_argument("--backward", choices=BACKWARD_CHOICES, default=None,

@@ -8,8 +8,12 @@ Impl names in host.csv carry the launch path after ``@`` and a toggle after it:
 (``liger.triton``, ``torch.native``...). Op ``fwd`` rows whose impl ends in ``+autograd`` built the
 autograd graph; op ``full`` is forward + backward. Here these become a *workload*: ``fwd``,
 ``fwd+autograd`` or ``full``. Rows with ``+varying_m`` timed calls whose row count changes every
-call (their ``M`` is the largest drawn). A toggle the settings no longer have is left out of every
+call (their ``M`` is the largest drawn). Rows of a toggle outside ``TOGGLES`` are left out of every
 table here.
+
+The launch paths, the tensor-cache cap and ``settings_per_call`` are the workbook's instruments
+(``bench.instruments``); the other toggles are the library's settings. Both together are "the
+settings" that ``recorded_name`` maps to a host.csv row.
 
 Every function takes a results DataFrame (``results.load``/``load_all``) and uses the newest
 measurement of each point (``results.latest``).
@@ -25,7 +29,9 @@ import pandas as pd
 
 from ..results import latest
 from rmsnorm_lab import settings
-from rmsnorm_lab.settings import LAUNCH_PATHS, Experiments, Settings
+from rmsnorm_lab.settings import Settings
+from ..bench import instruments
+from ..bench.instruments import LAUNCH_PATHS
 from .tables import host_benchmark_run, one_gpu
 
 HOST_SHAPE = (128, 4096)
@@ -33,8 +39,8 @@ CACHE_SHAPE = (16384, 4096)
 WORKLOADS = ("fwd", "fwd+autograd", "full")
 AUTOGRAD = "+autograd"
 VARYING = "+varying_m"
-#: the launch path of the default experiments, and its impl name in host.csv
-DEFAULT_PATH = Experiments().launch_path
+#: the launch path of the default instruments (the library's own), and its impl name in host.csv
+DEFAULT_PATH = instruments.DEFAULTS.launch_path
 DEFAULT_IMPL = f"cute.auto@{DEFAULT_PATH}"
 TORCH = "torch.native"
 
@@ -47,7 +53,7 @@ class Toggle:
     what: str
 
 
-#: what each toggle row measures, against DEFAULT_IMPL (only toggles the settings have)
+#: what each toggle row measures, against DEFAULT_IMPL (the toggles the benchmark times)
 TOGGLES: Dict[str, Toggle] = {t.suffix: t for t in (
     Toggle("+nvtx", {"nvtx": True}, "NVTX ranges on"),
     Toggle("+settings_per_call", {"settings_per_call": True},
@@ -77,7 +83,7 @@ def is_toggle(impl: str) -> bool:
 
 
 def known_impl(impl: str) -> bool:
-    """False for a row of a toggle the settings no longer have (left out everywhere here)."""
+    """False for a row of a toggle outside ``TOGGLES`` (left out everywhere here)."""
     base, path, toggle = split_impl(impl)
     return path is None or toggle == "" or toggle in TOGGLES or toggle.startswith(":")
 
@@ -96,7 +102,7 @@ def host_rows(df: pd.DataFrame, gpu: Optional[str] = None,
               shape: Tuple[int, int] = HOST_SHAPE) -> pd.DataFrame:
     """The host µs rows at ``shape`` of the newest host benchmark run
     (``tables.host_benchmark_run``) as ``impl`` (without ``+autograd``), ``workload``, ``p20``,
-    ``p50``, ``p80``; rows of toggles the settings no longer have are left out."""
+    ``p50``, ``p80``; rows of toggles outside ``TOGGLES`` are left out."""
     _, gpu = one_gpu(df, gpu)
     d = df[(df["gpu"] == gpu) & (df["metric"] == "host") & (df["path"] == "host")
            & (df["M"] == shape[0]) & (df["N"] == shape[1])]
@@ -135,19 +141,22 @@ def host_table(df: pd.DataFrame, gpu: Optional[str] = None,
 # ============================================================================ settings -> rows
 
 def default_toggles() -> Dict[str, object]:
-    """Every toggle (both groups, flat) at the lab's defaults, ignoring the environment."""
-    return Settings().as_dict()
+    """Every toggle at the lab's defaults, flat: the library's settings (both groups, ignoring
+    the environment) and the workbook's instruments (``instruments.use`` takes them all)."""
+    return {**Settings().as_dict(), **instruments.DEFAULTS.as_dict()}
 
 
 def changed_toggles() -> Dict[str, object]:
-    """The toggles now in force that differ from the defaults."""
+    """The toggles now in force (settings and instruments) that differ from the defaults."""
     defaults = default_toggles()
-    return {k: v for k, v in settings.as_dict().items() if defaults.get(k) != v}
+    now = {**settings.as_dict(), **instruments.state().as_dict()}
+    return {k: v for k, v in now.items() if defaults.get(k) != v}
 
 
 def recorded_name(changed: Optional[Dict[str, object]] = None) -> Optional[str]:
-    """The host.csv impl name the benchmark recorded for the settings ``changed`` from the
-    defaults (default: the settings now in force); None when it recorded no such row.
+    """The host.csv impl name the benchmark recorded for the toggles ``changed`` from the
+    defaults (settings and instruments, as ``changed_toggles`` gives them; default: those now in
+    force); None when it recorded no such row.
     ``forward_variant``, ``backward``, ``pdl`` and ``fused_strips`` choose kernels, not the host
     path: the benchmark times the defaults."""
     c = dict(changed_toggles() if changed is None else changed)
@@ -157,8 +166,8 @@ def recorded_name(changed: Optional[Dict[str, object]] = None) -> Optional[str]:
     c.pop("backend", None)
     if path != "tvm_ffi":
         c.pop("autograd_node", None)  # the other paths always take the Python node
-        cap = c.pop("tensor_cache_cap", Experiments().tensor_cache_cap)
-        if path == "cached" and cap != Experiments().tensor_cache_cap:
+        cap = c.pop("tensor_cache_cap", instruments.DEFAULTS.tensor_cache_cap)
+        if path == "cached" and cap != instruments.DEFAULTS.tensor_cache_cap:
             return None  # the host rows ran the default cap
         return f"cute.auto@{path}" if not c else None
     c.pop("tensor_cache_cap", None)  # only the cached path reads it
@@ -222,7 +231,7 @@ def cache_table(df: pd.DataFrame, gpu: Optional[str] = None,
 
 
 #: the tensors one forward on the ``cached`` path hands to the handle cache, in order
-#: (``rmsnorm_lab/cute/launch/forward.py``: ``_launch_marshaled``): x, the weight, y, rstd
+#: (``bench/launch_paths.py``: ``launch_cached``): x, the weight, y, rstd
 CACHED_TENSORS = ("x", "w", "y", "rstd")
 #: those of them that are activation-sized (M x N)
 ACTIVATIONS = ("x", "y")
@@ -231,7 +240,7 @@ ACTIVATIONS = ("x", "y")
 def cache_after_step(cap: int, layers: int) -> List[str]:
     """The tensors whose handles the ``cached`` path still holds after a step of ``layers``
     forwards on fresh activations, oldest first (``x3``: layer 3's x; ``w``: the shared weight):
-    the policy of ``cute/launch/forward.py``'s ``_cached_handle`` replayed, a FIFO of ``cap`` handles
+    the policy of ``bench/launch_paths.py``'s ``cached_handle`` replayed, a FIFO of ``cap`` handles
     in which a hit keeps its place, ``cap == 0`` keeps nothing and a negative cap never evicts.
     A kept handle keeps its tensor's storage allocated."""
     kept: List[str] = []

@@ -1,7 +1,8 @@
 """The host-overhead lesson's live measurements (notebooks/03_host_overhead.ipynb on a CUDA
 GPU): the same quantities ``rmsnorm_workbook.bench.host`` records, with fewer rounds, so that the
 notebook shows what it just measured. Without a GPU the notebook reads the recorded rows instead
-(``HostRuns`` looks them up by the settings in force: ``analysis.host.recorded_name``).
+(``HostRuns`` looks them up by the settings and instruments in force, ``bench.instruments.use``:
+``analysis.host.recorded_name``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def _torch_call(x, w):
 
 
 class HostRuns:
-    """Host µs per call of the lab's call under the settings in force, next to the defaults and
+    """Host µs per call of the lab's call under the settings and instruments in force
+    (``instruments.use``: the library's settings, the launch path...), next to the defaults and
     torch's ``F.rms_norm``: measured now when ``live`` (interleaved rounds, collector off, as
     ``bench.host`` does, with fewer rounds), otherwise the rows ``recorded`` in host.csv for
     those settings. Each ``measure`` is kept under its label."""

@@ -1,4 +1,6 @@
-"""Benchmark harness: timers (``timing``), peers and ceilings (``peers``), the sweep (``runner``).
+"""Benchmark harness: timers (``timing``), peers and ceilings (``peers``), the sweep (``runner``),
+the host benchmark (``host``) and its instruments (``instruments``: the launch paths of
+``launch_paths``, the tensor-cache cap, the settings parsed per call).
 
     from rmsnorm_workbook.bench import bench
     outcome = bench("fwd", quick=True)      # writes results/<gpu>/fwd-quick.csv

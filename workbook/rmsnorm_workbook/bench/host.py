@@ -8,9 +8,10 @@ Rows (``results/<gpu>/host.csv``), impl names carry the launch path after ``@``:
   every installed peer; op ``fwd`` (inference), op ``fwd`` with impl suffix ``+autograd`` (inputs
   require grad, so the autograd graph is built), op ``full`` (forward + backward).
   ``cute.auto@tvm_ffi+nvtx`` is the default path with NVTX ranges on, ``+settings_per_call``
-  re-reading the environment,
+  the default call with the environment parsed before it (``instruments.per_call``),
   ``+python_node`` with the Python launch path and autograd node instead of the C++ extension
-  (the other launch paths always take those).
+  (the other launch paths always take those). The launch paths and the cache cap are the
+  workbook's instruments (``bench.instruments``, ``bench.launch_paths``).
 * ``path=host`` with impl suffix ``+varying_m``: the same per-call host µs when every call has
   another row count, M drawn from 1..VARYING_M_MAX (a fixed seeded sequence; the rows of one
   preallocated tensor, as packed batches or a server's varying lengths give), op ``fwd`` and
@@ -32,9 +33,8 @@ import torch
 
 from .. import results as results_io
 from ..results import provenance
-from rmsnorm_lab import settings
-from rmsnorm_lab.settings import LAUNCH_PATHS
 from . import peers as peers_mod
+from .instruments import LAUNCH_PATHS, clear_caches, timed_call, use
 from .runner import EPS, Outcome, make_row, output_path
 from .timing import (HostTask, Quantiles, eager_time_us, graph_time_us,
                      interleaved_host_time_us)
@@ -57,8 +57,9 @@ def lab_call(backend: str) -> Callable:
 
 
 def host_impls() -> Dict[str, tuple]:
-    """name -> (fn(x, w), settings to hold while it is timed). The settings are entered once,
-    outside the timed loop, so their own cost is not measured."""
+    """name -> (fn(x, w), instruments and settings to hold while it is timed: keys of
+    ``instruments.use``). They are entered once, outside the timed loop, so their own cost is
+    not measured."""
     impls = {f"cute.auto@{p}": (lab_call("cute"), {"launch_path": p}) for p in LAUNCH_PATHS}
     # one saving at a time, each against the default path
     impls["cute.auto@tvm_ffi+nvtx"] = (lab_call("cute"), {"nvtx": True})
@@ -164,7 +165,8 @@ def host_tasks(impls: Dict[str, tuple], calls: int = 200,
                forward_only: frozenset = frozenset()
                ) -> Tuple[Dict[Tuple[str, str], HostTask], List[str]]:
     """Every implementation x workload of ``impls`` (``host_impls()``) at HOST_SHAPE as a task for
-    ``interleaved_host_time_us``, keyed ``(op, impl)``, each called six times here
+    ``interleaved_host_time_us``, keyed ``(op, impl)``, each timed under its overrides
+    (``instruments.use``; ``instruments.timed_call``), each called six times here
     (compilation, warm-up, and the size of its samples: ``_calls_per_sample``); and the
     failures, named (an implementation whose backward fails is a finding, not an error). The
     names in ``forward_only`` (peers without a backward) get the inference workload only: inputs
@@ -172,14 +174,15 @@ def host_tasks(impls: Dict[str, tuple], calls: int = 200,
     (a progress bar)."""
     tasks, failures = {}, []
     for name, (fn, overrides) in impls.items():
+        fn = timed_call(fn, overrides)
         workloads = dict(_calls(fn, *HOST_SHAPE))
         if name in forward_only:
             workloads = {("fwd", ""): workloads[("fwd", "")]}
         if name in VARYING_M_IMPLS:
-            with settings.override(**overrides):
+            with use(**overrides):
                 workloads.update(_varying_m_calls(fn, HOST_SHAPE[1]))
         for (op, suffix), call in workloads.items():
-            context = functools.partial(settings.override, **overrides)
+            context = functools.partial(use, **overrides)
             try:
                 with context():
                     n = _calls_per_sample(call, calls)
@@ -195,8 +198,6 @@ def host_tasks(impls: Dict[str, tuple], calls: int = 200,
 def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
                repeats: int = 15) -> Outcome:
     from tqdm.auto import tqdm
-
-    from rmsnorm_lab.lab import clear_forward_caches
 
     prov = provenance.collect()
     outcome = Outcome()
@@ -231,12 +232,12 @@ def bench_host(out: Optional[Path] = None, tag: Optional[str] = None,
             bar.update()
         for cap in CACHE_CAPS:
             label = "unbounded" if cap < 0 else str(cap)
-            clear_forward_caches()
-            with settings.override(launch_path="cached", tensor_cache_cap=cap):
+            clear_caches()
+            with use(launch_path="cached", tensor_cache_cap=cap):
                 _measure_step(row, f"cute.auto@cached:{label}", lab_call("cute"), outcome)
-            clear_forward_caches()
+            clear_caches()
             bar.update()
-        with settings.override(launch_path="tvm_ffi"):
+        with use(launch_path="tvm_ffi"):
             _measure_step(row, "cute.auto@tvm_ffi", lab_call("cute"), outcome)
         _measure_step(row, "triton.row", lab_call("triton"), outcome)
         bar.update()

@@ -33,7 +33,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 class ProfileConfig:
     op: str = "fwd"  # fwd | full
     backend: Optional[str] = None  # None: settings.backend
-    launch_path: Optional[str] = None
+    launch_path: Optional[str] = None  # None: the library's own (bench.instruments)
     forward_variant: Optional[str] = None
     backward: Optional[str] = None
     M: int = 128
@@ -135,13 +135,15 @@ class ProfileResult:
 def run_profile(cfg: ProfileConfig, device: str = "cuda", hooks: Optional[Hooks] = None,
                 rms_norm: Optional[Callable] = None) -> ProfileResult:
     """Warm up, then run ``cfg.iters`` iterations between ``hooks.start`` and ``hooks.stop``,
-    each inside ``hooks.iter_range()``, with ``settings.nvtx`` on and the chosen toggles set.
+    each inside ``hooks.iter_range()``, with ``settings.nvtx`` on and the chosen toggles set
+    (the library's settings, and the launch path: ``bench.instruments.use``).
     With ``cfg.graph`` the iterations are captured into a CUDA graph after the warm-up
     (``hooks.capture``) and the graph is replayed between start and stop, inside
     ``hooks.replay_range()``, after one replay before the start."""
     import torch
 
     from rmsnorm_lab import settings
+    from ..bench.instruments import use
 
     if cfg.op not in ("fwd", "full"):
         raise ProfileError(f"op must be 'fwd' or 'full', got {cfg.op!r}")
@@ -164,7 +166,7 @@ def run_profile(cfg: ProfileConfig, device: str = "cuda", hooks: Optional[Hooks]
         if getattr(cfg, key) is not None:
             changes[key] = getattr(cfg, key)
 
-    with settings.override(**changes):
+    with use(**changes):
         backend = settings.backend
         dtype = getattr(torch, DTYPES[cfg.dtype])
         g = torch.Generator(device=device).manual_seed(0)
