@@ -3,8 +3,9 @@
 A **variant** is a kernel the library can launch: the forward's ``row``, ``persistent``, ``warp``
 and ``fallback``, the backward's ``fused`` and ``split`` (and the ``dw_reduce`` that finishes dW).
 The settings take their choices from here, the plans refuse names not listed here, the NVTX ranges
-and the native node take their names and colours from here, and the workbook's benchmark and sanitizer
-walk these lists. Adding a variant is its kernel, its plan rule and one line below.
+and the native node take their names and colours from here, the forward's launch finds each
+variant's kernel class here, and the workbook's benchmark and sanitizer walk these lists. Adding a
+forward variant is its kernel, its plan rule and one line below.
 
 This module imports nothing of the lab: every layer may read it.
 """
@@ -25,15 +26,18 @@ class Variant:
     #: measured in the sweeps (not: the fallback, a safety net, and a kernel whose GPU tests
     #: have not run yet)
     benchmarked: bool = True
+    #: a CuTe forward's kernel class, ``module.Class`` under rmsnorm_lab/cute/kernels/
+    kernel: str = ""
 
 
 VARIANTS: Tuple[Variant, ...] = (
-    Variant("row", "fwd", "cute", 0xFF0072B2),
-    Variant("persistent", "fwd", "cute", 0xFFCC79A7),
-    Variant("warp", "fwd", "cute", 0xFF009E73),
-    Variant("cluster", "fwd", "cute", 0xFF56B4E9),
-    Variant("staged", "fwd", "cute", 0xFF332288),
-    Variant("fallback", "fwd", "cute", 0xFFD55E00, benchmarked=False),
+    Variant("row", "fwd", "cute", 0xFF0072B2, kernel="forward.RMSNormForward"),
+    Variant("persistent", "fwd", "cute", 0xFFCC79A7, kernel="forward.RMSNormForward"),
+    Variant("warp", "fwd", "cute", 0xFF009E73, kernel="forward.RMSNormForward"),
+    Variant("cluster", "fwd", "cute", 0xFF56B4E9, kernel="forward.RMSNormClusterForward"),
+    Variant("staged", "fwd", "cute", 0xFF332288, kernel="forward_staged.RMSNormStagedForward"),
+    Variant("fallback", "fwd", "cute", 0xFFD55E00, benchmarked=False,
+            kernel="forward.RMSNormForward"),
     Variant("fused", "bwd", "cute", 0xFFE69F00),
     Variant("split", "bwd", "cute", 0xFFF0E442),
     Variant("cluster", "bwd", "cute", 0xFF000000),

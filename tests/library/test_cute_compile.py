@@ -208,3 +208,16 @@ def test_short_rows_issue_every_tiles_loads_before_reducing(residual):
     loads = len(re.findall(r"ld\.global[.\w]*\.v4", body))
     assert loads >= plan.tiles_per_cta * (2 if residual else 1)
     assert facts.local_accesses == 0 and not facts.spill_bytes
+
+
+def test_each_forward_variant_names_the_kernel_class_its_plans_compile_to():
+    """The registry line of a forward variant names its kernel class (``Variant.kernel``), which
+    the launch builds from a plan of that variant."""
+    from rmsnorm_lab.cute.launch.forward import kernel_object
+    from rmsnorm_lab.registry import VARIANTS
+    widths = {"cluster": 32768, "staged": 32768, "fallback": 1023}
+    for v in VARIANTS:
+        if v.backend == "cute" and v.op == "fwd":
+            p = plan_forward(v.name, widths.get(v.name, 4096), BF16, BF16, "llama", False, True,
+                             arch="sm_90a")
+            assert type(kernel_object(p)).__name__ == v.kernel.rsplit(".", 1)[1], v.name

@@ -15,6 +15,7 @@ measure other ways of reaching the compiled kernel (the host lesson's launch pat
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Dict, Optional, Tuple
 
 import cutlass
@@ -22,10 +23,10 @@ import torch
 from cutlass.cute.runtime import make_fake_stream
 
 from ...common import nvtx
+from ...registry import variant
 from ...settings import Snapshot
 from ..dtypes import TORCH_TO_CUTE
-from ..kernels.forward import RMSNormClusterForward, RMSNormForward, RMSNormFusedAddForward
-from ..kernels.forward_staged import RMSNormStagedForward
+from ..kernels.forward import RMSNormFusedAddForward
 from ..plan.auto import auto_variant, row_class
 from ..plan.forward import (INT32_LIMIT, ForwardPlan, RowsRule, check_int32_addressable,
                             plan_forward)
@@ -41,12 +42,12 @@ Launcher = Callable[..., None]
 
 
 def kernel_object(plan: ForwardPlan):
-    """The kernel class instance that ``plan`` compiles to."""
+    """The kernel class instance that ``plan`` compiles to: its variant's class as the registry
+    names it, or the fused residual add's, whose plans any row variant serves."""
     if plan.residual:
         return RMSNormFusedAddForward(plan)
-    if plan.variant == "staged":
-        return RMSNormStagedForward(plan)
-    return RMSNormClusterForward(plan) if plan.cluster_n > 1 else RMSNormForward(plan)
+    module, name = variant(plan.variant).kernel.rsplit(".", 1)
+    return getattr(importlib.import_module(f"..kernels.{module}", __package__), name)(plan)
 
 
 def fake_args(plan: ForwardPlan):
