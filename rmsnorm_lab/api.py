@@ -10,10 +10,14 @@ is a ``route.Call``; ``route.choose_path`` decides which of the library's paths 
 ``route.PATHS`` runs it. A call the native node has planned before skips all of that: the
 extension's call memo (``dispatch.fast_call``) only holds keys filed after this validation
 passed for the same key.
+
+``rms_norm_fp8`` is the norm written as float8_e4m3fn for a GEMM (inference only): validated
+the same way, then one of ``route.FP8_PATHS``.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Callable, Dict, Optional, Tuple
 
@@ -22,7 +26,7 @@ import torch
 from . import dispatch, reference
 from .common.rows import rows_without_copy, same_layout
 from .registry import BACKENDS
-from .route import PATHS, Call, choose_path, torch_machinery
+from .route import FP8_PATHS, PATHS, Call, Fp8Call, choose_path, torch_machinery
 from .settings import settings, snapshot
 
 #: what the kernels take; the ``torch`` backend (CPU tensors, or ``backend="torch"``) takes
@@ -288,12 +292,13 @@ def _fast(x, weight, eps, offset, casting_mode, residual):
 
 
 def _as_torch_would_compute(x: torch.Tensor, weight: Optional[torch.Tensor],
-                            residual: Optional[torch.Tensor] = None):
+                            residual: Optional[torch.Tensor] = None, autocast: bool = True):
     """The inputs the kernels take, derived the way torch would: under an autocast that
-    upcasts rms_norm, fp32 copies (recorded by autograd like any cast); a last dimension that is
-    not unit-stride, or leading dimensions that cannot be seen as rows, a contiguous copy (row
-    strides alone need none); a strided weight, a contiguous one."""
-    if (x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda"
+    upcasts rms_norm (unless ``autocast`` is off), fp32 copies (recorded by autograd like any
+    cast); a last dimension that is not unit-stride, or leading dimensions that cannot be seen
+    as rows, a contiguous copy (row strides alone need none); a strided weight, a contiguous
+    one."""
+    if (autocast and x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cuda"
             and torch.is_autocast_enabled("cuda") and autocast_upcasts("cuda")):
         x = x.float()
         weight = weight.float() if weight is not None else None
@@ -305,3 +310,104 @@ def _as_torch_would_compute(x: torch.Tensor, weight: Optional[torch.Tensor],
     if weight is not None and weight.dim() == 1 and weight.shape[0] > 1 and weight.stride(0) != 1:
         weight = weight.contiguous()
     return x, weight, residual
+
+
+# ----------------------------------------------------------------------------- fp8 output
+
+def _one_float32(name: str, value, x: torch.Tensor) -> torch.Tensor:
+    """A scale argument as the one-element fp32 tensor on x's device the kernels read. A float
+    is converted, and must be positive and finite; a tensor's value is not read (that would
+    synchronize with the GPU)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be positive and finite, got {value!r}")
+        return torch.full((), value, dtype=torch.float32, device=x.device)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 tensor of one element, or a float; got "
+                        f"{type(value).__name__}")
+    if value.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {value.dtype}")
+    if value.dim() > 1 or value.numel() != 1:
+        raise ValueError(f"{name} must be one element, of shape () or (1,); got shape "
+                         f"{tuple(value.shape)}")
+    if value.device != x.device:
+        raise ValueError(f"{name} is on {value.device} but x is on {x.device}")
+    return value
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                 eps: Optional[float] = None, *, scale=None,
+                 residual: Optional[torch.Tensor] = None, scale_ub=None, offset: float = 0.0,
+                 casting_mode: str = reference.DEFAULT_CASTING_MODE,
+                 backend: Optional[str] = None):
+    """RMSNorm over the last dimension of ``x``, written as ``torch.float8_e4m3fn`` for the GEMM
+    that reads it; inference only. vLLM's convention (``rms_norm_static_fp8_quant``,
+    ``rms_norm_dynamic_per_token_quant``) on the lab's norm: y is ``rms_norm(x, weight, eps,
+    offset=offset, casting_mode=casting_mode)`` in x's dtype, then quantized in fp32 with
+    saturation at +-448 (NaN to +448) and round-to-nearest-even; ``reference.quantize_fp8`` is the
+    arithmetic, so the result equals that norm followed by that function, bit for bit.
+
+    Returns ``(y_q, scales)``, or ``(y_q, scales, h)`` with a ``residual``; ``y ~ y_q * scales``:
+
+    * ``y_q``: float8_e4m3fn, x's shape, contiguous.
+    * ``scales``: with ``scale`` (the static per-tensor scale: a float32 tensor of one element,
+      shape () or (1,), on x's device; a positive float is taken and put there), that scale
+      itself, and ``y_q = q(y * (1 / scale))``. With ``scale=None``, per-token scales: fp32 of
+      shape ``x.shape[:-1]``, ``max(amax / 448, 1 / (448 * 512))`` with amax the row's largest
+      ``|y|`` (NaN skipped), first bounded by ``scale_ub`` (one float32 element) when given, and
+      ``y_q = q(y / scales)``; ``scales.unsqueeze(-1)`` is the (M, 1) row scale of a scaled GEMM.
+    * ``h``: with ``residual`` (a tensor like x), ``h = x + residual`` rounded to x's dtype and
+      y the norm of h, as ``rms_norm(x, weight, residual=residual)``; h is a tensor of its own
+      (the residual is not written in place).
+
+    ``eps``, ``offset`` and ``casting_mode`` (its aliases too) are ``rms_norm``'s. x is float32,
+    bfloat16 or float16 and the weight (or None) one of those; autocast does not change the
+    arithmetic (y stays in x's dtype). ``backend``: ``"torch"`` (the reference, the default for
+    CPU tensors), ``"triton"``, or ``"cute"`` (``settings.backend``, the default for CUDA
+    tensors), which runs the Triton kernel until the CuTe kernel of this op is written. Under
+    ``torch.compile``, or for fake tensors and dispatch modes, the call is the custom op
+    ``rmsnorm_lab::rms_norm_fp8``. There is no gradient through the quantization: with grad
+    mode on, an input that requires grad is a RuntimeError (use ``torch.no_grad()`` or
+    ``torch.inference_mode()``).
+    """
+    if eps is None:
+        eps = FP32_EPS
+    if backend is None:
+        backend = settings.backend
+        if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
+            backend = "torch"
+    for name, t in (("x", x), ("weight", weight)):
+        if isinstance(t, torch.Tensor) and t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be float32, bfloat16 or float16 for rms_norm_fp8, "
+                            f"got {t.dtype}")
+    casting_mode = validate(x, weight, casting_mode, backend, eps)
+    if residual is not None:
+        validate_residual(x, residual, in_place=False)
+    if scale is not None:
+        scale = _one_float32("scale", scale, x)
+    if scale_ub is not None:
+        if scale is not None:
+            raise ValueError("scale_ub bounds the per-token scales (scale=None); a static "
+                             "scale takes none")
+        scale_ub = _one_float32("scale_ub", scale_ub, x)
+    if torch.is_grad_enabled():
+        for name, t in (("x", x), ("weight", weight), ("residual", residual),
+                        ("scale", scale), ("scale_ub", scale_ub)):
+            if t is not None and t.requires_grad:
+                raise RuntimeError(
+                    f"rms_norm_fp8 is inference only (no gradient flows through the fp8 "
+                    f"quantization), but {name} requires grad; call it under torch.no_grad() "
+                    f"or torch.inference_mode(), or pass {name}.detach()")
+    x, weight, residual = _as_torch_would_compute(x, weight, residual, autocast=False)
+    compiling = torch.compiler.is_compiling()
+    machinery = None if compiling else (
+        torch_machinery(x, weight) or torch_machinery(scale, scale_ub)
+        or (residual is not None and torch_machinery(residual, None)) or None)
+    path = choose_path(compiling=compiling, machinery=machinery, native=False, training=False,
+                       empty=x.numel() == 0)
+    y_q, scales, h = FP8_PATHS[path](Fp8Call(x, weight, residual, scale, scale_ub, eps, offset,
+                                             casting_mode, backend, snapshot()))
+    if scales is None:
+        scales = scale
+    return (y_q, scales) if residual is None else (y_q, scales, h)

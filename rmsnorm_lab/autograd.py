@@ -38,6 +38,9 @@ ValueError when dy is not a contiguous tensor of x's shape and dtype (e.g. the g
 ``y.sum()``, an expanded stride-0 tensor) or requires grad itself. Under ``torch.compile`` the
 mutating op ``rmsnorm_lab::rms_norm_bwd_inplace`` is used, which the compiler functionalizes;
 buffer reuse is then the compiler's decision.
+
+``rmsnorm_lab::rms_norm_fp8`` is the fp8-output norm's op (``api.rms_norm_fp8``): inference
+only, so it has a fake implementation and no autograd formula.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch
-from .reference import compute_dtype
+from .reference import FP8_DTYPE, compute_dtype
 from .settings import Snapshot, snapshot
 
 
@@ -272,6 +275,39 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[2]:
             dw = None
         return d, d, dw, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------- the fp8 output
+
+@torch.library.custom_op("rmsnorm_lab::rms_norm_fp8", mutates_args=())
+def rms_norm_fp8_op(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
+                    scale: Optional[Tensor], scale_ub: Optional[Tensor], eps: float,
+                    offset: float, casting_mode: str, backend: str
+                    ) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(y_q, scales, h)`` of ``rms_norm_fp8`` (inference only: no autograd formula). A schema
+    returns no optional tensors, so a static scale gives empty scales (the op must not return
+    its input) and no residual an empty h."""
+    y_q, scales, h = dispatch.fp8_forward(x, residual, weight, eps, offset, casting_mode, scale,
+                                          scale_ub, backend)
+    return (y_q, scales if scales is not None else x.new_empty(0, dtype=torch.float32),
+            h if h is not None else x.new_empty(0))
+
+
+@rms_norm_fp8_op.register_fake
+def _rms_norm_fp8_fake(x, residual, weight, scale, scale_ub, eps, offset, casting_mode, backend):
+    scales = x.new_empty(x.shape[:-1] if scale is None else (0,), dtype=torch.float32)
+    h = x.new_empty(x.shape if residual is not None else (0,))
+    return x.new_empty(x.shape, dtype=FP8_DTYPE), scales, h
+
+
+def fp8_custom_op(call) -> tuple:
+    """``(y_q, scales, h)`` of a ``route.Fp8Call`` through the custom op (scales None with a
+    static scale, h None without a residual)."""
+    y_q, scales, h = rms_norm_fp8_op(call.x, call.residual, call.weight, call.scale,
+                                     call.scale_ub, float(call.eps), float(call.offset),
+                                     call.casting_mode, call.backend)
+    return (y_q, scales if call.scale is None else None,
+            h if call.residual is not None else None)
 
 
 # ----------------------------------------------------------------------------- the paths

@@ -1,7 +1,7 @@
 """From validated arguments to a backend: the CuTe kernels (in Python or through the native
 node), the Triton kernels, or the reference.
 
-``forward``, ``fused_add_forward`` and ``backward`` serve the Python paths (the
+``forward``, ``fused_add_forward``, ``fp8_forward`` and ``backward`` serve the Python paths (the
 ``torch.autograd.Function``, the custom ops, inference calls off the native node); ``native`` is
 the native node's entry, and ``fast_call`` the whole host path of a call the node has planned
 before (the extension's call memo; None while the settings route calls elsewhere or the node is
@@ -104,6 +104,39 @@ def fused_add_forward(x: torch.Tensor, residual: torch.Tensor, weight: Optional[
         return y, h, rstd
     return (y.view(x.shape), h.view(x.shape),
             rstd.view(x.shape[:-1]) if rstd is not None else None)
+
+
+def fp8_forward(x: torch.Tensor, residual: Optional[torch.Tensor],
+                weight: Optional[torch.Tensor], eps: float, offset: float, casting_mode: str,
+                scale: Optional[torch.Tensor], scale_ub: Optional[torch.Tensor], backend: str,
+                snap: Optional[Snapshot] = None
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """``(y_q, scales, h)`` of ``rms_norm_fp8``: y_q float8_e4m3fn in x's shape; scales fp32
+    ``x.shape[:-1]`` per token, None with a static ``scale``; h (``x + residual``, x's dtype)
+    with a residual, else None. ``backend="cute"`` runs the Triton kernel until the CuTe kernel
+    of this op is written."""
+    if x.numel() == 0:
+        scales = (torch.full(x.shape[:-1], reference.FP8_MIN_SCALE, dtype=torch.float32,
+                             device=x.device) if scale is None else None)
+        h = torch.empty_like(x) if residual is not None else None
+        return torch.empty(x.shape, dtype=reference.FP8_DTYPE, device=x.device), scales, h
+    if backend == "torch":
+        y_q, scales, *h = reference.rms_norm_fp8(x, weight, eps, offset, casting_mode, scale,
+                                                 residual, scale_ub)
+        return (y_q.contiguous(), scales.contiguous() if scale is None else None,
+                h[0].contiguous() if h else None)
+    x2 = as_rows(x)
+    r2 = as_rows(residual, "residual") if residual is not None else None
+    check_weight(weight, x2.shape[1])
+    snap = snap or snapshot()
+    from .triton.quant import triton_rms_norm_fp8
+    with nvtx.range("launch", "triton", x2.shape, on=snap.nvtx):
+        y_q, scales, h = triton_rms_norm_fp8(x2, r2, weight, eps, offset, casting_mode, scale,
+                                             scale_ub)
+    if x.dim() == 2:
+        return y_q, scales, h
+    return (y_q.view(x.shape), scales.view(x.shape[:-1]) if scales is not None else None,
+            h.view(x.shape) if h is not None else None)
 
 
 def backward(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],

@@ -50,6 +50,20 @@ norm(h)``)::
 where ``dh`` is the gradient arriving at the returned ``h`` (the next block's residual) and
 ``dx_norm`` the norm's dx before its rounding; dW as above, of h.
 
+The norm written as float8_e4m3fn for the next GEMM (``rms_norm_fp8``, inference only), vLLM's
+convention (``rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_quant``) on this norm::
+
+    y     = norm(x)                             # x's dtype, any casting mode; then all fp32
+    q(v)  = fp8(clamp(v, -448, 448))            # NaN -> +448, +-inf -> +-448, nearest even
+    static:    y_q = q(y * fp32(1 / scale))     # scale: one fp32 element, given
+    per token: amax = max |y| over the row      # NaN skipped; an all-NaN row gives 0
+               amax = min(amax, scale_ub)       # when a bound is given
+               s    = max(amax / 448, 1 / (448 * 512))
+               y_q  = q(y / s)                  # a division, not a multiply by 1/s
+
+so the fused op is the norm in x's dtype followed by ``quantize_fp8``, bit for bit. With a
+residual, y is the norm of ``h = x + residual`` rounded to x's dtype, as the fused add's.
+
 ``y`` has x's dtype; ``dw`` has w's dtype. Without a weight, ``w`` is taken as ones and there is no
 ``dw``. ``offset`` (e.g. 1.0 for Gemma, whose checkpoints store ``w - 1``) applies only with a
 weight.
@@ -191,3 +205,55 @@ def fused_add_rms_norm_forward(x, residual, weight=None, eps=None, offset=0.0,
     h = add_residual(x, residual)
     y, rstd = rms_norm_forward(h, weight, eps, offset, casting_mode)
     return y, h, rstd
+
+
+# ----------------------------------------------------------------------------- fp8 output
+
+#: the largest finite float8_e4m3fn: quantized values saturate there
+FP8_MAX = 448.0
+#: vLLM's smallest per-token scale: a row of zeros gets it and quantizes to zeros
+FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def saturate_fp8(v: torch.Tensor) -> torch.Tensor:
+    """fp32 ``v`` as float8_e4m3fn the way vLLM converts: NaN to +448 (its ``fminf``/``fmaxf``
+    clamp keeps the bound), ``clamp(-448, 448)`` (infinities included), then round to nearest
+    even."""
+    v = torch.where(v.isnan(), torch.full_like(v, FP8_MAX), v)
+    return v.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _one_element(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float32).reshape(())
+
+
+def quantize_fp8(y: torch.Tensor, scale: Optional[torch.Tensor] = None,
+                 scale_ub: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(y_q, scales)``: ``y`` (any float dtype, taken as fp32) quantized to float8_e4m3fn, with
+    ``y ~ y_q * scales``. ``scale`` (one fp32 element): the static per-tensor scale, returned as
+    given; None: per-token scales, fp32 of shape ``y.shape[:-1]``, bounded above by ``scale_ub``
+    (one fp32 element) when given. The module's docstring has the arithmetic."""
+    yf = y.to(torch.float32)
+    if scale is not None:
+        inv = torch.reciprocal(_one_element(scale))  # fp32 1/scale, once
+        return saturate_fp8(yf * inv), scale
+    a = yf.abs()
+    if y.shape[-1] == 0:
+        amax = a.new_zeros(y.shape[:-1])
+    else:
+        amax = torch.where(a.isnan(), torch.zeros_like(a), a).amax(dim=-1)
+    if scale_ub is not None:
+        amax = torch.fmin(amax, _one_element(scale_ub))
+    scales = (amax / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+    return saturate_fp8(yf / scales.unsqueeze(-1)), scales
+
+
+def rms_norm_fp8(x, weight=None, eps=None, offset=0.0, casting_mode=DEFAULT_CASTING_MODE,
+                 scale=None, residual=None, scale_ub=None):
+    """The norm quantized to float8_e4m3fn: ``(y_q, scales)``, or ``(y_q, scales, h)`` with a
+    residual (``h = x + residual`` in x's dtype, y the norm of h); see ``quantize_fp8``."""
+    h = add_residual(x, residual) if residual is not None else x
+    y = rms_norm(h, weight, eps, offset, casting_mode)
+    y_q, scales = quantize_fp8(y, scale, scale_ub)
+    return (y_q, scales) if residual is None else (y_q, scales, h)

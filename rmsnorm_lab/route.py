@@ -4,7 +4,8 @@
 kernels see them (the casting mode's alias resolved, eps and the backend chosen) and the settings
 as one ``Snapshot``. ``choose_path`` decides, from a few facts about the call, which path serves
 it, and ``PATHS[path](call)`` runs it: y, or ``(y, h)`` for the fused residual add, one table for
-both.
+both. ``api.rms_norm_fp8`` (the norm written as fp8, inference only) builds an ``Fp8Call``; the
+same ``choose_path`` picks its path, and ``FP8_PATHS`` runs it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,20 @@ class Call(NamedTuple):
     casting_mode: str                 # a kernel's (``reference.CASTING_MODES``)
     backend: str
     in_place: bool
+    snap: Snapshot
+
+
+class Fp8Call(NamedTuple):
+    """One validated call of ``rms_norm_fp8`` (inference only: no tape, no native node)."""
+    x: torch.Tensor
+    weight: Optional[torch.Tensor]
+    residual: Optional[torch.Tensor]
+    scale: Optional[torch.Tensor]     # the static scale (one fp32 element), or None: per token
+    scale_ub: Optional[torch.Tensor]  # the per-token amax's bound, or None
+    eps: float
+    offset: float
+    casting_mode: str
+    backend: str
     snap: Snapshot
 
 
@@ -111,4 +126,24 @@ PATHS: Dict[str, Callable[[Call], object]] = {
     "python_node": autograd.python_node,
     "empty": _empty,
     "kernels": _kernels,
+}
+
+
+def _fp8_reference(c: Fp8Call):
+    return dispatch.fp8_forward(c.x, c.residual, c.weight, c.eps, c.offset, c.casting_mode,
+                                c.scale, c.scale_ub, "torch")
+
+
+def _fp8_kernels(c: Fp8Call):
+    return dispatch.fp8_forward(c.x, c.residual, c.weight, c.eps, c.offset, c.casting_mode,
+                                c.scale, c.scale_ub, c.backend, c.snap)
+
+
+#: ``choose_path``'s paths (an inference call takes no tape path) -> their work on an
+#: ``Fp8Call``: ``(y_q, scales, h)``, scales None with a static scale, h None without a residual
+FP8_PATHS: Dict[str, Callable[[Fp8Call], tuple]] = {
+    "reference": _fp8_reference,
+    "custom_op": autograd.fp8_custom_op,
+    "empty": _fp8_kernels,
+    "kernels": _fp8_kernels,
 }

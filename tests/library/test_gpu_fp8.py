@@ -1,0 +1,250 @@
+"""``rms_norm_fp8`` on a GPU (run with: pytest -m gpu).
+
+Bit for bit against the unfused chain: the same backend's norm in x's dtype (``rms_norm``),
+then ``reference.quantize_fp8`` on the GPU. The Triton kernel computes y with the forward's
+statistics and ``_normalize``, but its fp32 sum of squares runs in another order (the fp8 store
+gives the row another layout), so the exact comparison takes rows of small integers, whose sums
+are exact in any order; the weights stay random. Random rows are held to one fp8 step of the
+chain and of the reference (torch's sum, another order again). ``backend="cute"`` runs the
+Triton kernel until the CuTe kernel of this op exists; its chain is then the CuTe norm's
+(``NORM_BACKEND``).
+"""
+
+import pytest
+import torch
+
+from rmsnorm_lab import reference, rms_norm, rms_norm_fp8, settings
+
+pytestmark = pytest.mark.gpu
+
+FP8 = torch.float8_e4m3fn
+EPS = 1e-6
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+MODES = ["llama", "gemma", "none"]
+# odd N, N=1, M=1, per-head rows, model widths, the widest fused row, a chunked row, 3-D x
+SHAPES = [(1, 1), (7, 1), (1, 4096), (3, 1023), (4096, 128), (333, 4096), (133, 8192),
+          (64, 65536), (3, 100003), (2, 7, 1024)]
+# (quantization, residual, weight, offset): the combinations each shape runs
+CASES = [("per_token", False, True, 0.0), ("static", True, True, 1.0),
+         ("bounded", True, False, 0.0), ("per_token", True, True, 0.0),
+         ("static", False, False, 0.0)]
+#: the norm whose y each fp8 backend quantizes
+NORM_BACKEND = {"triton": "triton", "cute": "triton"}
+#: scales within an ulp of x's dtype (a y at the row's max one ulp apart), with room
+SCALE_REL = {torch.float32: 1e-6, torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
+
+
+def fresh(shape, dtype):
+    return torch.randn(shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def integers(shape, dtype):
+    """Rows of integers in [-4, 4]: every partial sum of squares (at most 64 * 100003 < 2**24)
+    is exact in fp32, and so is a residual's sum, so rstd does not depend on the order."""
+    return torch.randint(-4, 5, shape, device="cuda").to(dtype)
+
+
+def poison_allocator():
+    """Fill the caching allocator's free blocks with 0xFF bytes (NaN in fp8, bf16, fp16 and
+    fp32), so an output the kernel leaves unwritten shows up."""
+    big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    del big
+
+
+def bits(q):
+    return q.view(torch.uint8)
+
+
+def ordered(q):
+    """fp8 bytes as integers in the order of their values (+0 and -0 both 0)."""
+    b = bits(q).to(torch.int16)
+    mag = b & 0x7F
+    return torch.where(b >= 0x80, -mag, mag)
+
+
+def quant_args(kind):
+    if kind == "static":
+        return dict(scale=torch.tensor(0.02, device="cuda"))
+    if kind == "bounded":
+        return dict(scale_ub=torch.tensor([2.5], device="cuda"))
+    return {}
+
+
+def chain(x, w, backend, mode, offset, residual=None, scale=None, scale_ub=None):
+    norm = NORM_BACKEND[backend]
+    if residual is None:
+        y, h = rms_norm(x, w, EPS, offset=offset, casting_mode=mode, backend=norm), None
+    else:
+        y, h = rms_norm(x, w, EPS, residual=residual, offset=offset, casting_mode=mode,
+                        backend=norm)
+    y_q, scales = reference.quantize_fp8(y, scale, scale_ub)
+    return (y_q, scales) if h is None else (y_q, scales, h)
+
+
+def assert_same(got, expect):
+    assert len(got) == len(expect)
+    for g, e in zip(got, expect):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        if g.dtype == FP8:
+            assert g.is_contiguous()
+            g, e = bits(g), bits(e)
+        assert torch.equal(g, e)
+
+
+def check_no_poison(out):
+    """No NaN anywhere: the kernel never writes an fp8 NaN (it saturates), scales of finite
+    rows are finite, and h of finite inputs is finite."""
+    for t in out:
+        assert not (t.float() if t.dtype == FP8 else t).isnan().any(), "unwritten output"
+
+
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_equals_the_chain_bit_for_bit(backend, dtype, mode, shape):
+    N = shape[-1]
+    for kind, with_residual, with_weight, offset in CASES:
+        x = integers(shape, dtype)
+        r = integers(shape, dtype) if with_residual else None
+        w = fresh((N,), dtype) if with_weight else None
+        kw = quant_args(kind)
+        poison_allocator()
+        got = rms_norm_fp8(x, w, EPS, residual=r, offset=offset, casting_mode=mode,
+                           backend=backend, **kw)
+        torch.cuda.synchronize()
+        check_no_poison(got)
+        if "scale" in kw:
+            assert got[1] is kw["scale"]
+        assert_same(got, chain(x, w, backend, mode, offset, r, **kw))
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype", [(torch.bfloat16, torch.float32),
+                                              (torch.float16, torch.bfloat16),
+                                              (torch.float32, torch.float16)])
+def test_weight_dtype_may_differ_from_x(x_dtype, w_dtype):
+    x, w = integers((257, 4096), x_dtype), fresh((4096,), w_dtype)
+    for mode in MODES:
+        for kind in ("per_token", "static"):
+            kw = quant_args(kind)
+            got = rms_norm_fp8(x, w, EPS, offset=1.0, casting_mode=mode, backend="triton", **kw)
+            assert_same(got, chain(x, w, "triton", mode, 1.0, **kw))
+
+
+@pytest.mark.parametrize("kind", ["per_token", "static", "bounded"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (16, 16384), (2, 70001)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_random_rows_within_one_fp8_step(shape, dtype, kind):
+    """Random rows, against the chain and the reference: h exactly; y_q equal but where an
+    fp32 sum in another order moved y by its last bit (then one fp8 step); scales within an
+    ulp of x's dtype."""
+    x, r = fresh(shape, dtype), fresh(shape, dtype)
+    w = fresh(shape[-1:], dtype)
+    kw = quant_args(kind)
+    y_q, scales, h = rms_norm_fp8(x, w, EPS, residual=r, casting_mode="llama",
+                                  backend="triton", **kw)
+    ref_out = reference.rms_norm_fp8(x, w, EPS, 0.0, "llama", kw.get("scale"), r,
+                                     kw.get("scale_ub"))
+    for y_q_ref, scales_ref, h_ref in (ref_out, chain(x, w, "triton", "llama", 0.0, r, **kw)):
+        assert torch.equal(h, h_ref)
+        steps = (ordered(y_q) - ordered(y_q_ref)).abs()
+        assert int(steps.max()) <= 1
+        assert (steps == 0).float().mean().item() >= 0.99
+        if "scale" not in kw:
+            torch.testing.assert_close(scales, scales_ref, rtol=SCALE_REL[dtype], atol=0)
+
+
+@pytest.mark.parametrize("N", [40, 4096, 70001])
+@pytest.mark.parametrize("kind", ["per_token", "static"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zeros_nan_and_inf_rows(dtype, kind, N):
+    """A row of zeros (the smallest scale and zeros), a row with a NaN (+448 throughout), a
+    row with +-inf (zeros, and +448 at each infinity: inf * rstd 0 is NaN), exactly as the
+    reference, in the fused and the chunked kernel."""
+    x = integers((4, N), dtype)
+    x[0] = 0
+    x[1, 7] = float("nan")
+    x[2, 3], x[2, N - 1] = float("inf"), float("-inf")
+    w = fresh((N,), dtype)
+    kw = quant_args(kind)
+    y_q, scales = rms_norm_fp8(x, w, EPS, casting_mode="llama", backend="triton", **kw)
+    y_q_ref, scales_ref = reference.rms_norm_fp8(x, w, EPS, 0.0, "llama", kw.get("scale"))
+    assert torch.equal(bits(y_q[:3]), bits(y_q_ref[:3]))
+    assert bool((y_q[0].float() == 0).all()) and bool((y_q[1].float() == 448).all())
+    assert y_q[2, 3].float() == 448 and y_q[2, N - 1].float() == 448
+    if kind == "per_token":
+        assert torch.equal(scales[:3], scales_ref[:3])
+        assert float(scales[0]) == float(torch.tensor([1.0]) / (448 * 512))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_saturation_and_ties(dtype):
+    """Rows of ones normalize to exactly 1 (eps 0), so y is the weight: halfway values go to
+    the even neighbour, and a tiny static scale saturates every nonzero value."""
+    ties = [1.0625, 1.1875, -1.0625, 9.5, 10.5, 2 ** -10, 3 * 2 ** -10, 0.0146484375]
+    x = torch.ones(3, len(ties), device="cuda", dtype=dtype)
+    w = torch.tensor(ties, device="cuda", dtype=dtype)
+    y_q, _ = rms_norm_fp8(x, w, 0.0, scale=torch.ones(1, device="cuda"), backend="triton",
+                          casting_mode="llama")
+    assert y_q.float()[0].tolist() == [1.0, 1.25, -1.0, 10.0, 10.0, 0.0, 2 ** -8, 0.015625]
+    y_q, _ = rms_norm_fp8(x, w, 0.0, scale=1e-6, backend="triton")
+    assert y_q.float()[0].tolist() == [448.0, 448.0, -448.0] + [448.0] * 5
+
+
+def test_the_default_backend_on_cuda():
+    """``settings.backend`` ("cute") serves a CUDA call (the Triton kernel until the CuTe one
+    of this op exists)."""
+    x, w = fresh((100, 2048), torch.bfloat16), fresh((2048,), torch.bfloat16)
+    with settings.override(backend="cute"):
+        got = rms_norm_fp8(x, w)
+    assert_same(got, rms_norm_fp8(x, w, backend="triton"))
+
+
+@pytest.mark.parametrize("kind", ["per_token", "static", "float", "bounded"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_in_a_cuda_graph(kind, with_residual, capture_on_side_stream):
+    x = fresh((64, 4096), torch.bfloat16)
+    r = fresh((64, 4096), torch.bfloat16) if with_residual else None
+    w = fresh((4096,), torch.bfloat16)
+    kw = {"float": dict(scale=0.03)}.get(kind) or quant_args(kind)
+
+    def call():
+        return rms_norm_fp8(x, w, EPS, residual=r, backend="triton", **kw)
+    expect = call()
+    graph, out = capture_on_side_stream(call)
+    bits(out[0]).fill_(0xFF)
+    for t in out[1:]:
+        if kind in ("per_token", "bounded") or t is not out[1]:
+            t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(out, expect)
+
+
+def test_under_torch_compile():
+    x, r = fresh((32, 2048), torch.bfloat16), fresh((32, 2048), torch.bfloat16)
+    w = fresh((2048,), torch.bfloat16)
+
+    def block(a, b):
+        y_q, scales, h = rms_norm_fp8(a, w, EPS, residual=b, casting_mode="llama")
+        return y_q.float() * scales.unsqueeze(-1), h
+
+    expect = block(x, r)
+    got = torch.compile(block, fullgraph=True)(x, r)
+    assert torch.equal(got[0], expect[0]) and torch.equal(got[1], expect[1])
+
+
+def test_a_scaled_gemm_reads_it():
+    """The per-token output feeds torch._scaled_mm's row-wise scaling as (M, 1) scales."""
+    x, w = fresh((128, 4096), torch.bfloat16), fresh((4096,), torch.bfloat16)
+    b = fresh((1024, 4096), torch.bfloat16) / 64
+    b_scale = b.float().abs().amax() / 448
+    b_q = (b.float() / b_scale).to(FP8)
+    y_q, scales = rms_norm_fp8(x, w, EPS, casting_mode="llama")
+    out = torch._scaled_mm(y_q, b_q.t(), scale_a=scales.unsqueeze(-1),
+                           scale_b=b_scale.reshape(1, 1).expand(1, 1024).contiguous(),
+                           out_dtype=torch.bfloat16)
+    expect = rms_norm(x, w, EPS, casting_mode="llama").float() @ b.float().t()
+    rel = ((out.float() - expect).norm() / expect.norm()).item()
+    assert rel < 0.08, rel  # two fp8 roundings of about 3% each
