@@ -1,7 +1,8 @@
 """Every kernel variant the library launches, named once.
 
-A **variant** is a kernel the library can launch: the forward's ``row``, ``persistent``, ``warp``
-and ``fallback``, the backward's ``fused`` and ``split`` (and the ``dw_reduce`` that finishes dW).
+A **variant** is a kernel the library can launch: the forward's ``row``, ``persistent``, ``warp``,
+``cluster``, ``staged`` and ``fallback``, the backward's ``fused``, ``split``, ``cluster`` and
+``staged`` (and the ``dw_reduce`` that finishes dW).
 The settings take their choices from here, the plans refuse names not listed here, the NVTX ranges
 and the native node take their names and colours from here, the forward's launch finds each
 variant's kernel class here, and the workbook's benchmark and sanitizer walk these lists. Adding a

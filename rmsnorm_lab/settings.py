@@ -109,6 +109,10 @@ class Settings(_Toggles):
         """Temporarily change toggles of either group; restores them on exit, even on error.
         Listeners hear once on entry and once on exit, however many toggles change."""
         targets = {k: (self.experiments if k in EXPERIMENT_TOGGLES else self) for k in changes}
+        unknown = sorted(set(changes) - set(USER_TOGGLES) - set(EXPERIMENT_TOGGLES))
+        if unknown:
+            raise AttributeError(f"settings have no toggle {unknown[0]!r}; toggles: "
+                                 f"{sorted(USER_TOGGLES + EXPERIMENT_TOGGLES)}")
         saved = {k: getattr(t, k) for k, t in targets.items()}
         try:
             for k, v in changes.items():

@@ -67,6 +67,9 @@ def measure(path: Path) -> Dict[str, float]:
 
 
 def main(argv: List[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
     paths = [Path(a) for a in argv] or sorted((ROOT / "notebooks").glob("*.ipynb"))
     rows = {p.stem: measure(p) for p in paths}
     cols = ["markdown words", "printed words", "analysis lines", "kernel lines", "figures",

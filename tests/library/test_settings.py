@@ -131,3 +131,10 @@ def test_the_lab_command_lines_are_told_from_programs_using_it(monkeypatch, argv
     from rmsnorm_lab.settings import is_lab_command_line
     monkeypatch.setattr(sys, "orig_argv", argv)
     assert is_lab_command_line() is lab
+
+
+def test_override_of_an_unknown_toggle_lists_the_toggles():
+    from rmsnorm_lab import settings
+    with pytest.raises(AttributeError, match=r"no toggle 'forward_varient'.*forward_variant"):
+        with settings.override(forward_varient="row"):
+            pass

@@ -1,5 +1,6 @@
-"""The host lesson's instruments: what notebooks/03_host_overhead.ipynb and the host benchmark
-(``bench.host``) switch to take the library's host path apart, beside the library's own settings.
+"""The host lesson's instruments: what the host benchmark (``bench.host``) switches to take the
+library's host path apart, beside the library's own settings; notebooks/03_host_overhead.ipynb
+switches the launch paths.
 
 ``launch_path``        how the CuTe forward reaches its compiled kernel: ``tvm_ffi`` (the
                        library's own TVM-FFI call) or one of ``bench.launch_paths``' launchers,

@@ -8,8 +8,9 @@ architecture), the rows ``x2``, the weight ``w`` (or the launch's zero-length st
 outputs ``y`` and ``rstd`` (or its stand-in), the grid, eps and offset, and launches the planned
 kernel on torch's current stream with CuTe tensor handles made by ``from_dlpack``:
 
-``jit``       ``launch_jit``: a kernel object called as the ``@cute.jit`` function it is; CuTe
-              DSL's own cache looks the compilation up from the argument types on every call.
+``jit``       ``launch_jit``: a new kernel object per call, called as the ``@cute.jit`` function
+              it is; CuTe DSL works out the compilation from that object and the argument
+              types on every call (the lesson's step 0 times what that costs).
 ``compiled``  ``launch_compiled``: compiled once per launch against handles; every tensor
               marshaled on every call.
 ``cached``    ``launch_cached``: as ``compiled``, each handle kept in a bounded FIFO keyed on
