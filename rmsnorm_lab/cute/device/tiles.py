@@ -93,79 +93,23 @@ class RowTiles:
         tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, tile))
         return RowCopy(self.plan, tiled, thr, tiler, tXcX)
 
-    # -- the backward kernels' copies, until they take a RowCopy --
 
-    @cute.jit
-    def column_predicate(self, tXcX, c, row_ok=None):
-        """One flag per column block of chunk c (``tXcX``: the coordinates of chunk 0; ``c``
-        static, or a cluster CTA's rank: its chunk of the row): does the block start before N
-        (and, when given, is the row valid)?
+@dataclasses.dataclass(frozen=True)
+class RowThread:
+    """A thread of a row kernel, at trace time: its index ``tidx`` in the CTA, its CTA (``bidx``
+    of ``gdim``), the row of the tile it works on (``row``), its warp within that row and its
+    lane. A CTA of several one-warp strips (the fused backward's ``strips_per_cta``) adds the
+    thread's strip in the CTA (``strip``) and its index within that strip (``tid``).
+    Frozen, as ``RowCopy``."""
 
-        A thread's slice of the tile has shape ((vec, vecs_per_thread), 1, 1): the column blocks
-        are the second sub-mode of mode 0, not a mode of their own. One flag per copy suffices:
-        on the vector path N is a multiple of vec (plan eligibility); on the fallback vec is 1.
-        The flags are laid out like that slice with stride 0 over the vec elements, as
-        ``cute.copy`` expects.
-        """
-        p = self.plan
-        pred = cute.make_rmem_tensor(
-            cute.make_layout((p.vecs_per_thread, 1, 1), stride=(1, 0, 0)), cutlass.Boolean)
-        for k in cutlass.range_constexpr(p.vecs_per_thread):
-            col_ok = tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
-            if cutlass.const_expr(row_ok is None):
-                pred[k, 0, 0] = col_ok
-            else:
-                pred[k, 0, 0] = col_ok & row_ok
-        return pred
-
-    @cute.jit
-    def load_weight(self, mW, tiler, thr_x, tXcX, c):
-        """Registers holding w (its own dtype) for this thread's columns of chunk c (as in
-        ``column_predicate``), in x's fragment layout. A wider weight (fp32 w with bf16 x) takes
-        as many 16-byte copies per column block as it needs (autovec_copy)."""
-        tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
-        tWrW = cute.make_fragment_like(tWgW)
-        tWrW.fill(0)
-        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
-            if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
-                cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
-        return tWrW
-
-    # -- the staged kernels' ring of rows in shared memory (forward_staged, backward_staged) --
-
-    def ring_copies(self, tiler, tidx, mX):
-        """``(g2s, thr_g2s, tiled_x, thr_x, tXcX)``: the global -> shared ``cp.async`` copy of a
-        tile and the plain copy between memory and registers, with thread ``tidx``'s slices of
-        both, and that thread's coordinates in chunk 0 of ``mX``. The two partition a chunk
-        alike, so a thread reads back from shared memory exactly what its own cp.async wrote:
-        the ring needs no barrier."""
-        g2s = self.make_async_copy(tiler)
-        tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
-        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, 0)))
-        return g2s, g2s.get_slice(tidx), tiled_x, thr_x, tXcX
-
-    @cute.jit
-    def stage(self, g2s, thr_g2s, rows, rings, tiler, tXcX, row, st, row_end):
-        """One cp.async group: this thread's copies of ``row`` of each of ``rows`` (None: not
-        staged) into stage ``st`` of its ring in ``rings`` (none past the strip's end: the group
-        is then empty, and the count of groups the waits rely on stays one per row)."""
-        for c in cutlass.range_constexpr(self.plan.chunks):
-            pred = self.column_predicate(tXcX, c, row < row_end)
-            for m, s in zip(rows, rings):
-                if cutlass.const_expr(m is not None):
-                    cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(m, tiler, (row, c))),
-                              thr_g2s.partition_D(cute.local_tile(s, tiler, (st, c))), pred=pred)
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def read_stage(self, thr_x, ring, tiler, st, c: cutlass.Constexpr[int]):
-        """This thread's elements of column chunk c in stage ``st`` of ``ring``, in registers."""
-        tXsX = thr_x.partition_S(cute.local_tile(ring, tiler, (st, c)))
-        tXrX = cute.make_fragment_like(tXsX)
-        cute.autovec_copy(tXsX, tXrX)
-        return tXrX
+    tidx: Int32
+    bidx: Int32
+    gdim: Int32
+    row: Int32
+    warp: Int32
+    lane: Int32
+    tid: Any = None
+    strip: Any = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,10 +281,10 @@ class RowRing:
         return i % self.stages
 
     @cute.jit
-    def read(self, k: cutlass.Constexpr[int], st, c: cutlass.Constexpr[int]):
-        """This thread's elements of column chunk c of the k-th staged tensor in stage ``st``, in
-        registers."""
-        tXsX = self.cp.thr.partition_S(cute.local_tile(self.rings[k], self.tiler, (st, c)))
+    def read(self, sX: cute.Tensor, st, c: cutlass.Constexpr[int]):
+        """This thread's elements of column chunk c of stage ``st`` of the ring ``sX`` (one of
+        ``rings``), in registers."""
+        tXsX = self.cp.thr.partition_S(cute.local_tile(sX, self.tiler, (st, c)))
         tXrX = cute.make_fragment_like(tXsX)
         cute.autovec_copy(tXsX, tXrX)
         return tXrX

@@ -21,8 +21,6 @@ thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those 
 
 from __future__ import annotations
 
-import dataclasses
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -33,22 +31,8 @@ from ..device.cluster_sum import ClusterRows
 from ..device.pdl import wait_for_previous_grid
 from ..plan.forward import ForwardPlan
 from ..device.reduce import SLOTS, row_sum
-from ..device.tiles import EVICT, RowCopy, RowTiles
+from ..device.tiles import EVICT, RowCopy, RowThread, RowTiles
 from ..dtypes import TORCH_TO_CUTE
-
-@dataclasses.dataclass(frozen=True)
-class TileThread:
-    """A thread of ``RMSNormForward``'s kernel, at trace time: its index (``tidx``), its CTA
-    (``bidx`` of ``gdim``), the row of the tile it works on (``row``), its warp within that row
-    and its lane."""
-
-    tidx: Int32
-    bidx: Int32
-    gdim: Int32
-    row: Int32
-    warp: Int32
-    lane: Int32
-
 
 class RMSNormForward(RowTiles):
     """``__call__`` is the host side (builds tensors, launches); ``kernel`` is the device body."""
@@ -119,7 +103,7 @@ class RMSNormForward(RowTiles):
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         M = mX.shape[0]
-        t = TileThread(tidx, bidx, gdim, row=tidx // p.threads_per_row,
+        t = RowThread(tidx, bidx, gdim, row=tidx // p.threads_per_row,
                        warp=(tidx % p.threads_per_row) // 32, lane=tidx % 32)
         if cutlass.const_expr(p.pdl):
             wait_for_previous_grid()  # before any global access (device/pdl.py)
@@ -146,7 +130,7 @@ class RMSNormForward(RowTiles):
             self.tile_loop(mX, mW, mY, mRstd, mR, mH, eps, offset, t, cp, tXrX, tWrW, M, sBuf)
 
     @cute.jit
-    def tile_loop(self, mX, mW, mY, mRstd, mR, mH, eps: Float32, offset: Float32, t: TileThread,
+    def tile_loop(self, mX, mW, mY, mRstd, mR, mH, eps: Float32, offset: Float32, t: RowThread,
                   cp: RowCopy, tXrX, tWrW, M, sBuf):
         """Tile after tile, ``bidx``, ``bidx + gdim``, ... (one tile per CTA, or a persistent
         grid): the sum of squares over the row's chunks, the row sum, then the chunks again,
@@ -216,7 +200,7 @@ class RMSNormForward(RowTiles):
 
     @cute.jit
     def tile_group(self, mX, mW, mY, mRstd, mR, mH, eps: Float32, offset: Float32,
-                   t: TileThread, cp: RowCopy, tXrX):
+                   t: RowThread, cp: RowCopy, tXrX):
         """The CTA's ``tiles_per_cta`` tiles (rows a warp or less wide, one chunk): every tile's
         loads (x's, and the residual's) are issued into registers of their own before the first
         tile is reduced, so a thread has as many 16-byte loads in flight as it has tiles. A tile

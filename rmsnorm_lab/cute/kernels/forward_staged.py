@@ -64,6 +64,7 @@ class RMSNormStagedForward(RMSNormForward):
                                     byte_alignment=4)
         ring = RowRing.make(self, tidx, (1, p.cols_per_tile), (mX,), rings)
         cp = ring.cp
+        (sX,) = rings
 
         # w of every chunk, in registers for the whole strip
         tWrW = [None] * p.chunks
@@ -80,12 +81,12 @@ class RMSNormStagedForward(RMSNormForward):
 
             ss = Float32(0.0)
             for c in cutlass.range_constexpr(p.chunks):
-                ss = ss + self.sum_of_squares(ring.read(0, st, c))
+                ss = ss + self.sum_of_squares(ring.read(sX, st, c))
             ss = row_sum(ss, sBuf, i % SLOTS, 0, warp, lane, self.warps_per_row)
             rstd = self.row_rstd(ss, eps, mRstd, row, tidx == 0)
 
             for c in cutlass.range_constexpr(p.chunks):
-                tXrX = ring.read(0, st, c)
+                tXrX = ring.read(sX, st, c)
                 tXrY = cute.make_fragment_like(tXrX)
                 tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW[c], offset)
                            .to(self.x_type))
