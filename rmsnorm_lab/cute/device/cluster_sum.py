@@ -18,8 +18,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
-from .reduce import SLOTS, row_sum
-from .tiles import strip_rows
+from .reduce import row_sum_bytes, row_sum_slots
+from .strip import Strip, strip_start
 
 
 def smem_bytes(cluster_n: int) -> int:
@@ -77,40 +77,26 @@ def f32_bits(value: Float32, *, loc=None, ip=None) -> Int32:
 
 
 @dataclasses.dataclass(frozen=True)
-class ClusterStrip:
+class ClusterStrip(Strip):
     """One CTA's part in its cluster's strip of rows, at trace time (``ClusterRows.strip``):
-    its rank in the cluster (its columns: chunk ``rank`` of each row), its thread's place, the
-    shared memory of the row sums and their exchange, its register copy ``cp`` with the column
-    predicate of its slice (``pred``), and x's registers (``tXrX``)."""
+    a ``Strip`` and the CTA's ``rank`` in the cluster (its columns: chunk ``rank`` of each row),
+    the exchange's mbarriers and slots, the register copy ``cp`` of its slice with the slice's
+    column predicate (``pred``), and x's registers (``tXrX``)."""
 
-    tidx: Any
-    rank: Any
-    strip: Any
-    n_strips: Any
-    M: Any
-    warp: Any
-    lane: Any
-    mbar: Any            # the exchange's two mbarriers
-    sBuf: cute.Tensor    # the CTA's row sums (reduce.row_sum)
-    sSums: cute.Tensor   # the peers' parts (``slots``)
-    cp: Any              # tiles.RowCopy of the CTA's slice
+    rank: Int32
+    mbar: Any              # the exchange's two mbarriers
+    sSums: cute.Tensor     # the peers' parts (``slots``)
+    cp: Any                # tiles.RowCopy of the CTA's slice
     pred: cute.Tensor
     tXrX: cute.Tensor
-    warps_per_row: int
     cluster_n: int
-
-    def rows(self):
-        """Rows ``[start, end)`` of this cluster's strip."""
-        return strip_rows(self.M, self.strip, self.n_strips)
 
     @cute.jit
     def row_total(self, part: Float32, step) -> Float32:
         """The row's total of ``part`` (this thread's share of the row's sum) for the ``step``-th
-        row of the strip: the CTA's row sum (reduce.row_sum; consecutive rows alternate slots),
-        then the cluster's (``exchange``)."""
-        cta = row_sum(part, self.sBuf, step % SLOTS, 0, self.warp, self.lane,
-                      self.warps_per_row)
-        return exchange(cta, self.mbar, self.sSums, step, self.rank, self.tidx, self.cluster_n)
+        row of the strip: the CTA's sum (``Strip.row_sum``), then the cluster's (``exchange``)."""
+        return exchange(self.row_sum(part, step), self.mbar, self.sSums, step, self.rank,
+                        self.tidx, self.cluster_n)
 
 
 class ClusterRows:
@@ -127,35 +113,23 @@ class ClusterRows:
         p = self.plan
         kernel.launch(grid=[grid * p.cluster_n, 1, 1], block=[p.threads, 1, 1],
                       cluster=[p.cluster_n, 1, 1],
-                      smem=SLOTS * self.warps_per_row * 4 + smem_bytes(p.cluster_n),
+                      smem=row_sum_bytes(1, self.warps_per_row) + smem_bytes(p.cluster_n),
                       stream=stream)
 
     @cute.jit
     def strip(self, mX: cute.Tensor) -> ClusterStrip:
         """The kernel's start: this CTA's place in the cluster and its thread's in the CTA, the
-        exchange's mbarriers (initialized; the cluster barrier arrived at, waited on just before
-        the first exchange), the row sums' shared memory, and the register copy of the CTA's
-        slice of a row."""
+        exchange's mbarriers (initialized, and the cluster barrier arrived at: the kernel waits
+        on it just before its first exchange), the row sums' shared memory, and the register
+        copy of the CTA's slice of a row."""
         p = self.plan
-        cn = p.cluster_n
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        rank = cute.arch.block_idx_in_cluster()
-        strip = bidx // cn
-        n_strips = gdim // cn
-        M = mX.shape[0]
-        warp = tidx // 32
-        lane = tidx % 32
+        tidx, rank, strip, n_strips, M, warp, lane = strip_start(mX, p.cluster_n)
         smem = SmemAllocator()
         mbar = mbarriers(smem)
-        sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
-                                    byte_alignment=4)
-        sSums = slots(smem, cn)
+        sBuf = row_sum_slots(smem, 1, self.warps_per_row)
+        sSums = slots(smem, p.cluster_n)
         start(mbar, tidx)
         cp = self.row_copy((1, p.cols_per_tile), tidx, mX)
         pred = cp.predicate(rank)  # this CTA's slice is its chunk `rank`
-        return ClusterStrip(tidx=tidx, rank=rank, strip=strip, n_strips=n_strips, M=M, warp=warp,
-                            lane=lane, mbar=mbar, sBuf=sBuf, sSums=sSums, cp=cp, pred=pred,
-                            tXrX=cp.fragment(mX), warps_per_row=self.warps_per_row,
-                            cluster_n=cn)
+        return ClusterStrip(tidx, warp, lane, M, strip, n_strips, sBuf, self.warps_per_row,
+                            rank, mbar, sSums, cp, pred, cp.fragment(mX), p.cluster_n)

@@ -9,18 +9,15 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass.memory import SmemAllocator
 
 from .backward import RMSNormBackward, RMSNormBackwardDh
 from ..plan.backward import BackwardPlan
-from ..device.pdl import wait_for_previous_grid
-from ..device.reduce import SLOTS, row_sum
-from ..device.tiles import RowRing, strip_rows
+from ..device.ring import StagedRows
 
 
-class RMSNormStagedBackward(RMSNormBackward):
+class RMSNormStagedBackward(StagedRows, RMSNormBackward):
     """The ``staged`` plan. Strip s walks its rows; row i of the strip lives in stage
-    ``i % stages`` of the shared-memory rings of x and dy (and dh; ``tiles.RowRing``: a thread
+    ``i % stages`` of the shared-memory rings of x and dy (and dh; ``ring.RowRing``: a thread
     waits only for its own copies, so the rings need no barrier). Per row the two passes read x
     and dy from shared memory (the first for ``sum(m * x_hat)``, the second for dx and the dW
     accumulation; the fused add's dh joins dx there); registers hold w and the fp32 dW
@@ -33,38 +30,19 @@ class RMSNormStagedBackward(RMSNormBackward):
 
     def launch(self, gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid, offset, stream):
         """Host side: ``grid`` strips of one CTA; the rings of stages in shared memory."""
-        p = self.plan
         mDy, mX, mW, mRstd, mDx, mDwP, mDh = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, gDh,
                                                           grid)
-        smem_bytes = (RowRing.smem_bytes(p, self.x_type, 3 if p.dh else 2)
-                      + SLOTS * self.warps_per_row * 4)
-        # the launch bound holds ptxas to the registers of the plan's strips per SM; the
-        # carveout gives the SM's memory to shared memory, which the rings need
-        self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
-            min_blocks_per_mp=p.ctas_per_sm, preferred_smem_carveout=100, use_pdl=p.pdl)
+        self.launch_staged(self.kernel(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh), grid,
+                           stream, rings=3 if self.plan.dh else 2)
 
     @cute.kernel
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
                mDx: cute.Tensor, mDwP: cute.Tensor, offset: Float32, mDh: cute.Tensor):
         p = self.plan
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        M = mX.shape[0]
-        warp = tidx // 32
-        lane = tidx % 32
-        if cutlass.const_expr(p.pdl):
-            wait_for_previous_grid()
-
-        smem = SmemAllocator()
-        staged = (mX, mDy, mDh)
-        rings = RowRing.allocate(self, smem, staged)
-        sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
-                                    byte_alignment=4)
-        ring = RowRing.make(self, tidx, (1, p.cols_per_tile), staged, rings)
+        s, ring = self.staged_strip((mX, mDy, mDh))
+        sX, sDy, sDh = ring.rings
         cp = ring.cp
-        sX, sDy, sDh = rings
+        M = s.M
 
         # w and the dW accumulator of every chunk, in registers for the whole strip
         tXrX = cp.fragment(mX)
@@ -76,7 +54,7 @@ class RMSNormStagedBackward(RMSNormBackward):
                 tXrDw[c] = cute.make_fragment_like(tXrX, Float32)
                 tXrDw[c].fill(0.0)
 
-        row_start, row_end = strip_rows(M, bidx, gdim)
+        row_start, row_end = s.rows()
         ring.fill(row_start, row_end)
         rstd_n = mRstd[cutlass.min(row_start, M - 1)]
 
@@ -94,8 +72,7 @@ class RMSNormStagedBackward(RMSNormBackward):
                 m = self.m_of(dyf, tWrW[c], offset)
                 mx = mx + (m * (xf * rstd)).reduce(cute.ReductionOp.ADD, Float32(0.0),
                                                    reduction_profile=0)
-            mean_mx = row_sum(mx, sBuf, i % SLOTS, 0, warp, lane, self.warps_per_row) \
-                / Float32(p.N)
+            mean_mx = s.row_sum(mx, i) / Float32(p.N)
 
             for c in cutlass.range_constexpr(p.chunks):  # pass 2: dx, and dW
                 xf = ring.read(sX, st, c).load().to(Float32)
@@ -114,7 +91,7 @@ class RMSNormStagedBackward(RMSNormBackward):
         if cutlass.const_expr(self.w_type is not None):
             # this strip's partial dW row (an empty strip writes its zeros)
             for c in cutlass.range_constexpr(p.chunks):
-                cute.autovec_copy(tXrDw[c], cp.dst(mDwP, bidx, c))
+                cute.autovec_copy(tXrDw[c], cp.dst(mDwP, s.strip, c))
 
 
 class RMSNormStagedBackwardDh(RMSNormStagedBackward):

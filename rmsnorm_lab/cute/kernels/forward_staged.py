@@ -18,17 +18,15 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass.memory import SmemAllocator
 
 from .forward import RMSNormForward
 from ..plan.forward import ForwardPlan
-from ..device.reduce import SLOTS, row_sum
-from ..device.tiles import RowRing, strip_rows
+from ..device.ring import StagedRows
 
 
-class RMSNormStagedForward(RMSNormForward):
+class RMSNormStagedForward(StagedRows, RMSNormForward):
     """The ``staged`` plan: row i of a CTA's strip lives in stage ``i % stages`` of the ring
-    (``tiles.RowRing``: a thread waits only for its own copies, so the ring needs no barrier).
+    (``ring.RowRing``: a thread waits only for its own copies, so the ring needs no barrier).
     The row sum's barrier is the kernel's only one."""
 
     def __init__(self, plan: ForwardPlan):
@@ -38,41 +36,24 @@ class RMSNormStagedForward(RMSNormForward):
 
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Host side: ``grid`` strips of one CTA; the ring of stages in shared memory."""
-        p = self.plan
         _, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
-        smem_bytes = RowRing.smem_bytes(p, self.x_type, 1) + SLOTS * self.warps_per_row * 4
-        # the launch bound holds ptxas to the registers of the plan's CTAs per SM; the carveout
-        # gives the SM's memory to shared memory, which the rings need
-        self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
-            min_blocks_per_mp=p.ctas_per_sm, preferred_smem_carveout=100)
+        self.launch_staged(self.kernel(mX, mW, mY, mRstd, eps, offset, None, None), grid,
+                           stream, rings=1)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        M = mX.shape[0]
-        warp = tidx // 32
-        lane = tidx % 32
-
-        smem = SmemAllocator()
-        rings = RowRing.allocate(self, smem, (mX,))
-        sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
-                                    byte_alignment=4)
-        ring = RowRing.make(self, tidx, (1, p.cols_per_tile), (mX,), rings)
+        s, ring = self.staged_strip((mX,))
+        (sX,) = ring.rings
         cp = ring.cp
-        (sX,) = rings
-
         # w of every chunk, in registers for the whole strip
         tWrW = [None] * p.chunks
         if cutlass.const_expr(self.w_type is not None):
             for c in cutlass.range_constexpr(p.chunks):
                 tWrW[c] = cp.weight(mW, c)
 
-        row_start, row_end = strip_rows(M, bidx, gdim)
+        row_start, row_end = s.rows()
         ring.fill(row_start, row_end)
         for row in cutlass.range(row_start, row_end):
             i = row - row_start
@@ -82,8 +63,7 @@ class RMSNormStagedForward(RMSNormForward):
             ss = Float32(0.0)
             for c in cutlass.range_constexpr(p.chunks):
                 ss = ss + self.sum_of_squares(ring.read(sX, st, c))
-            ss = row_sum(ss, sBuf, i % SLOTS, 0, warp, lane, self.warps_per_row)
-            rstd = self.row_rstd(ss, eps, mRstd, row, tidx == 0)
+            rstd = self.row_rstd(s.row_sum(ss, i), eps, mRstd, row, s.tidx == 0)
 
             for c in cutlass.range_constexpr(p.chunks):
                 tXrX = ring.read(sX, st, c)
