@@ -81,7 +81,8 @@ class ClusterStrip(Strip):
     """One CTA's part in its cluster's strip of rows, at trace time (``ClusterRows.strip``):
     a ``Strip`` and the CTA's ``rank`` in the cluster (its columns: chunk ``rank`` of each row),
     the exchange's mbarriers and slots, the register copy ``cp`` of its slice with the slice's
-    column predicate (``pred``), and x's registers (``tXrX``)."""
+    column predicate (``pred``), x's registers (``tXrX``) and the slice of w, in registers for
+    the whole strip (``tWrW``; None without a weight)."""
 
     rank: Int32
     mbar: Any              # the exchange's two mbarriers
@@ -89,6 +90,7 @@ class ClusterStrip(Strip):
     cp: Any                # tiles.RowCopy of the CTA's slice
     pred: cute.Tensor
     tXrX: cute.Tensor
+    tWrW: Any
     cluster_n: int
 
     @cute.jit
@@ -117,11 +119,11 @@ class ClusterRows:
                       stream=stream)
 
     @cute.jit
-    def strip(self, mX: cute.Tensor) -> ClusterStrip:
+    def strip(self, mX: cute.Tensor, mW) -> ClusterStrip:
         """The kernel's start: this CTA's place in the cluster and its thread's in the CTA, the
         exchange's mbarriers (initialized, and the cluster barrier arrived at: the kernel waits
         on it just before its first exchange), the row sums' shared memory, and the register
-        copy of the CTA's slice of a row."""
+        copy of the CTA's slice of a row, with w's slice."""
         p = self.plan
         tidx, rank, strip, n_strips, M, warp, lane = strip_start(mX, p.cluster_n)
         smem = SmemAllocator()
@@ -131,5 +133,9 @@ class ClusterRows:
         start(mbar, tidx)
         cp = self.row_copy((1, p.cols_per_tile), tidx, mX)
         pred = cp.predicate(rank)  # this CTA's slice is its chunk `rank`
+        tXrX = cp.fragment(mX)
+        tWrW = None
+        if cutlass.const_expr(self.w_type is not None):
+            tWrW = cp.weight(mW, rank)
         return ClusterStrip(tidx, warp, lane, M, strip, n_strips, sBuf, self.warps_per_row,
-                            rank, mbar, sSums, cp, pred, cp.fragment(mX), p.cluster_n)
+                            rank, mbar, sSums, cp, pred, tXrX, tWrW, p.cluster_n)

@@ -226,16 +226,8 @@ class RMSNormBackward(_Common):
         # Prefetch (fused): the next row's x, dy and rstd are loaded into a second set of
         # registers while this row is reduced and stored, so a CTA -- alone on its SM with one
         # row at a time -- keeps a row's loads in flight through its barriers and stores.
-        # Loads for a row past the strip's end are predicated off (and its rstd index clamped).
-        tXrXn = None
-        tXrDyn = None
-        rstd_n = Float32(0.0)
-        if cutlass.const_expr(p.prefetch):
-            tXrXn = cute.make_fragment_like(tXrX)
-            tXrDyn = cute.make_fragment_like(tXrX)
-            first = row_start + t.row
-            cp.load_rows((mX, mDy), (tXrXn, tXrDyn), row_start, 0, first < row_end)
-            rstd_n = mRstd[cutlass.min(first, M - 1)]
+        tXrXn, tXrDyn, rstd_n = self.prefetch_first(cp, tXrX, mX, mDy, mRstd, row_start, row_end,
+                                                    0, t.row)
         regs = RowRegs(tXrX, tXrDy, tXrDx, tXrXn, tXrDyn, tWrW)
 
         # row0: the first of the rows worked on at once; this thread's row is row0 + t.row
@@ -249,7 +241,7 @@ class RMSNormBackward(_Common):
             mean_mx = self.row_mean(cp, regs, mX, mDy, mW, row0, row_ok, rstd, offset, t, sBuf)
             self.dx_and_dw(cp, regs, dw, mX, mDy, mW, mDx, mDh, row0, row_ok, rstd, mean_mx,
                            offset)
-        self.write_dw(cp, dw, mDwP, t)
+        self.write_dw(cp, dw, mDwP, bidx, t)
 
     def dw_smem(self, smem, tidx):
         """``(sDw, sStrips, mbar, sRecv)``: the shared memory of the dW row's accumulation and
@@ -290,10 +282,34 @@ class RMSNormBackward(_Common):
         return tXrDw
 
     @cute.jit
-    def load_row(self, cp: RowCopy, regs: RowRegs, mX, mDy, mRstd, row0, row, row_end, rstd_n):
+    def prefetch_first(self, cp: RowCopy, tXrX, mX, mDy, mRstd, row_start, row_end, c,
+                       row_in_tile=None):
+        """``(tXrXn, tXrDyn, rstd_n)``: with prefetch, registers for the next row's x and dy,
+        holding the strip's first row already (this thread's row of it: ``row_in_tile`` past
+        ``row_start``; its chunk c: a cluster CTA's slice), and that row's rstd; ``(None, None,
+        0)`` without. Loads for a row past the strip's end are predicated off (and its rstd
+        index clamped)."""
+        M = mX.shape[0]
+        tXrXn = None
+        tXrDyn = None
+        rstd_n = Float32(0.0)
+        if cutlass.const_expr(self.plan.prefetch):
+            tXrXn = cute.make_fragment_like(tXrX)
+            tXrDyn = cute.make_fragment_like(tXrX)
+            first = row_start
+            if cutlass.const_expr(row_in_tile is not None):
+                first = row_start + row_in_tile
+            cp.load_rows((mX, mDy), (tXrXn, tXrDyn), row_start, c, first < row_end)
+            rstd_n = mRstd[cutlass.min(first, M - 1)]
+        return tXrXn, tXrDyn, rstd_n
+
+    @cute.jit
+    def load_row(self, cp: RowCopy, regs: RowRegs, mX, mDy, mRstd, row0, row, row_end, rstd_n,
+                 c=0, loads: cutlass.Constexpr[bool] = False):
         """``(rstd, rstd_n)``: this row's rstd and, with prefetch, the next row's. With prefetch
-        the row's x and dy arrived during the previous row; the next row's loads go out now.
-        Otherwise the chunks load in the passes."""
+        the row's x and dy arrived during the previous row, and the next row's loads go out now
+        (chunk c: a cluster CTA's slice). Without, the row's chunks load in the passes, or here
+        where ``loads`` says so (the cluster kernel's one slice)."""
         p = self.plan
         M = mX.shape[0]
         rows = p.rows_per_cta
@@ -301,13 +317,16 @@ class RMSNormBackward(_Common):
         if cutlass.const_expr(p.prefetch):
             regs.x.store(regs.x_next.load())
             regs.dy.store(regs.dy_next.load())
-            cp.load_rows((mX, mDy), (regs.x_next, regs.dy_next), row0 + rows, 0,
+            cp.load_rows((mX, mDy), (regs.x_next, regs.dy_next), row0 + rows, c,
                          row + rows < row_end)
             rstd_n = mRstd[cutlass.min(row + rows, M - 1)]
-        elif cutlass.const_expr(rows > 1):
-            rstd = mRstd[cutlass.min(row, M - 1)]
         else:
-            rstd = mRstd[row]
+            if cutlass.const_expr(loads):
+                cp.load_rows((mX, mDy), (regs.x, regs.dy), row0, c)
+            if cutlass.const_expr(rows > 1):
+                rstd = mRstd[cutlass.min(row, M - 1)]
+            else:
+                rstd = mRstd[row]
         return rstd, rstd_n
 
     @cute.jit
@@ -367,24 +386,26 @@ class RMSNormBackward(_Common):
             dw.regs.store(dw.regs.load() + dyf * self.x_hat_for_dw(x_hat))
 
     @cute.jit
-    def write_dw(self, cp: RowCopy, dw: DwRow, mDwP, t: RowThread):
-        """This strip's dW row to the partial rows ``mDwP``, by the plan's strategy:
+    def write_dw(self, cp: RowCopy, dw: DwRow, mDwP, row, t: Optional[RowThread] = None, c=0):
+        """This strip's dW row to partial row ``row`` of ``mDwP`` (its chunk c: a cluster CTA's
+        slice of the row), by the plan's strategy:
 
-        * the wide row (``dw_in_smem``): chunk by chunk from shared memory, to row ``bidx``;
+        * the wide row (``dw_in_smem``): chunk by chunk from shared memory;
         * registers: the lane groups of a warp (``rows_per_cta`` > 1) hold the same columns of
           different rows, summed first by butterfly shuffles; then
           - a cluster's CTAs (``dw_cluster``) sum their rows in distributed shared memory, each
             writing its slice of the cluster's row (device/dw_cluster.py);
           - one-warp strips of a CTA (``strips_meet``) put their rows in shared memory and the
-            CTA adds them column by column, in strip order, into its row;
-          - else the first lane group stores the strip's row ``bidx``.
+            CTA adds them column by column, in strip order;
+          - else the first lane group stores the row (``t``: the thread's place, where
+            strategies need it).
 
         Every strip writes, even an empty one (its zeros), so the sum over partial rows never
         reads uninitialized memory."""
         p = self.plan
         if cutlass.const_expr(self.dw_in_smem):
-            for c in cutlass.range_constexpr(p.chunks):
-                cp.copy_columns(self.dw_slots(cp, dw.smem, c), cp.dst(mDwP, t.bidx, c), c)
+            for k in cutlass.range_constexpr(p.chunks):
+                cp.copy_columns(self.dw_slots(cp, dw.smem, k), cp.dst(mDwP, row, k), k)
         elif cutlass.const_expr(dw.regs is not None):
             tXrDw = dw.regs
             if cutlass.const_expr(p.rows_per_cta > 1):
@@ -396,23 +417,26 @@ class RMSNormBackward(_Common):
                 dw_cluster.exchange(tXrDw, cp.tXcX, mDwP, dw.mbar, dw.recv, t.tidx, p.N, p.vec,
                                     p.vecs_per_thread, self.dw_cluster, p.cta_threads)
             elif cutlass.const_expr(self.strips_meet):
-                self.store_dw_row(cp, tXrDw, dw.strips, t.strip, t.row)
+                self.store_dw_row(cp, tXrDw, dw.strips, t.strip, 0, t.row)
                 cute.arch.sync_threads()
                 for col in cutlass.range(t.tidx, p.N, p.cta_threads):
                     total = Float32(0.0)
                     for j in cutlass.range_constexpr(p.strips_per_cta):
                         total = total + dw.strips[j, col]
-                    mDwP[t.bidx, col] = total
+                    mDwP[row, col] = total
             else:
-                self.store_dw_row(cp, tXrDw, mDwP, t.bidx, t.row)
+                self.store_dw_row(cp, tXrDw, mDwP, row, c, None if t is None else t.row)
 
     @cute.jit
-    def store_dw_row(self, cp: RowCopy, tXrDw, mT, row, row_in_cta):
-        """The strip's dW sums (fp32) to row ``row`` of ``mT``: the first lane group writes, the
-        columns before N."""
-        tXgDw = cp.thr.partition_D(cp.tile_at(mT, row, 0))
-        if row_in_cta == 0:
-            cp.copy_columns(tXrDw, tXgDw, 0)
+    def store_dw_row(self, cp: RowCopy, tXrDw, mT, row, c, row_in_cta=None):
+        """The strip's dW sums (fp32) to row ``row`` of ``mT``, column chunk c: the columns
+        before N, by the first lane group (``row_in_cta`` 0; None: a tile of one row)."""
+        tXgDw = cp.thr.partition_D(cp.tile_at(mT, row, c))
+        if cutlass.const_expr(row_in_cta is None):
+            cp.copy_columns(tXrDw, tXgDw, c)
+        else:
+            if row_in_cta == 0:
+                cp.copy_columns(tXrDw, tXgDw, c)
 
     @cute.jit
     def dw_slots(self, cp: RowCopy, sDw, c: cutlass.Constexpr[int]):

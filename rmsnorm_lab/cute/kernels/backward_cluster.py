@@ -9,7 +9,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .backward import RMSNormBackward
+from .backward import DwRow, RMSNormBackward, RowRegs
 from ..plan.backward import BackwardPlan
 from ..device.cluster_sum import ClusterRows
 
@@ -37,42 +37,24 @@ class RMSNormClusterBackward(ClusterRows, RMSNormBackward):
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
                mDx: cute.Tensor, mDwP: cute.Tensor, offset: Float32, mDh: cute.Tensor):
         p = self.plan
-        s = self.strip(mX)
-        cp, rank, tXrX = s.cp, s.rank, s.tXrX
-        M = s.M
+        s = self.strip(mX, mW)
+        cp, rank, tXrX, tWrW = s.cp, s.rank, s.tXrX, s.tWrW
         tXrDy = cute.make_fragment_like(tXrX)
         tXrDx = cute.make_fragment_like(tXrX)
-        tWrW = None
-        tXrDw = None
-        if cutlass.const_expr(self.w_type is not None):
-            tWrW = cp.weight(mW, rank)
-            tXrDw = cute.make_fragment_like(tXrX, Float32)
-            tXrDw.fill(0.0)
+        dw = DwRow(self.dw_accumulator(cp, tXrX, None), None, None, None, None)
 
         row_start, row_end = s.rows()
         # Prefetch: the next row's x, dy and rstd load into a second set of registers while
         # this row waits for its peers' sums, so the exchange's latency overlaps a row's loads.
-        tXrXn = None
-        tXrDyn = None
-        rstd_n = Float32(0.0)
-        if cutlass.const_expr(p.prefetch):
-            tXrXn = cute.make_fragment_like(tXrX)
-            tXrDyn = cute.make_fragment_like(tXrX)
-            cp.load_rows((mX, mDy), (tXrXn, tXrDyn), row_start, rank, row_start < row_end)
-            rstd_n = mRstd[cutlass.min(row_start, M - 1)]
+        tXrXn, tXrDyn, rstd_n = self.prefetch_first(cp, tXrX, mX, mDy, mRstd, row_start, row_end,
+                                                    rank)
+        regs = RowRegs(tXrX, tXrDy, tXrDx, tXrXn, tXrDyn, tWrW)
         cute.arch.cluster_wait()
 
         for row in cutlass.range(row_start, row_end):
             step = row - row_start
-            rstd = rstd_n
-            if cutlass.const_expr(p.prefetch):
-                tXrX.store(tXrXn.load())
-                tXrDy.store(tXrDyn.load())
-                cp.load_rows((mX, mDy), (tXrXn, tXrDyn), row + 1, rank, row + 1 < row_end)
-                rstd_n = mRstd[cutlass.min(row + 1, M - 1)]
-            else:
-                cp.load_rows((mX, mDy), (tXrX, tXrDy), row, rank)
-                rstd = mRstd[row]
+            rstd, rstd_n = self.load_row(cp, regs, mX, mDy, mRstd, row, row, row_end, rstd_n,
+                                         rank, loads=True)
             x_hat = tXrX.load().to(Float32) * rstd
             dyf = tXrDy.load().to(Float32)
             m = self.m_of(dyf, tWrW, offset)
@@ -81,12 +63,6 @@ class RMSNormClusterBackward(ClusterRows, RMSNormBackward):
             dx = rstd * (m - x_hat * (total / Float32(p.N)))
             tXrDx.store(dx.to(self.x_type))
             cute.copy(cp.tiled, tXrDx, cp.dst(mDx, row, rank), pred=s.pred)
-            if cutlass.const_expr(tXrDw is not None):
-                tXrDw.store(tXrDw.load() + dyf * self.x_hat_for_dw(x_hat))
-
-        if cutlass.const_expr(tXrDw is not None):
-            # this CTA's slice of the strip's partial dW row (an empty strip writes its zeros)
-            tXgDwP = cp.dst(mDwP, s.strip, rank)
-            for k in cutlass.range_constexpr(p.vecs_per_thread):
-                if s.pred[k, 0, 0]:
-                    cute.autovec_copy(tXrDw[(None, k), None, None], tXgDwP[(None, k), None, None])
+            self.accumulate_dw(cp, dw, 0, dyf, x_hat)
+        # this CTA's slice of the strip's partial dW row (an empty strip writes its zeros)
+        self.write_dw(cp, dw, mDwP, s.strip, c=rank)

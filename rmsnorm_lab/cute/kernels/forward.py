@@ -355,13 +355,10 @@ class RMSNormClusterForward(ClusterRows, RMSNormForward):
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
-        s = self.strip(mX)
-        cp, rank, tXrX = s.cp, s.rank, s.tXrX
+        s = self.strip(mX, mW)
+        cp, rank, tXrX, tWrW = s.cp, s.rank, s.tXrX, s.tWrW
         tXrXn = cute.make_fragment_like(tXrX)
         tXrY = cute.make_fragment_like(tXrX)
-        tWrW = None
-        if cutlass.const_expr(self.w_type is not None):
-            tWrW = cp.weight(mW, rank)
 
         row_start, row_end = s.rows()
         self.load_slice(cp, mX, row_start, rank, tXrXn, row_start < row_end)
