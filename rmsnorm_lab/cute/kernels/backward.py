@@ -45,7 +45,7 @@ from ..device import dw_cluster
 from ..plan.backward import BackwardPlan
 from ..dtypes import TORCH_TO_CUTE
 from ..device.pdl import wait_for_previous_grid
-from ..device.reduce import SLOTS, row_sum
+from ..device.reduce import SLOTS, row_sum, row_sum_bytes, row_sum_slots
 from ..device.tiles import RowCopy, RowThread, RowTiles, strip_rows
 
 
@@ -75,6 +75,22 @@ class _Common(RowTiles):
             w = w.to(self.x_type).to(Float32)
             return (dyf * w).to(self.x_type).to(Float32)
         return dyf * w
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardArgs:
+    """The kernel's arguments, at trace time, for its phases (the part of CUTLASS's kernel
+    ``Params`` a launch fills): dy, x, w, rstd, dx, the dW partial rows, the weight's offset and
+    dh (each tensor None where the plan has none)."""
+
+    mDy: cute.Tensor
+    mX: cute.Tensor
+    mW: Optional[cute.Tensor]
+    mRstd: cute.Tensor
+    mDx: cute.Tensor
+    mDwP: Optional[cute.Tensor]
+    offset: Float32
+    mDh: Optional[cute.Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +175,7 @@ class RMSNormBackward(_Common):
         mDy, mX, mW, mRstd, mDx, mDwP, mDh = self.tensors(gDy, gX, gW, gRstd, gDx, gDwP, gDh, grid)
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
-            smem_bytes = SLOTS * self.warps_per_row * 4
+            smem_bytes = row_sum_bytes(1, self.warps_per_row)
         # The wide fused row: min_blocks_per_mp caps ptxas at 65536 / (ctas_per_sm * threads)
         # registers, so the CTAs the plan counts on are resident together (the carveout: all of
         # L1 that can be shared memory, which their dW rows need). Elsewhere: the defaults.
@@ -182,6 +198,7 @@ class RMSNormBackward(_Common):
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
                mDx: cute.Tensor, mDwP: cute.Tensor, offset: Float32, mDh: cute.Tensor):
         p = self.plan
+        a = BackwardArgs(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh)
         rows = p.rows_per_cta  # rows worked on at once: lane groups of one warp, or the CTA's one
         strips = p.strips_per_cta  # strips in this CTA: one warp each, or the whole CTA
         tidx, _, _ = cute.arch.thread_idx()
@@ -199,8 +216,7 @@ class RMSNormBackward(_Common):
         smem = SmemAllocator()
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):
-            sBuf = smem.allocate_tensor(
-                Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)), byte_alignment=4)
+            sBuf = row_sum_slots(smem, 1, self.warps_per_row)
         sDw, sStrips, mbar, sRecv = self.dw_smem(smem, tidx)
 
         cp = self.row_copy((rows, p.cols_per_tile), tid, mX)
@@ -226,8 +242,7 @@ class RMSNormBackward(_Common):
         # Prefetch (fused): the next row's x, dy and rstd are loaded into a second set of
         # registers while this row is reduced and stored, so a CTA -- alone on its SM with one
         # row at a time -- keeps a row's loads in flight through its barriers and stores.
-        tXrXn, tXrDyn, rstd_n = self.prefetch_first(cp, tXrX, mX, mDy, mRstd, row_start, row_end,
-                                                    0, t.row)
+        tXrXn, tXrDyn, rstd_n = self.prefetch_first(cp, a, tXrX, row_start, row_end, 0, t.row)
         regs = RowRegs(tXrX, tXrDy, tXrDx, tXrXn, tXrDyn, tWrW)
 
         # row0: the first of the rows worked on at once; this thread's row is row0 + t.row
@@ -237,10 +252,9 @@ class RMSNormBackward(_Common):
             row_ok = None
             if cutlass.const_expr(rows > 1):
                 row_ok = row < row_end
-            rstd, rstd_n = self.load_row(cp, regs, mX, mDy, mRstd, row0, row, row_end, rstd_n)
-            mean_mx = self.row_mean(cp, regs, mX, mDy, mW, row0, row_ok, rstd, offset, t, sBuf)
-            self.dx_and_dw(cp, regs, dw, mX, mDy, mW, mDx, mDh, row0, row_ok, rstd, mean_mx,
-                           offset)
+            rstd, rstd_n = self.load_row(cp, a, regs, row0, row, row_end, rstd_n)
+            mean_mx = self.row_mean(cp, a, regs, row0, row_ok, rstd, t, sBuf)
+            self.dx_and_dw(cp, a, regs, dw, row0, row_ok, rstd, mean_mx)
         self.write_dw(cp, dw, mDwP, bidx, t)
 
     def dw_smem(self, smem, tidx):
@@ -282,14 +296,14 @@ class RMSNormBackward(_Common):
         return tXrDw
 
     @cute.jit
-    def prefetch_first(self, cp: RowCopy, tXrX, mX, mDy, mRstd, row_start, row_end, c,
+    def prefetch_first(self, cp: RowCopy, a: BackwardArgs, tXrX, row_start, row_end, c,
                        row_in_tile=None):
         """``(tXrXn, tXrDyn, rstd_n)``: with prefetch, registers for the next row's x and dy,
         holding the strip's first row already (this thread's row of it: ``row_in_tile`` past
         ``row_start``; its chunk c: a cluster CTA's slice), and that row's rstd; ``(None, None,
         0)`` without. Loads for a row past the strip's end are predicated off (and its rstd
         index clamped)."""
-        M = mX.shape[0]
+        M = a.mX.shape[0]
         tXrXn = None
         tXrDyn = None
         rstd_n = Float32(0.0)
@@ -299,50 +313,50 @@ class RMSNormBackward(_Common):
             first = row_start
             if cutlass.const_expr(row_in_tile is not None):
                 first = row_start + row_in_tile
-            cp.load_rows((mX, mDy), (tXrXn, tXrDyn), row_start, c, first < row_end)
-            rstd_n = mRstd[cutlass.min(first, M - 1)]
+            cp.load_rows((a.mX, a.mDy), (tXrXn, tXrDyn), row_start, c, first < row_end)
+            rstd_n = a.mRstd[cutlass.min(first, M - 1)]
         return tXrXn, tXrDyn, rstd_n
 
     @cute.jit
-    def load_row(self, cp: RowCopy, regs: RowRegs, mX, mDy, mRstd, row0, row, row_end, rstd_n,
+    def load_row(self, cp: RowCopy, a: BackwardArgs, regs: RowRegs, row0, row, row_end, rstd_n,
                  c=0, loads: cutlass.Constexpr[bool] = False):
         """``(rstd, rstd_n)``: this row's rstd and, with prefetch, the next row's. With prefetch
         the row's x and dy arrived during the previous row, and the next row's loads go out now
         (chunk c: a cluster CTA's slice). Without, the row's chunks load in the passes, or here
         where ``loads`` says so (the cluster kernel's one slice)."""
         p = self.plan
-        M = mX.shape[0]
+        M = a.mX.shape[0]
         rows = p.rows_per_cta
         rstd = rstd_n
         if cutlass.const_expr(p.prefetch):
             regs.x.store(regs.x_next.load())
             regs.dy.store(regs.dy_next.load())
-            cp.load_rows((mX, mDy), (regs.x_next, regs.dy_next), row0 + rows, c,
+            cp.load_rows((a.mX, a.mDy), (regs.x_next, regs.dy_next), row0 + rows, c,
                          row + rows < row_end)
-            rstd_n = mRstd[cutlass.min(row + rows, M - 1)]
+            rstd_n = a.mRstd[cutlass.min(row + rows, M - 1)]
         else:
             if cutlass.const_expr(loads):
-                cp.load_rows((mX, mDy), (regs.x, regs.dy), row0, c)
+                cp.load_rows((a.mX, a.mDy), (regs.x, regs.dy), row0, c)
             if cutlass.const_expr(rows > 1):
-                rstd = mRstd[cutlass.min(row, M - 1)]
+                rstd = a.mRstd[cutlass.min(row, M - 1)]
             else:
-                rstd = mRstd[row]
+                rstd = a.mRstd[row]
         return rstd, rstd_n
 
     @cute.jit
-    def row_mean(self, cp: RowCopy, regs: RowRegs, mX, mDy, mW, row0, row_ok, rstd: Float32,
-                 offset: Float32, t: RowThread, sBuf) -> Float32:
+    def row_mean(self, cp: RowCopy, a: BackwardArgs, regs: RowRegs, row0, row_ok, rstd: Float32,
+                 t: RowThread, sBuf) -> Float32:
         """Pass 1: mean(m * x_hat) over the row (chunks == 1 keeps x and dy for pass 2)."""
         p = self.plan
         mx = Float32(0.0)
         for c in cutlass.range_constexpr(p.chunks):
             chunk_w = regs.w
             if cutlass.const_expr(self.w_type is not None and regs.w is None):
-                chunk_w = cp.weight(mW, c)
+                chunk_w = cp.weight(a.mW, c)
             if cutlass.const_expr(not p.prefetch):
-                cp.load_rows((mX, mDy), (regs.x, regs.dy), row0, c, row_ok)
+                cp.load_rows((a.mX, a.mDy), (regs.x, regs.dy), row0, c, row_ok)
             x_hat = regs.x.load().to(Float32) * rstd
-            m = self.m_of(regs.dy.load().to(Float32), chunk_w, offset)
+            m = self.m_of(regs.dy.load().to(Float32), chunk_w, a.offset)
             mx = mx + (m * x_hat).reduce(cute.ReductionOp.ADD, Float32(0.0),
                                          reduction_profile=0)
         # consecutive rows alternate reduction slots (reduce.row_sum)
@@ -351,28 +365,28 @@ class RMSNormBackward(_Common):
         return mx / Float32(p.N)
 
     @cute.jit
-    def dx_and_dw(self, cp: RowCopy, regs: RowRegs, dw: DwRow, mX, mDy, mW, mDx, mDh, row0,
-                  row_ok, rstd: Float32, mean_mx: Float32, offset: Float32):
+    def dx_and_dw(self, cp: RowCopy, a: BackwardArgs, regs: RowRegs, dw: DwRow, row0, row_ok,
+                  rstd: Float32, mean_mx: Float32):
         """Pass 2: dx stored, chunk by chunk, and dy * x_hat added to the dW accumulator."""
         p = self.plan
         for c in cutlass.range_constexpr(p.chunks):
             chunk_w = regs.w
             if cutlass.const_expr(p.chunks > 1):
                 if cutlass.const_expr(self.w_type is not None):
-                    chunk_w = cp.weight(mW, c)
-                cp.load_rows((mX, mDy), (regs.x, regs.dy), row0, c, row_ok)
+                    chunk_w = cp.weight(a.mW, c)
+                cp.load_rows((a.mX, a.mDy), (regs.x, regs.dy), row0, c, row_ok)
             dyf = regs.dy.load().to(Float32)
             x_hat = regs.x.load().to(Float32) * rstd
-            m = self.m_of(dyf, chunk_w, offset)
+            m = self.m_of(dyf, chunk_w, a.offset)
             dx = rstd * (m - x_hat * mean_mx)
             if cutlass.const_expr(p.dh):  # the fused add: h's own gradient joins dx
                 tXrDh = cute.make_fragment_like(regs.x)
                 tXrDh.fill(0)
-                cute.copy(cp.tiled, cp.thr.partition_S(cp.tile_at(mDh, row0, c)), tXrDh,
+                cute.copy(cp.tiled, cp.thr.partition_S(cp.tile_at(a.mDh, row0, c)), tXrDh,
                           pred=cp.predicate(c, row_ok))
                 dx = dx + tXrDh.load().to(Float32)
             regs.dx.store(dx.to(self.x_type))
-            tXgDx = cp.thr.partition_D(cp.tile_at(mDx, row0, c))
+            tXgDx = cp.thr.partition_D(cp.tile_at(a.mDx, row0, c))
             cute.copy(cp.tiled, regs.dx, tXgDx, pred=cp.predicate(c, row_ok))
             self.accumulate_dw(cp, dw, c, dyf, x_hat)
 
@@ -414,8 +428,8 @@ class RMSNormBackward(_Common):
                         tXrDw[e] = tXrDw[e] + cute.arch.shuffle_sync_bfly(
                             tXrDw[e], offset=p.threads_per_row << i)
             if cutlass.const_expr(self.dw_cluster > 1):
-                dw_cluster.exchange(tXrDw, cp.tXcX, mDwP, dw.mbar, dw.recv, t.tidx, p.N, p.vec,
-                                    p.vecs_per_thread, self.dw_cluster, p.cta_threads)
+                dw_cluster.exchange(cp, tXrDw, mDwP, dw.mbar, dw.recv, t.tidx, self.dw_cluster,
+                                    p.cta_threads)
             elif cutlass.const_expr(self.strips_meet):
                 self.store_dw_row(cp, tXrDw, dw.strips, t.strip, 0, t.row)
                 cute.arch.sync_threads()

@@ -9,7 +9,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .backward import DwRow, RMSNormBackward, RowRegs
+from .backward import BackwardArgs, DwRow, RMSNormBackward, RowRegs
 from ..plan.backward import BackwardPlan
 from ..device.cluster_sum import ClusterRows
 
@@ -37,6 +37,7 @@ class RMSNormClusterBackward(ClusterRows, RMSNormBackward):
     def kernel(self, mDy: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor, mRstd: cute.Tensor,
                mDx: cute.Tensor, mDwP: cute.Tensor, offset: Float32, mDh: cute.Tensor):
         p = self.plan
+        a = BackwardArgs(mDy, mX, mW, mRstd, mDx, mDwP, offset, mDh)
         s = self.strip(mX, mW)
         cp, rank, tXrX, tWrW = s.cp, s.rank, s.tXrX, s.tWrW
         tXrDy = cute.make_fragment_like(tXrX)
@@ -46,15 +47,13 @@ class RMSNormClusterBackward(ClusterRows, RMSNormBackward):
         row_start, row_end = s.rows()
         # Prefetch: the next row's x, dy and rstd load into a second set of registers while
         # this row waits for its peers' sums, so the exchange's latency overlaps a row's loads.
-        tXrXn, tXrDyn, rstd_n = self.prefetch_first(cp, tXrX, mX, mDy, mRstd, row_start, row_end,
-                                                    rank)
+        tXrXn, tXrDyn, rstd_n = self.prefetch_first(cp, a, tXrX, row_start, row_end, rank)
         regs = RowRegs(tXrX, tXrDy, tXrDx, tXrXn, tXrDyn, tWrW)
         cute.arch.cluster_wait()
 
         for row in cutlass.range(row_start, row_end):
             step = row - row_start
-            rstd, rstd_n = self.load_row(cp, regs, mX, mDy, mRstd, row, row, row_end, rstd_n,
-                                         rank, loads=True)
+            rstd, rstd_n = self.load_row(cp, a, regs, row, row, row_end, rstd_n, rank, loads=True)
             x_hat = tXrX.load().to(Float32) * rstd
             dyf = tXrDy.load().to(Float32)
             m = self.m_of(dyf, tWrW, offset)

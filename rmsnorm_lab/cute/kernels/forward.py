@@ -21,6 +21,9 @@ thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -30,9 +33,25 @@ from cutlass import Float32, Int32
 from ..device.cluster_sum import ClusterRows
 from ..device.pdl import wait_for_previous_grid
 from ..plan.forward import ForwardPlan
-from ..device.reduce import SLOTS, row_sum
+from ..device.reduce import row_sum, row_sum_bytes, row_sum_slots
 from ..device.tiles import EVICT, RowCopy, RowThread, RowTiles
 from ..dtypes import TORCH_TO_CUTE
+
+@dataclasses.dataclass(frozen=True)
+class ForwardArgs:
+    """The kernel's arguments, at trace time, for its schedules (the part of CUTLASS's kernel
+    ``Params`` a launch fills): x, w, y, rstd, eps, the weight's offset, and the fused add's
+    residual and h (each tensor None where the plan has none)."""
+
+    mX: cute.Tensor
+    mW: Optional[cute.Tensor]
+    mY: cute.Tensor
+    mRstd: Optional[cute.Tensor]
+    eps: Float32
+    offset: Float32
+    mR: Optional[cute.Tensor]
+    mH: Optional[cute.Tensor]
+
 
 class RMSNormForward(RowTiles):
     """``__call__`` is the host side (builds tensors, launches); ``kernel`` is the device body."""
@@ -84,7 +103,7 @@ class RMSNormForward(RowTiles):
         mH = self.row_tensor(gH, M) if gH is not None else None
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
-            smem_bytes = SLOTS * p.rows_per_cta * self.warps_per_row * 4
+            smem_bytes = row_sum_bytes(p.rows_per_cta, self.warps_per_row)
         # A launch bound makes ptxas fit min_ctas_per_sm CTAs on an SM (the tiles of one copy a
         # chunk: 32 registers); carveout 0 leaves the SM's memory to L1, where the weight's
         # re-reads hit (the kernel needs a few bytes of shared memory).
@@ -99,6 +118,7 @@ class RMSNormForward(RowTiles):
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
+        a = ForwardArgs(mX, mW, mY, mRstd, eps, offset, mR, mH)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -111,9 +131,7 @@ class RMSNormForward(RowTiles):
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):
             smem = SmemAllocator()
-            sBuf = smem.allocate_tensor(
-                Float32, cute.make_layout((SLOTS, p.rows_per_cta, self.warps_per_row)),
-                byte_alignment=4)
+            sBuf = row_sum_slots(smem, p.rows_per_cta, self.warps_per_row)
 
         cp = self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mX)
         tXrX = cp.fragment(mX)
@@ -125,17 +143,17 @@ class RMSNormForward(RowTiles):
             tWrW = cp.weight(mW, 0)
 
         if cutlass.const_expr(p.tiles_per_cta > 1):
-            self.tile_group(mX, mW, mY, mRstd, mR, mH, eps, offset, t, cp, tXrX)
+            self.tile_group(a, t, cp, tXrX)
         else:
-            self.tile_loop(mX, mW, mY, mRstd, mR, mH, eps, offset, t, cp, tXrX, tWrW, M, sBuf)
+            self.tile_loop(a, t, cp, tXrX, tWrW, M, sBuf)
 
     @cute.jit
-    def tile_loop(self, mX, mW, mY, mRstd, mR, mH, eps: Float32, offset: Float32, t: RowThread,
-                  cp: RowCopy, tXrX, tWrW, M, sBuf):
+    def tile_loop(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX, tWrW, M, sBuf):
         """Tile after tile, ``bidx``, ``bidx + gdim``, ... (one tile per CTA, or a persistent
         grid): the sum of squares over the row's chunks, the row sum, then the chunks again,
         normalized and stored (``chunk_steps``: the order of their loads)."""
         p = self.plan
+        mX, mW, mY, mRstd, mR, mH = a.mX, a.mW, a.mY, a.mRstd, a.mR, a.mH
         num_tiles = cute.ceil_div(M, p.rows_per_cta)
         # Pipelined chunks: a second register copy takes chunk c+1's loads while chunk c is
         # used; chunk c lives in regs[c % len(regs)].
@@ -169,7 +187,8 @@ class RMSNormForward(RowTiles):
             ss = row_sum(ss, sBuf, slot, t.row, t.warp, t.lane, self.warps_per_row,
                          min(p.threads_per_row, 32))
             slot = slot ^ 1
-            rstd = self.row_rstd(ss, eps, mRstd, row, row_ok and t.tidx % p.threads_per_row == 0)
+            rstd = self.row_rstd(ss, a.eps, mRstd, row,
+                                 row_ok and t.tidx % p.threads_per_row == 0)
 
             # Pass 2: normalize, scale, store; backwards, from the last chunk of pass 1, still in
             # registers (h, with a residual: pass 1 stored it).
@@ -180,8 +199,8 @@ class RMSNormForward(RowTiles):
                                     regs[load % len(regs)], row_ok, "first")
                 if cutlass.const_expr(self.w_type is not None and tWrW is None):
                     chunk_w = cp.weight(mW, use)
-                self.store_chunk(cp, mY, tile, use, regs[use % len(regs)], rstd, chunk_w, offset,
-                                 row_ok)
+                self.store_chunk(cp, mY, tile, use, regs[use % len(regs)], rstd, chunk_w,
+                                 a.offset, row_ok)
 
     def chunk_steps(self, order, resident: bool):
         """One pass over the row's column chunks in ``order``, step by step, as ``(load, use)``:
@@ -199,33 +218,33 @@ class RMSNormForward(RowTiles):
         return steps
 
     @cute.jit
-    def tile_group(self, mX, mW, mY, mRstd, mR, mH, eps: Float32, offset: Float32,
-                   t: RowThread, cp: RowCopy, tXrX):
+    def tile_group(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX):
         """The CTA's ``tiles_per_cta`` tiles (rows a warp or less wide, one chunk): every tile's
         loads (x's, and the residual's) are issued into registers of their own before the first
         tile is reduced, so a thread has as many 16-byte loads in flight as it has tiles. A tile
         of short rows gives a thread one copy, too little to cover DRAM latency."""
         p = self.plan
-        M = mX.shape[0]
+        M = a.mX.shape[0]
         tiles = p.tiles_per_cta
         first = t.bidx * tiles
         bufs = [tXrX] + [cute.make_fragment_like(tXrX) for _ in range(tiles - 1)]
         res = [cute.make_fragment_like(tXrX) for _ in range(tiles if p.residual else 0)]
-        for m, regs in ((mX, bufs), (mR, res)):
+        for m, regs in ((a.mX, bufs), (a.mR, res)):
             for j in cutlass.range_constexpr(len(regs)):
                 self.load_chunk(cp, m, first + j, 0, regs[j],
                                 (first + j) * p.rows_per_cta + t.row < M)
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
-            tWrW = cp.weight(mW, 0)
+            tWrW = cp.weight(a.mW, 0)
         for j in cutlass.range_constexpr(tiles):
             row = (first + j) * p.rows_per_cta + t.row
             if cutlass.const_expr(p.residual):
-                self.store_h(cp, mH, first + j, 0, bufs[j], res[j], row < M)
+                self.store_h(cp, a.mH, first + j, 0, bufs[j], res[j], row < M)
             ss = row_sum(self.sum_of_squares(bufs[j]), None, 0, t.row, 0, t.lane, 1,
                          p.threads_per_row)
-            rstd = self.row_rstd(ss, eps, mRstd, row, row < M and t.lane % p.threads_per_row == 0)
-            self.store_chunk(cp, mY, first + j, 0, bufs[j], rstd, tWrW, offset, row < M)
+            rstd = self.row_rstd(ss, a.eps, a.mRstd, row,
+                                 row < M and t.lane % p.threads_per_row == 0)
+            self.store_chunk(cp, a.mY, first + j, 0, bufs[j], rstd, tWrW, a.offset, row < M)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
