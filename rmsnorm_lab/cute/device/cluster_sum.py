@@ -3,8 +3,11 @@ to every peer by one ``st.async`` into the peer's shared memory, counted by the 
 so every CTA waits for exactly the ``cluster_n`` words it is owed and adds them itself. Two slot
 sets and two mbarriers, taken in turn: a peer writes a set again only two rows later, after
 this CTA's next send, which its threads make only once every one of them has read the set (the
-CTA's own row sum, with its barrier, lies between). Used by the cluster forward (kernels/forward.py) and
-the cluster backward (kernels/backward_cluster.py)."""
+CTA's own row sum, with its barrier, lies between).
+
+``ClusterRows`` is the cluster kernels' common start and launch (the cluster forward in
+kernels/forward.py, the cluster backward in kernels/backward_cluster.py), ``ClusterStrip`` a
+CTA's part in its cluster's strip."""
 
 from __future__ import annotations
 

@@ -21,13 +21,13 @@ from .tiles import RowCopy, RowTiles
 
 @dataclasses.dataclass(frozen=True)
 class RowRing:
-    """A strip's ring of rows in shared memory: ``plan.stages`` rows of each staged tensor, row i of a CTA's
-    strip in stage ``i % stages``. Each thread issues its own 16-byte copies of a row (every
-    column chunk of every staged tensor) as one ``cp.async`` group, ``stages - 1`` rows ahead of
-    the row it works on, and waits only for its own group of that row. The ``cp.async`` copy
-    (``g2s``, ``.cg``: through L2, past L1) and the register copy (``cp``) partition a chunk
-    alike, so a thread reads back exactly the elements it copied itself: the ring needs no
-    barrier, and a stage is refilled only after the same thread has read it."""
+    """A strip's ring of rows in shared memory: ``plan.stages`` rows of each staged tensor, row
+    i of a CTA's strip in stage ``i % stages``. Each thread issues its own 16-byte copies of a
+    row (every column chunk of every staged tensor) as one ``cp.async`` group, ``stages - 1``
+    rows ahead of the row it works on, and waits only for its own group of that row. The
+    ``cp.async`` copy (``g2s``, ``.cg``: through L2, past L1) and the register copy (``cp``)
+    partition a chunk alike, so a thread reads back exactly the elements it copied itself: the
+    ring needs no barrier, and a stage is refilled only after the same thread has read it."""
 
     stages: int
     chunks: int

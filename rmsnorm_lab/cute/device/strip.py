@@ -5,7 +5,6 @@ the strip's rows (``strip_rows``), and each row's sum over the CTA."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import cutlass
 import cutlass.cute as cute

@@ -26,10 +26,10 @@ EVICT = {"first": (cute.nvgpu.CacheEvictionPriority.EVICT_FIRST, 0x12F0000000000
 
 
 def strip_rows(M, strip, n_strips):
-    """Rows ``[start, end)`` of strip ``strip`` of ``n_strips``, as ``backward_plan.strip_bounds``
-    splits them: ``s * q + min(s, r)`` with ``q, r = divmod(M, n_strips)``, which never forms
-    ``s * M`` (an Int32 overflow for large M). The persistent kernels' strips of rows, and the
-    split dW kernel's row groups."""
+    """Rows ``[start, end)`` of strip ``strip`` of ``n_strips``, as plan/backward.py
+    ``strip_bounds`` splits them: ``s * q + min(s, r)`` with ``q, r = divmod(M, n_strips)``,
+    which never forms ``s * M`` (an Int32 overflow for large M). The persistent kernels' strips
+    of rows, and the split dW kernel's row groups."""
     q = M // n_strips
     r = M % n_strips
     return strip * q + cutlass.min(strip, r), (strip + 1) * q + cutlass.min(strip + 1, r)

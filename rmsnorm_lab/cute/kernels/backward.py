@@ -1,4 +1,5 @@
-"""CuTe DSL RMSNorm backward: the fused kernel, and the split path's dX and dW kernels.
+"""CuTe DSL RMSNorm backward: the fused kernel and the split path's dX kernel
+(``RMSNormBackward``), with the math every backward kernel shares (``_Common``).
 
 The math (reference.py holds the rounding points)::
 
@@ -7,27 +8,32 @@ The math (reference.py holds the rounding points)::
     dx    = rstd * (m - x_hat * mean(m * x_hat))
     dw    = sum_rows(dy * x_hat)             # llama/none: x_hat rounded to x's dtype first
 
-* ``RMSNormBackward`` with a ``fused`` plan: a persistent grid, CTA s walking the rows of strip s
-  (backward_plan.strip_bounds). The shifted weight and an fp32 dW accumulator stay in registers
-  for the whole strip; x and dy are read once, the next row's loaded while this row is reduced
-  (``plan.prefetch``). At the end the accumulator becomes row s of ``dw_partial``. Rows narrower
-  than a warp are walked ``rows_per_cta`` at a time, one lane group each, and the groups' dW
-  accumulators are summed by shuffles before the write; one-warp strips share a CTA
-  (``strips_per_cta``) and sum their rows in shared memory into one partial row; the CTAs of a
-  thread-block cluster (``dw_cluster``) sum theirs in distributed shared memory (device/dw_cluster.py).
-* ``RMSNormBackward`` with a ``dx`` plan: one CTA per row, dx only (the split path). Rows wider
-  than the register budget take two passes over column chunks, like the forward.
-* ``RMSNormClusterBackward`` (kernels/backward_cluster.py): the fused plan of a row too wide for one CTA,
-  over the CTAs of a thread-block cluster.
-* ``RMSNormBackwardDW`` (kernels/backward_dw.py): the split path's dW. CTA (b, g) sums ``dy * x_hat``
-  over the rows of group g for column block b -- one warp per row, ``dw_unroll`` rows per warp
-  in flight -- then reduces over its warps in shared memory and writes ``dw_partial[g, block b]``.
+* ``fused`` plan: a persistent grid, CTA s walking the rows of strip s (plan/backward.py
+  ``strip_bounds``). The shifted weight and an fp32 dW accumulator stay in registers for the
+  whole strip; x and dy are read once, the next row's loaded while this row is reduced
+  (``plan.prefetch``). At the end the accumulator becomes row s of ``dw_partial``
+  (``write_dw``): rows narrower than a warp are walked ``rows_per_cta`` at a time, one lane
+  group each, and the groups' accumulators are summed by shuffles before the write; one-warp
+  strips share a CTA (``strips_per_cta``) and sum their rows in shared memory into one partial
+  row; the CTAs of a thread-block cluster (``dw_cluster``) sum theirs in distributed shared
+  memory (device/dw_cluster.py); a row too wide for the registers keeps its accumulator in
+  shared memory.
+* ``dx`` plan: one CTA per row, dx only (the split path). Rows wider than the register budget
+  take two passes over column chunks, like the forward.
 
-A last kernel, ``DwReduce`` (kernels/dw_reduce.py), sums the partial rows into dw.
+The kernel reads as its phases, per row: ``load_row`` (the prefetched row, or none, and rstd),
+``row_mean`` (pass 1: mean(m * x_hat) over the row), ``dx_and_dw`` (pass 2: dx stored, dW
+accumulated); after the strip, ``write_dw``.
 
-The thread/value mapping and the predicated 16-byte tiled copies are the forward's (kernels/forward.py);
-naming follows the CUTLASS examples (``mX`` tensor, ``gX`` tile, ``tXgX`` this thread's slice,
-``tXrX`` its registers, ``tXcX`` the coordinates of those elements).
+The other backward kernels: ``RMSNormClusterBackward`` (kernels/backward_cluster.py, the fused
+plan of a row too wide for one CTA, over a thread-block cluster), ``RMSNormStagedBackward``
+(kernels/backward_staged.py, rows staged in shared memory), ``RMSNormBackwardDW``
+(kernels/backward_dw.py, the split path's dW) and ``DwReduce`` (kernels/dw_reduce.py, the sum
+of the partial rows into dw).
+
+The thread/value mapping and the predicated 16-byte tiled copies are device/tiles.py's; naming
+follows the CUTLASS examples (``mX`` tensor, ``gX`` tile, ``tXgX`` this thread's slice, ``tXrX``
+its registers, ``tXcX`` the coordinates of those elements).
 """
 
 from __future__ import annotations
@@ -110,10 +116,10 @@ class RowRegs:
 @dataclasses.dataclass(frozen=True)
 class DwRow:
     """A fused strip's dW row, at trace time: the fp32 accumulator in registers (``regs``, x's
-    fragment layout) or, for the wide row, in shared memory (``smem``, chunk by chunk), and
-    what its write-out needs: the one-warp strips' rows (``strips``, summed in shared memory),
-    or the cluster exchange's mbarrier and receive slots (``mbar``, ``recv``:
-    device/dw_cluster.py). Each None where the plan has none."""
+    fragment layout) or, for the wide row, in shared memory (``smem``, chunk by chunk; ``regs``
+    then only zeroes it), and what its write-out needs: the one-warp strips' rows (``strips``,
+    summed in shared memory), or the cluster exchange's mbarrier and receive slots (``mbar``,
+    ``recv``: device/dw_cluster.py). Each None where the plan has none."""
 
     regs: Optional[cute.Tensor]
     smem: Optional[cute.Tensor]
@@ -381,9 +387,7 @@ class RMSNormBackward(_Common):
             dx = rstd * (m - x_hat * mean_mx)
             if cutlass.const_expr(p.dh):  # the fused add: h's own gradient joins dx
                 tXrDh = cute.make_fragment_like(regs.x)
-                tXrDh.fill(0)
-                cute.copy(cp.tiled, cp.thr.partition_S(cp.tile_at(a.mDh, row0, c)), tXrDh,
-                          pred=cp.predicate(c, row_ok))
+                cp.load_rows((a.mDh,), (tXrDh,), row0, c, row_ok)
                 dx = dx + tXrDh.load().to(Float32)
             regs.dx.store(dx.to(self.x_type))
             tXgDx = cp.thr.partition_D(cp.tile_at(a.mDx, row0, c))

@@ -1,8 +1,9 @@
 """CuTe DSL RMSNorm fused backward with rows staged in shared memory: each strip keeps its next
-rows of x and dy (and the fused add's dh) in flight by ``cp.async`` (``plan.stages`` rows), where
-the fused kernel (kernels/backward.py) keeps one next row in registers, or none for the fused add. The
-math, the strips and the dW partial rows are the fused kernel's; the naming too (``sX`` x's rows
-in shared memory, ``tXsX`` this thread's slice of one of them)."""
+rows of x and dy (and the fused add's dh) in flight by ``cp.async`` (``plan.stages`` rows;
+device/ring.py, shared with the staged forward), where the fused kernel (kernels/backward.py)
+keeps one next row in registers, or none for the fused add. The math, the strips and the dW
+partial rows are the fused kernel's; the naming too (``sX`` x's rows in shared memory, ``tXsX``
+this thread's slice of one of them)."""
 
 from __future__ import annotations
 

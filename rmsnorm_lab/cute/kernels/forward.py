@@ -1,5 +1,5 @@
-"""CuTe DSL RMSNorm forward: one kernel class for four variants chosen by the plan, and one for
-rows split over a thread-block cluster.
+"""CuTe DSL RMSNorm forward: one kernel class for four variants chosen by the plan, its fused
+residual add, and one class for rows split over a thread-block cluster.
 
 * ``row``        one CTA per row; the row lives in registers between the reduction and the store.
 * ``persistent`` the same tile, but the grid is sized from the SM count and each CTA loops over
@@ -11,9 +11,12 @@ rows split over a thread-block cluster.
 * ``cluster``    (``RMSNormClusterForward``) a row too wide for one CTA's registers over the CTAs
                  of a cluster, their partial sums exchanged through distributed shared memory.
 
-Rows wider than the register budget (``plan.chunks > 1``), and rows of 16 KB (see plan/forward.py), stream
-through registers in column chunks: one pass for the sum of squares, a second pass to normalize
-that starts from the last chunk, still in registers, and re-reads the others (from L2).
+``RMSNormForward.kernel`` runs one of two schedules: ``tile_group`` (several tiles of short rows
+a CTA) or ``tile_loop`` (tile after tile). Rows wider than the register budget
+(``plan.chunks > 1``), and rows of 16 KB (see plan/forward.py), stream through registers in
+column chunks: one pass for the sum of squares, a second pass to normalize that starts from the
+last chunk, still in registers, and re-reads the others (from L2); ``chunk_steps`` orders both
+passes' loads.
 
 Naming follows the CUTLASS examples: ``mX`` whole tensor, ``gX`` this CTA's tile, ``tXgX`` this
 thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those elements.
@@ -36,6 +39,7 @@ from ..plan.forward import ForwardPlan
 from ..device.reduce import row_sum, row_sum_bytes, row_sum_slots
 from ..device.tiles import EVICT, RowCopy, RowThread, RowTiles
 from ..dtypes import TORCH_TO_CUTE
+
 
 @dataclasses.dataclass(frozen=True)
 class ForwardArgs:
@@ -181,9 +185,10 @@ class RMSNormForward(RowTiles):
                     self.load_chunk(cp, mX, tile, load, regs[load % len(regs)], row_ok,
                                     self.first_pass_evict(load))
                 if cutlass.const_expr(use is not None):
+                    tXrXc = regs[use % len(regs)]
                     if cutlass.const_expr(p.residual):
-                        self.add_residual(cp, mR, mH, tile, use, tXrX, row_ok)
-                    ss = ss + self.sum_of_squares(regs[use % len(regs)])
+                        self.add_residual(cp, mR, mH, tile, use, tXrXc, row_ok)
+                    ss = ss + self.sum_of_squares(tXrXc)
             ss = row_sum(ss, sBuf, slot, t.row, t.warp, t.lane, self.warps_per_row,
                          min(p.threads_per_row, 32))
             slot = slot ^ 1
@@ -379,23 +384,18 @@ class RMSNormClusterForward(ClusterRows, RMSNormForward):
         tXrXn = cute.make_fragment_like(tXrX)
         tXrY = cute.make_fragment_like(tXrX)
 
+        # x's slice of the strip's first row, then of each next row while this one is reduced;
+        # padding columns and rows past the strip's end load zeros, which add nothing
         row_start, row_end = s.rows()
-        self.load_slice(cp, mX, row_start, rank, tXrXn, row_start < row_end)
+        cp.load_rows((mX,), (tXrXn,), row_start, rank, row_start < row_end)
         cute.arch.cluster_wait()
 
         for row in cutlass.range(row_start, row_end):
             step = row - row_start
             tXrX.store(tXrXn.load())
-            self.load_slice(cp, mX, row + 1, rank, tXrXn, row + 1 < row_end)
+            cp.load_rows((mX,), (tXrXn,), row + 1, rank, row + 1 < row_end)
             total = s.row_total(self.sum_of_squares(tXrX), step)
             rstd = self.row_rstd(total, eps, mRstd, row, rank == 0 and s.tidx == 0)
             tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
                        .to(self.x_type))
             cute.copy(cp.tiled, tXrY, cp.dst(mY, row, rank), pred=s.pred)
-
-    @cute.jit
-    def load_slice(self, cp: RowCopy, mX, row, rank, tXrX, row_ok):
-        """Registers <- this CTA's slice (chunk ``rank``) of x in ``row``; zeros where predicated
-        off (padding columns, a row past the strip's end), which add nothing to the sum."""
-        tXrX.fill(0)
-        cute.copy(cp.tiled, cp.src(mX, row, rank), tXrX, pred=cp.predicate(rank, row_ok))

@@ -1,16 +1,16 @@
-"""CuTe DSL RMSNorm forward for rows too wide for one CTA's registers, ringed through shared memory.
+"""CuTe DSL RMSNorm forward for rows too wide for one CTA's registers, ringed through shared
+memory.
 
-``staged``: a persistent grid whose CTAs walk strips of rows. Each CTA keeps a ring of
-``plan.stages`` rows in shared memory, filled by ``cp.async`` (``.cg``: through L2, past L1)
-``stages - 1`` rows ahead of the row it works on, so what is in flight is bounded by shared memory
-(228 KB an SM on Hopper) rather than by registers. The row is read from DRAM once; both passes
-(the sum of squares, then normalize and store) read it from shared memory, and w sits in
-registers for the whole strip. The backward's ``staged`` mode (kernels/backward_staged.py) rings its rows
-the same way. A variant to pick, not ``auto``'s: the chunked row is faster at every width
+``staged``: a persistent grid whose CTAs walk strips of rows, each keeping a ring of
+``plan.stages`` rows in shared memory, filled by ``cp.async`` ``stages - 1`` rows ahead of the
+row it works on (device/ring.py, shared with the backward's ``staged`` mode,
+kernels/backward_staged.py). The row is read from DRAM once; both passes (the sum of squares,
+then normalize and store) read it from shared memory, and w sits in registers for the whole
+strip. A variant to pick, not ``auto``'s: the chunked row is faster at every width
 (docs/design-record.md, 'Forward: variants auto does not launch').
 
-Naming follows kernels/forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice of one
-of its rows.
+Naming follows kernels/forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice
+of one of its rows.
 """
 
 from __future__ import annotations
