@@ -135,7 +135,7 @@ class ClusterRows:
         sSums = slots(smem, p.cluster_n)
         start(mbar, tidx)
         cp = self.row_copy((1, p.cols_per_tile), tidx, mX)
-        pred = cp.predicate(rank)  # this CTA's slice is its chunk `rank`
+        pred = cp.column_predicate(rank)  # this CTA's slice is its chunk `rank`
         tXrX = cp.fragment(mX)
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):

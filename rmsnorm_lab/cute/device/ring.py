@@ -66,7 +66,7 @@ class RowRing:
         ``st`` (none past the strip's end: the group is then empty, and the count of groups the
         waits rely on stays one per row)."""
         for c in cutlass.range_constexpr(self.chunks):
-            pred = self.cp.predicate(c, row < row_end)
+            pred = self.cp.column_predicate(c, row < row_end)
             for m, s in zip(self.staged, self.rings):
                 if cutlass.const_expr(m is not None):
                     cute.copy(self.g2s,

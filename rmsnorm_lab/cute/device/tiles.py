@@ -152,7 +152,7 @@ class RowCopy:
         return cute.local_tile(cute.domain_offset((row0, 0), mT), self.tiler, (0, c))
 
     @cute.jit
-    def predicate(self, c, row_ok=None):
+    def column_predicate(self, c, row_ok=None):
         """One flag per column block of chunk c (``c`` static, or a cluster CTA's rank: its chunk
         of the row): does the block start before N (and, when given, is the row valid)?
 
@@ -176,9 +176,9 @@ class RowCopy:
     @cute.jit
     def load_rows(self, tensors, regs, row0, c, row_ok=None):
         """Registers ``regs`` <- column chunk c of each of ``tensors`` in the tile from row
-        ``row0`` (``tile_at``; ``c`` as in ``predicate``); zeros where predicated off, so padding
-        columns and rows add nothing to a sum."""
-        pred = self.predicate(c, row_ok)
+        ``row0`` (``tile_at``; ``c`` as in ``column_predicate``); zeros where predicated off, so
+        padding columns and rows add nothing to a sum."""
+        pred = self.column_predicate(c, row_ok)
         for tXrT in regs:
             tXrT.fill(0)
         for mT, tXrT in zip(tensors, regs):
@@ -188,8 +188,8 @@ class RowCopy:
     @cute.jit
     def weight(self, mW: cute.Tensor, c):
         """Registers holding w (its own dtype) for this thread's columns of chunk c (as in
-        ``predicate``), in x's fragment layout. A wider weight (fp32 w with bf16 x) takes as many
-        16-byte copies per column block as it needs (autovec_copy)."""
+        ``column_predicate``), in x's fragment layout. A wider weight (fp32 w with bf16 x) takes
+        as many 16-byte copies per column block as it needs (autovec_copy)."""
         tWgW = self.src(mW, 0, c)
         tWrW = cute.make_fragment_like(tWgW)
         tWrW.fill(0)

@@ -391,7 +391,7 @@ class RMSNormBackward(_Common):
                 dx = dx + tXrDh.load().to(Float32)
             regs.dx.store(dx.to(self.x_type))
             tXgDx = cp.thr.partition_D(cp.tile_at(a.mDx, row0, c))
-            cute.copy(cp.tiled, regs.dx, tXgDx, pred=cp.predicate(c, row_ok))
+            cute.copy(cp.tiled, regs.dx, tXgDx, pred=cp.column_predicate(c, row_ok))
             self.accumulate_dw(cp, dw, c, dyf, x_hat)
 
     @cute.jit

@@ -83,7 +83,7 @@ class RMSNormBackwardDW(_Common):
                 # Built in the loop: a predicate tensor built before the dynamic loop and used
                 # inside it failed to compile (cute.copy received an ArithValue, DSL 4.8.1); the
                 # compiler hoists the loop-invariant column flags anyway.
-                pred = cp.predicate(0, row < row_end)
+                pred = cp.column_predicate(0, row < row_end)
                 tXrX[u].fill(0)
                 tXrDy[u].fill(0)
                 cute.copy(cp.tiled, cp.thr.partition_S(gX), tXrX[u], pred=pred)

@@ -279,7 +279,7 @@ class RMSNormForward(RowTiles):
         """Registers ``tXrX`` <- h = x + residual (``tXrR``), stored to column chunk c of h."""
         tXrX.store((tXrX.load().to(Float32) + tXrR.load().to(Float32)).to(self.x_type))
         if row_ok:
-            cute.copy(cp.tiled, tXrX, cp.dst(mH, tile, c), pred=cp.predicate(c))
+            cute.copy(cp.tiled, tXrX, cp.dst(mH, tile, c), pred=cp.column_predicate(c))
 
     @cute.jit
     def sum_of_squares(self, tXrX) -> Float32:
@@ -299,7 +299,7 @@ class RMSNormForward(RowTiles):
         if cutlass.const_expr(self.plan.stream_y):
             store = self.streaming_store()
         if row_ok:
-            cute.copy(store, tXrY, tXgY, pred=cp.predicate(c))
+            cute.copy(store, tXrY, tXgY, pred=cp.column_predicate(c))
 
     def streaming_store(self):
         """y's copy where ``plan.stream_y``: ``st.global.cs``, evict first, so y's lines leave
@@ -335,7 +335,7 @@ class RMSNormForward(RowTiles):
         tXrX.fill(0)
         if row_ok:
             tXgX = cp.src(mX, tile, c)
-            pred = cp.predicate(c)
+            pred = cp.column_predicate(c)
             if cutlass.const_expr(evict is None or not self.plan.l2_hints):
                 cute.copy(cp.tiled, tXgX, tXrX, pred=pred)
             else:
