@@ -53,20 +53,21 @@ def start(mbar, tidx):
 
 
 @cute.jit
-def exchange(tXrDw, tXcX, mDwP, mbar, sRecv, tidx, N: cutlass.Constexpr[int],
-             vec: cutlass.Constexpr[int], vecs_per_thread: cutlass.Constexpr[int],
-             cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int]):
-    """Send this thread's dW columns (``tXrDw``, vector k at column ``tXcX[(0, k), 0, 0][1]``)
-    to their slices' owners, then sum this CTA's slice over the cluster into its partial row
-    ``mDwP[cluster index]``."""
+def exchange(cp, tXrDw, mDwP, mbar, sRecv, tidx, cluster: cutlass.Constexpr[int],
+             threads: cutlass.Constexpr[int]):
+    """Send this thread's dW columns (``tXrDw``, in the fragment layout of ``cp``, a
+    ``tiles.RowCopy``: vector k at column ``cp.tXcX[(0, k), 0, 0][1]``) to their slices'
+    owners, then sum this CTA's slice over the cluster into its partial row ``mDwP[cluster
+    index]`` (``threads``: the CTA's)."""
+    N, vec = cp.plan.N, cp.plan.vec
     S = N // cluster
     rank = cute.arch.block_idx_in_cluster()
     bidx, _, _ = cute.arch.block_idx()
     cute.arch.cluster_wait()
     if tidx == 0:  # peers' bytes may land first: the count goes below zero until this arrives
         cute.arch.mbarrier_arrive_and_expect_tx(mbar, N * 4)
-    for k in cutlass.range_constexpr(vecs_per_thread):
-        col = tXcX[(0, k), 0, 0][1]
+    for k in cutlass.range_constexpr(cp.plan.vecs_per_thread):
+        col = cp.tXcX[(0, k), 0, 0][1]
         if col < N:
             owner = col // S
             for q in cutlass.range_constexpr(vec // 4):  # 16 bytes a store

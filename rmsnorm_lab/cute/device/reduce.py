@@ -35,3 +35,14 @@ def row_sum(partial: Float32, sBuf: cute.Tensor, slot: cutlass.Int32,
         for w in cutlass.range_constexpr(warps_per_row):
             total = total + sBuf[slot, row_in_cta, w]
     return total
+
+
+def row_sum_slots(smem, rows: int, warps: int) -> cute.Tensor:
+    """``row_sum``'s shared memory, ``(SLOTS, rows, warps)`` fp32: a value per warp of each row
+    of the tile, in each slot."""
+    return smem.allocate_tensor(Float32, cute.make_layout((SLOTS, rows, warps)), byte_alignment=4)
+
+
+def row_sum_bytes(rows: int, warps: int) -> int:
+    """The size of ``row_sum_slots(smem, rows, warps)``."""
+    return SLOTS * rows * warps * 4

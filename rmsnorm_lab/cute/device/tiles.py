@@ -1,9 +1,21 @@
-"""How every row kernel of the lab maps threads and 16-byte copies onto a tile of rows, shared by
-the forward and backward kernel classes (their plans carry the same fields: threads_per_row,
-rows_per_cta, vec, vecs_per_thread, cols_per_tile, N)."""
+"""How every row kernel of the lab maps threads and 16-byte copies onto a tile of rows.
+
+* ``RowTiles``: a mixin of the forward and backward kernel classes (their plans carry the same
+  fields: threads_per_row, rows_per_cta, vec, vecs_per_thread, cols_per_tile, N); it builds the
+  row tensors, the thread/value layout and the copies.
+* ``RowCopy``: one thread's share of those copies inside a kernel (the tiled copy, the thread's
+  slice, the tiler, the coordinates of its elements), with its predicates and the weight's
+  registers.
+* ``RowThread``: a thread's place in the grid and in its tile.
+* ``strip_rows``: the rows of one strip of a persistent grid.
+"""
+
+import dataclasses
+from typing import Any, Tuple
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
 # A load's eviction priority ("first", "last"): its L1 priority, and its 64-bit L2 policy for
@@ -14,17 +26,29 @@ EVICT = {"first": (cute.nvgpu.CacheEvictionPriority.EVICT_FIRST, 0x12F0000000000
 
 
 def strip_rows(M, strip, n_strips):
-    """Rows ``[start, end)`` of strip ``strip`` of ``n_strips``, as ``backward_plan.strip_bounds``
-    splits them: ``s * q + min(s, r)`` with ``q, r = divmod(M, n_strips)``, which never forms
-    ``s * M`` (an Int32 overflow for large M). The persistent kernels' strips of rows."""
+    """Rows ``[start, end)`` of strip ``strip`` of ``n_strips``, as plan/backward.py
+    ``strip_bounds`` splits them: ``s * q + min(s, r)`` with ``q, r = divmod(M, n_strips)``,
+    which never forms ``s * M`` (an Int32 overflow for large M). The persistent kernels' strips
+    of rows, and the split dW kernel's row groups."""
     q = M // n_strips
     r = M % n_strips
     return strip * q + cutlass.min(strip, r), (strip + 1) * q + cutlass.min(strip + 1, r)
 
 
 class RowTiles:
-    """Mixin: ``self.plan`` describes the tile and ``self.x_type`` its elements; these build its
-    layout, copies, predicates and the weight's registers."""
+    """Mixin: ``self.plan`` describes the tile and ``self.x_type`` its elements; these build the
+    row tensors, the tile's layout and its copies."""
+
+    def row_tensor(self, g: cute.Tensor, M) -> cute.Tensor:
+        """``g`` as (M, N) rows with N static and 32-bit strides divisible by the copy width.
+
+        32-bit sizes and strides (the launcher refuses tensors of 2^31 elements or more):
+        TVM-FFI hands over 64-bit ones, and 64-bit index math costs the row kernel registers,
+        resident CTAs per SM and bandwidth (docs/design-record.md, 'Kernels: 32-bit indices').
+        The launcher guarantees row strides divisible by the copy width (plan eligibility);
+        telling the compiler lets it prove every copy is 16-byte aligned."""
+        ld = cute.assume(Int32(g.stride[0]), divby=self.plan.vec)
+        return cute.make_tensor(g.iterator, cute.make_layout((M, self.plan.N), stride=(ld, 1)))
 
     def make_tiled_copy(self, tiler, evict=None):
         """The tile's copy, global memory <-> registers: ``plan.vec`` elements (16 bytes on the
@@ -61,11 +85,76 @@ class RowTiles:
             stride=((p.vec * rows, 1), (rows, p.vec * p.threads_per_row * rows)),
         )
 
+    def row_copy(self, tiler, tidx, mX: cute.Tensor, tile=(0, 0)) -> "RowCopy":
+        """Thread ``tidx``'s share of the tile copy over ``mX``'s rows, its coordinates taken in
+        ``tile`` (the dW kernel's column block; tile (0, 0) elsewhere)."""
+        tiled = self.make_tiled_copy(tiler)
+        thr = tiled.get_slice(tidx)
+        tXcX = thr.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, tile))
+        return RowCopy(self.plan, tiled, thr, tiler, tXcX)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowThread:
+    """A thread of a row kernel, at trace time: its index ``tidx`` in the CTA, its CTA (``bidx``
+    of ``gdim``), the row of the tile it works on (``row``), its warp within that row and its
+    lane. A CTA of several one-warp strips (the fused backward's ``strips_per_cta``) adds the
+    thread's strip in the CTA (``strip``) and its index within that strip (``tid``).
+    Frozen, as ``RowCopy``."""
+
+    tidx: Int32
+    bidx: Int32
+    gdim: Int32
+    row: Int32
+    warp: Int32
+    lane: Int32
+    tid: Any = None
+    strip: Any = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RowCopy:
+    """One thread's share of a kernel's row tiles: the tiled copy (``tiled``), the thread's slice
+    of it (``thr``), the ``tiler``, and ``tXcX``, the coordinates of the thread's elements in
+    tile (0, 0); a tile at (t, c) adds (t * rows_per_cta, c * cols_per_tile), and column blocks
+    at or past N are predicated off. Built once per kernel at trace time and handed to its
+    helpers, which then take only what differs: the tensor, the tile, the chunk, the registers.
+    Frozen: the DSL passes a frozen dataclass through its dynamic loops as it is, read-only."""
+
+    plan: Any
+    tiled: Any
+    thr: Any
+    tiler: Tuple[int, int]
+    tXcX: cute.Tensor
+
+    def src(self, mT: cute.Tensor, tile, c) -> cute.Tensor:
+        """This thread's slice of tile (``tile``, ``c``) of ``mT``, read from."""
+        return self.thr.partition_S(cute.local_tile(mT, self.tiler, (tile, c)))
+
+    def dst(self, mT: cute.Tensor, tile, c) -> cute.Tensor:
+        """This thread's slice of tile (``tile``, ``c``) of ``mT``, written to."""
+        return self.thr.partition_D(cute.local_tile(mT, self.tiler, (tile, c)))
+
+    def fragment(self, mT: cute.Tensor, dtype=None) -> cute.Tensor:
+        """Registers shaped like this thread's slice of a tile of ``mT`` (in ``dtype``: fp32
+        accumulators)."""
+        tXgX = self.thr.partition_S(cute.local_tile(mT, self.tiler, (0, 0)))
+        if dtype is None:
+            return cute.make_fragment_like(tXgX)
+        return cute.make_fragment_like(tXgX, dtype)
+
+    def tile_at(self, mT: cute.Tensor, row0, c) -> cute.Tensor:
+        """The tile of ``mT`` whose first row is ``row0``, column chunk c. A tile of several rows
+        is anchored at ``row0`` (a strip need not start on a multiple of its rows); a tile of
+        one row is simply tile ``row0``."""
+        if cutlass.const_expr(self.tiler[0] == 1):
+            return cute.local_tile(mT, self.tiler, (row0, c))
+        return cute.local_tile(cute.domain_offset((row0, 0), mT), self.tiler, (0, c))
+
     @cute.jit
-    def column_predicate(self, tXcX, c, row_ok=None):
-        """One flag per column block of chunk c (``tXcX``: the coordinates of chunk 0; ``c``
-        static, or a cluster CTA's rank: its chunk of the row): does the block start before N
-        (and, when given, is the row valid)?
+    def column_predicate(self, c, row_ok=None):
+        """One flag per column block of chunk c (``c`` static, or a cluster CTA's rank: its chunk
+        of the row): does the block start before N (and, when given, is the row valid)?
 
         A thread's slice of the tile has shape ((vec, vecs_per_thread), 1, 1): the column blocks
         are the second sub-mode of mode 0, not a mode of their own. One flag per copy suffices:
@@ -77,7 +166,7 @@ class RowTiles:
         pred = cute.make_rmem_tensor(
             cute.make_layout((p.vecs_per_thread, 1, 1), stride=(1, 0, 0)), cutlass.Boolean)
         for k in cutlass.range_constexpr(p.vecs_per_thread):
-            col_ok = tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
+            col_ok = self.tXcX[(0, k), 0, 0][1] + c * p.cols_per_tile < p.N
             if cutlass.const_expr(row_ok is None):
                 pred[k, 0, 0] = col_ok
             else:
@@ -85,50 +174,32 @@ class RowTiles:
         return pred
 
     @cute.jit
-    def load_weight(self, mW, tiler, thr_x, tXcX, c):
+    def load_rows(self, tensors, regs, row0, c, row_ok=None):
+        """Registers ``regs`` <- column chunk c of each of ``tensors`` in the tile from row
+        ``row0`` (``tile_at``; ``c`` as in ``column_predicate``); zeros where predicated off, so
+        padding columns and rows add nothing to a sum."""
+        pred = self.column_predicate(c, row_ok)
+        for tXrT in regs:
+            tXrT.fill(0)
+        for mT, tXrT in zip(tensors, regs):
+            cute.copy(self.tiled, self.thr.partition_S(self.tile_at(mT, row0, c)), tXrT,
+                      pred=pred)
+
+    @cute.jit
+    def weight(self, mW: cute.Tensor, c):
         """Registers holding w (its own dtype) for this thread's columns of chunk c (as in
         ``column_predicate``), in x's fragment layout. A wider weight (fp32 w with bf16 x) takes
         as many 16-byte copies per column block as it needs (autovec_copy)."""
-        tWgW = thr_x.partition_S(cute.local_tile(mW, tiler, (0, c)))
+        tWgW = self.src(mW, 0, c)
         tWrW = cute.make_fragment_like(tWgW)
         tWrW.fill(0)
-        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
-            if tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
-                cute.autovec_copy(tWgW[(None, k), None, None], tWrW[(None, k), None, None])
+        self.copy_columns(tWgW, tWrW, c)
         return tWrW
 
-    # -- the staged kernels' ring of rows in shared memory (forward_staged, backward_staged) --
-
-    def ring_copies(self, tiler, tidx, mX):
-        """``(g2s, thr_g2s, tiled_x, thr_x, tXcX)``: the global -> shared ``cp.async`` copy of a
-        tile and the plain copy between memory and registers, with thread ``tidx``'s slices of
-        both, and that thread's coordinates in chunk 0 of ``mX``. The two partition a chunk
-        alike, so a thread reads back from shared memory exactly what its own cp.async wrote:
-        the ring needs no barrier."""
-        g2s = self.make_async_copy(tiler)
-        tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
-        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, 0)))
-        return g2s, g2s.get_slice(tidx), tiled_x, thr_x, tXcX
-
     @cute.jit
-    def stage(self, g2s, thr_g2s, rows, rings, tiler, tXcX, row, st, row_end):
-        """One cp.async group: this thread's copies of ``row`` of each of ``rows`` (None: not
-        staged) into stage ``st`` of its ring in ``rings`` (none past the strip's end: the group
-        is then empty, and the count of groups the waits rely on stays one per row)."""
-        for c in cutlass.range_constexpr(self.plan.chunks):
-            pred = self.column_predicate(tXcX, c, row < row_end)
-            for m, s in zip(rows, rings):
-                if cutlass.const_expr(m is not None):
-                    cute.copy(g2s, thr_g2s.partition_S(cute.local_tile(m, tiler, (row, c))),
-                              thr_g2s.partition_D(cute.local_tile(s, tiler, (st, c))), pred=pred)
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def read_stage(self, thr_x, ring, tiler, st, c: cutlass.Constexpr[int]):
-        """This thread's elements of column chunk c in stage ``st`` of ``ring``, in registers."""
-        tXsX = thr_x.partition_S(cute.local_tile(ring, tiler, (st, c)))
-        tXrX = cute.make_fragment_like(tXsX)
-        cute.autovec_copy(tXsX, tXrX)
-        return tXrX
+    def copy_columns(self, tXsrc, tXdst, c):
+        """``tXdst`` <- ``tXsrc`` (this thread's slices of chunk c) for the column blocks before
+        N, by autovec_copy: the fp32 dW rows and the weight."""
+        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
+            if self.tXcX[(0, k), 0, 0][1] + c * self.plan.cols_per_tile < self.plan.N:
+                cute.autovec_copy(tXsrc[(None, k), None, None], tXdst[(None, k), None, None])

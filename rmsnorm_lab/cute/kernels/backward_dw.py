@@ -15,6 +15,7 @@ from cutlass.memory import SmemAllocator
 from .backward import _Common
 from ..plan.backward import BackwardPlan
 from ..device.pdl import wait_for_previous_grid
+from ..device.tiles import strip_rows
 
 
 class RMSNormBackwardDW(_Common):
@@ -32,10 +33,7 @@ class RMSNormBackwardDW(_Common):
         p = self.plan
         M = Int32(gX.shape[0])
         row_groups = Int32(gDwP.shape[0])
-        lddy = cute.assume(Int32(gDy.stride[0]), divby=p.vec)
-        ldx = cute.assume(Int32(gX.stride[0]), divby=p.vec)
-        mDy = cute.make_tensor(gDy.iterator, cute.make_layout((M, p.N), stride=(lddy, 1)))
-        mX = cute.make_tensor(gX.iterator, cute.make_layout((M, p.N), stride=(ldx, 1)))
+        mDy, mX = self.row_tensor(gDy, M), self.row_tensor(gX, M)
         mRstd = cute.make_tensor(gRstd.iterator, cute.make_layout((M,)))
         mDwP = cute.make_tensor(gDwP.iterator,
                                 cute.make_layout((row_groups, p.N), stride=(p.N, 1)))
@@ -55,23 +53,14 @@ class RMSNormBackwardDW(_Common):
         if cutlass.const_expr(p.pdl):
             wait_for_previous_grid()
 
-        # This group's rows, balanced as in backward_plan.strip_bounds.
-        q = M // groups
-        r = M % groups
-        row_start = group * q + cutlass.min(group, r)
-        row_end = (group + 1) * q + cutlass.min(group + 1, r)
-
+        row_start, row_end = strip_rows(M, group, groups)  # this group's rows
         tiler = (p.rows_per_cta, p.cols_per_tile)
-        tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
         # Column coordinates of this thread's elements in column block col_block (the row part
         # of these coordinates is unused: the row is row_lane past the tile's first row).
-        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, col_block)))
+        cp = self.row_copy(tiler, tidx, mX, (0, col_block))
 
         # dw_unroll rows per row lane per step, each with its own x and dy registers.
-        tXrX = [cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
-                for _ in range(p.dw_unroll)]
+        tXrX = [cp.fragment(mX) for _ in range(p.dw_unroll)]
         tXrDy = [cute.make_fragment_like(tXrX[0]) for _ in range(p.dw_unroll)]
         tXrDw = cute.make_fragment_like(tXrX[0], Float32)
         tXrDw.fill(0.0)
@@ -89,17 +78,16 @@ class RMSNormBackwardDW(_Common):
                 row = row0 + u * p.rows_per_cta + row_lane
                 rstd[u] = mRstd[cutlass.min(row, row_end - 1)]
                 first = row0 + u * p.rows_per_cta
-                gX = cute.local_tile(cute.domain_offset((first, 0), mX), tiler, (0, col_block))
-                gDy = cute.local_tile(cute.domain_offset((first, 0), mDy), tiler,
-                                      (0, col_block))
+                gX = cp.tile_at(mX, first, col_block)
+                gDy = cp.tile_at(mDy, first, col_block)
                 # Built in the loop: a predicate tensor built before the dynamic loop and used
                 # inside it failed to compile (cute.copy received an ArithValue, DSL 4.8.1); the
                 # compiler hoists the loop-invariant column flags anyway.
-                pred = self.column_predicate(tXcX, 0, row < row_end)
+                pred = cp.column_predicate(0, row < row_end)
                 tXrX[u].fill(0)
                 tXrDy[u].fill(0)
-                cute.copy(tiled_x, thr_x.partition_S(gX), tXrX[u], pred=pred)
-                cute.copy(tiled_x, thr_x.partition_S(gDy), tXrDy[u], pred=pred)
+                cute.copy(cp.tiled, cp.thr.partition_S(gX), tXrX[u], pred=pred)
+                cute.copy(cp.tiled, cp.thr.partition_S(gDy), tXrDy[u], pred=pred)
             for u in cutlass.range_constexpr(p.dw_unroll):
                 x_hat = tXrX[u].load().to(Float32) * rstd[u]
                 tXrDw.store(tXrDw.load()
@@ -112,7 +100,7 @@ class RMSNormBackwardDW(_Common):
         sAcc = smem.allocate_tensor(
             Float32, cute.make_layout((p.rows_per_cta, p.cols_per_tile),
                                       stride=(p.cols_per_tile, 1)), byte_alignment=16)
-        cute.autovec_copy(tXrDw, thr_x.partition_D(sAcc))
+        cute.autovec_copy(tXrDw, cp.thr.partition_D(sAcc))
         cute.arch.sync_threads()
         for col in cutlass.range(tidx, p.cols_per_tile, p.threads):
             total = Float32(0.0)

@@ -1,5 +1,5 @@
-"""CuTe DSL RMSNorm forward: one kernel class for four variants chosen by the plan, and one for
-rows split over a thread-block cluster.
+"""CuTe DSL RMSNorm forward: one kernel class for four variants chosen by the plan, its fused
+residual add, and one class for rows split over a thread-block cluster.
 
 * ``row``        one CTA per row; the row lives in registers between the reduction and the store.
 * ``persistent`` the same tile, but the grid is sized from the SM count and each CTA loops over
@@ -11,9 +11,12 @@ rows split over a thread-block cluster.
 * ``cluster``    (``RMSNormClusterForward``) a row too wide for one CTA's registers over the CTAs
                  of a cluster, their partial sums exchanged through distributed shared memory.
 
-Rows wider than the register budget (``plan.chunks > 1``), and rows of 16 KB (see plan/forward.py), stream
-through registers in column chunks: one pass for the sum of squares, a second pass to normalize
-that starts from the last chunk, still in registers, and re-reads the others (from L2).
+``RMSNormForward.kernel`` runs one of two schedules: ``tile_group`` (several tiles of short rows
+a CTA) or ``tile_loop`` (tile after tile). Rows wider than the register budget
+(``plan.chunks > 1``), and rows of 16 KB (see plan/forward.py), stream through registers in
+column chunks: one pass for the sum of squares, a second pass to normalize that starts from the
+last chunk, still in registers, and re-reads the others (from L2); ``chunk_steps`` orders both
+passes' loads.
 
 Naming follows the CUTLASS examples: ``mX`` whole tensor, ``gX`` this CTA's tile, ``tXgX`` this
 thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those elements.
@@ -21,18 +24,38 @@ thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 from cutlass import Float32, Int32
 
-from ..device import cluster_sum
+from ..device.cluster_sum import ClusterRows
 from ..device.pdl import wait_for_previous_grid
 from ..plan.forward import ForwardPlan
-from ..device.reduce import SLOTS, row_sum
-from ..device.tiles import EVICT, RowTiles, strip_rows
+from ..device.reduce import row_sum, row_sum_bytes, row_sum_slots
+from ..device.tiles import EVICT, RowCopy, RowThread, RowTiles
 from ..dtypes import TORCH_TO_CUTE
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardArgs:
+    """The kernel's arguments, at trace time, for its schedules (the part of CUTLASS's kernel
+    ``Params`` a launch fills): x, w, y, rstd, eps, the weight's offset, and the fused add's
+    residual and h (each tensor None where the plan has none)."""
+
+    mX: cute.Tensor
+    mW: Optional[cute.Tensor]
+    mY: cute.Tensor
+    mRstd: Optional[cute.Tensor]
+    eps: Float32
+    offset: Float32
+    mR: Optional[cute.Tensor]
+    mH: Optional[cute.Tensor]
+
 
 class RMSNormForward(RowTiles):
     """``__call__`` is the host side (builds tensors, launches); ``kernel`` is the device body."""
@@ -51,19 +74,8 @@ class RMSNormForward(RowTiles):
         """Host side. The arguments arrive with dynamic layouts ((M, N):(ld, 1) for x and y), so
         one compilation serves every M and row stride, whatever marshaled them (TVM-FFI,
         from_dlpack, fake tensors); the layouts the kernel indexes are rebuilt here with N static
-        and the row strides' divisibility made known to the compiler (``rows``)."""
+        and the row strides' divisibility made known to the compiler (``row_tensor``)."""
         self.launch(gX, gW, gY, gRstd, None, None, grid, eps, offset, stream)
-
-    def rows(self, g: cute.Tensor, M):
-        """``g`` as (M, N) rows with N static and 32-bit strides divisible by the copy width.
-
-        32-bit sizes and strides (the launcher refuses tensors of 2^31 elements or more):
-        TVM-FFI hands over 64-bit ones, and 64-bit index math costs the row kernel registers,
-        resident CTAs per SM and bandwidth (docs/design-record.md, 'Kernels: 32-bit indices').
-        The launcher guarantees row strides divisible by the copy width (plan eligibility);
-        telling the compiler lets it prove every copy is 16-byte aligned."""
-        ld = cute.assume(Int32(g.stride[0]), divby=self.plan.vec)
-        return cute.make_tensor(g.iterator, cute.make_layout((M, self.plan.N), stride=(ld, 1)))
 
     def weight_and_rstd(self, gW, gRstd, M):
         """``(mW, mRstd)``: the weight seen as a (rows_per_cta, N) tensor with row stride 0 (every
@@ -80,22 +92,22 @@ class RMSNormForward(RowTiles):
         return mW, mRstd
 
     def tensors(self, gX, gW, gY, gRstd):
-        """``(M, mX, mW, mY, mRstd)``: the row count and the kernel's tensors (``rows``,
+        """``(M, mX, mW, mY, mRstd)``: the row count and the kernel's tensors (``row_tensor``,
         ``weight_and_rstd``), what every forward's launch builds first."""
         M = Int32(gX.shape[0])
         mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
-        return M, self.rows(gX, M), mW, self.rows(gY, M), mRstd
+        return M, self.row_tensor(gX, M), mW, self.row_tensor(gY, M), mRstd
 
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Builds the kernel's tensors and launches it (traced inside a ``cute.jit`` host
         function; ``gR``/``gH``: the fused add's residual and h, or None)."""
         p = self.plan
         M, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
-        mR = self.rows(gR, M) if gR is not None else None
-        mH = self.rows(gH, M) if gH is not None else None
+        mR = self.row_tensor(gR, M) if gR is not None else None
+        mH = self.row_tensor(gH, M) if gH is not None else None
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
-            smem_bytes = SLOTS * p.rows_per_cta * self.warps_per_row * 4
+            smem_bytes = row_sum_bytes(p.rows_per_cta, self.warps_per_row)
         # A launch bound makes ptxas fit min_ctas_per_sm CTAs on an SM (the tiles of one copy a
         # chunk: 32 registers); carveout 0 leaves the SM's memory to L1, where the weight's
         # re-reads hit (the kernel needs a few bytes of shared memory).
@@ -110,147 +122,134 @@ class RMSNormForward(RowTiles):
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
+        a = ForwardArgs(mX, mW, mY, mRstd, eps, offset, mR, mH)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         M = mX.shape[0]
-        row_in_cta = tidx // p.threads_per_row
-        warp_in_row = (tidx % p.threads_per_row) // 32
-        lane = tidx % 32
+        t = RowThread(tidx, bidx, gdim, row=tidx // p.threads_per_row,
+                       warp=(tidx % p.threads_per_row) // 32, lane=tidx % 32)
         if cutlass.const_expr(p.pdl):
             wait_for_previous_grid()  # before any global access (device/pdl.py)
 
         sBuf = None
         if cutlass.const_expr(self.warps_per_row > 1):
             smem = SmemAllocator()
-            sBuf = smem.allocate_tensor(
-                Float32, cute.make_layout((SLOTS, p.rows_per_cta, self.warps_per_row)),
-                byte_alignment=4)
+            sBuf = row_sum_slots(smem, p.rows_per_cta, self.warps_per_row)
 
-        tiler = (p.rows_per_cta, p.cols_per_tile)
-        tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
-
-        # Coordinates of this thread's elements in tile (0, 0); a tile at (t, c) adds
-        # (t * rows_per_cta, c * cols_per_tile). Column blocks at or past N are predicated off.
-        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, 0)))
-        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
-
+        cp = self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mX)
+        tXrX = cp.fragment(mX)
         # The weight stays in registers in its own dtype (an fp32 copy of offset + w would double
         # its registers), loaded before the row where the plan says so (``weight_up_front``),
         # else after the reduction, for each chunk.
         tWrW = None
         if cutlass.const_expr(self.w_type is not None and p.weight_up_front):
-            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
+            tWrW = cp.weight(mW, 0)
 
         if cutlass.const_expr(p.tiles_per_cta > 1):
-            self.tile_group(mX, mW, mY, mRstd, mR, mH, eps, offset, tiled_x, thr_x, tiler, tXcX,
-                            tXrX, bidx * p.tiles_per_cta, row_in_cta, lane)
-            return
+            self.tile_group(a, t, cp, tXrX)
+        else:
+            self.tile_loop(a, t, cp, tXrX, tWrW, M, sBuf)
 
+    @cute.jit
+    def tile_loop(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX, tWrW, M, sBuf):
+        """Tile after tile, ``bidx``, ``bidx + gdim``, ... (one tile per CTA, or a persistent
+        grid): the sum of squares over the row's chunks, the row sum, then the chunks again,
+        normalized and stored (``chunk_steps``: the order of their loads)."""
+        p = self.plan
+        mX, mW, mY, mRstd, mR, mH = a.mX, a.mW, a.mY, a.mRstd, a.mR, a.mH
         num_tiles = cute.ceil_div(M, p.rows_per_cta)
         # Pipelined chunks: a second register copy takes chunk c+1's loads while chunk c is
-        # used, so each chunk does not pay a full memory latency of its own.
-        tXrX2 = None
+        # used; chunk c lives in regs[c % len(regs)].
+        regs = [tXrX]
         if cutlass.const_expr(p.pipeline_chunks):
-            tXrX2 = cute.make_fragment_like(tXrX)
+            regs = [tXrX, cute.make_fragment_like(tXrX)]
         # Prefetch (persistent): the CTA's next row is loaded into a second register copy while
         # this one is reduced and stored, so every CTA keeps a row's loads in flight.
         tXrXn = None
         if cutlass.const_expr(p.prefetch):
             tXrXn = cute.make_fragment_like(tXrX)
-            self.load_chunk(tiled_x, thr_x, mX, tiler, bidx, 0, tXcX, tXrXn, bidx < num_tiles)
+            self.load_chunk(cp, mX, t.bidx, 0, tXrXn, t.bidx < num_tiles)
         slot = Int32(0)  # the row sum's shared-memory slot, alternating (reduce.row_sum)
-        for tile in cutlass.range(bidx, num_tiles, gdim):
-            row = tile * p.rows_per_cta + row_in_cta
+        for tile in cutlass.range(t.bidx, num_tiles, t.gdim):
+            row = tile * p.rows_per_cta + t.row
             row_ok = row < M
             if cutlass.const_expr(p.prefetch):
                 tXrX.store(tXrXn.load())
-                self.load_chunk(tiled_x, thr_x, mX, tiler, tile + gdim, 0, tXcX, tXrXn,
-                                tile + gdim < num_tiles)
+                self.load_chunk(cp, mX, tile + t.gdim, 0, tXrXn, tile + t.gdim < num_tiles)
 
             # Pass 1: sum of squares (chunks == 1 keeps x in tXrX for pass 2).
             ss = Float32(0.0)
-            if cutlass.const_expr(p.pipeline_chunks):
-                bufs = [tXrX, tXrX2]
-                self.load_chunk(tiled_x, thr_x, mX, tiler, tile, 0, tXcX, bufs[0], row_ok,
-                                self.first_pass_evict(0))
-                for c in cutlass.range_constexpr(p.chunks):
-                    if cutlass.const_expr(c + 1 < p.chunks):
-                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c + 1, tXcX,
-                                        bufs[(c + 1) % 2], row_ok, self.first_pass_evict(c + 1))
-                    ss = ss + self.sum_of_squares(bufs[c % 2])
-            else:
-                for c in cutlass.range_constexpr(p.chunks):
-                    if cutlass.const_expr(not p.prefetch):
-                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c, tXcX, tXrX, row_ok,
-                                        self.first_pass_evict(c))
+            for load, use in self.chunk_steps(list(range(p.chunks)), p.prefetch):
+                if cutlass.const_expr(load is not None):
+                    self.load_chunk(cp, mX, tile, load, regs[load % len(regs)], row_ok,
+                                    self.first_pass_evict(load))
+                if cutlass.const_expr(use is not None):
+                    tXrXc = regs[use % len(regs)]
                     if cutlass.const_expr(p.residual):
-                        self.add_residual(tiled_x, thr_x, mR, mH, tiler, tile, c, tXcX, tXrX,
-                                          row_ok)
-                    ss = ss + self.sum_of_squares(tXrX)
-            ss = row_sum(ss, sBuf, slot, row_in_cta, warp_in_row, lane, self.warps_per_row,
+                        self.add_residual(cp, mR, mH, tile, use, tXrXc, row_ok)
+                    ss = ss + self.sum_of_squares(tXrXc)
+            ss = row_sum(ss, sBuf, slot, t.row, t.warp, t.lane, self.warps_per_row,
                          min(p.threads_per_row, 32))
             slot = slot ^ 1
-            rstd = self.row_rstd(ss, eps, mRstd, row, row_ok and tidx % p.threads_per_row == 0)
+            rstd = self.row_rstd(ss, a.eps, mRstd, row,
+                                 row_ok and t.tidx % p.threads_per_row == 0)
 
-            # Pass 2: normalize, scale, store.
-            if cutlass.const_expr(p.pipeline_chunks):
-                # Backwards: the last chunk of pass 1 is still in registers.
-                for i in cutlass.range_constexpr(p.chunks):
-                    c = p.chunks - 1 - i
-                    if cutlass.const_expr(c > 0):
-                        self.load_chunk(tiled_x, thr_x, mX, tiler, tile, c - 1, tXcX,
-                                        bufs[(c - 1) % 2], row_ok, "first")
-                    chunk_w = None
-                    if cutlass.const_expr(self.w_type is not None):
-                        chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
-                    self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, bufs[c % 2],
-                                     rstd, chunk_w, offset, row_ok)
-            else:
-                for i in cutlass.range_constexpr(p.chunks):
-                    # Backwards: the last chunk of pass 1 is still in registers.
-                    c = p.chunks - 1 - i
-                    chunk_w = tWrW
-                    if cutlass.const_expr(i > 0):  # h, with a residual: pass 1 stored it
-                        self.load_chunk(tiled_x, thr_x, mH if p.residual else mX, tiler, tile,
-                                        c, tXcX, tXrX, row_ok, "first")
-                    if cutlass.const_expr(self.w_type is not None and tWrW is None):
-                        chunk_w = self.load_weight(mW, tiler, thr_x, tXcX, c)
-                    self.store_chunk(tiled_x, thr_x, mY, tiler, tile, c, tXcX, tXrX, rstd,
-                                     chunk_w, offset, row_ok)
+            # Pass 2: normalize, scale, store; backwards, from the last chunk of pass 1, still in
+            # registers (h, with a residual: pass 1 stored it).
+            for load, use in self.chunk_steps(list(reversed(range(p.chunks))), True):
+                chunk_w = tWrW
+                if cutlass.const_expr(load is not None):
+                    self.load_chunk(cp, mH if p.residual else mX, tile, load,
+                                    regs[load % len(regs)], row_ok, "first")
+                if cutlass.const_expr(self.w_type is not None and tWrW is None):
+                    chunk_w = cp.weight(mW, use)
+                self.store_chunk(cp, mY, tile, use, regs[use % len(regs)], rstd, chunk_w,
+                                 a.offset, row_ok)
+
+    def chunk_steps(self, order, resident: bool):
+        """One pass over the row's column chunks in ``order``, step by step, as ``(load, use)``:
+        the chunk whose loads go out, then the chunk worked on (None: none). Pipelined chunks
+        (``plan.pipeline_chunks``) load one chunk ahead, so its loads are in flight while the
+        chunk before it is used; otherwise a chunk is loaded just before its use. ``resident``:
+        the pass's first chunk is in registers already (the last chunk of pass 1, the
+        prefetched row)."""
+        ahead = 1 if self.plan.pipeline_chunks else 0
+        steps = []
+        for s in range(0 if resident else -ahead, len(order)):
+            k = s + ahead
+            load = order[k] if k < len(order) and not (resident and k == 0) else None
+            steps.append((load, order[s] if s >= 0 else None))
+        return steps
 
     @cute.jit
-    def tile_group(self, mX, mW, mY, mRstd, mR, mH, eps: Float32, offset: Float32, tiled_x,
-                   thr_x, tiler, tXcX, tXrX, first: Int32, row_in_cta: Int32, lane: Int32):
-        """Tiles ``first`` .. ``first + tiles_per_cta - 1`` (rows a warp or less wide, one chunk):
-        every tile's loads (x's, and the residual's) are issued into registers of their own
-        before the first tile is reduced, so a thread has as many 16-byte loads in flight as it
-        has tiles. A tile of short rows gives a thread one copy, too little to cover DRAM
-        latency."""
+    def tile_group(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX):
+        """The CTA's ``tiles_per_cta`` tiles (rows a warp or less wide, one chunk): every tile's
+        loads (x's, and the residual's) are issued into registers of their own before the first
+        tile is reduced, so a thread has as many 16-byte loads in flight as it has tiles. A tile
+        of short rows gives a thread one copy, too little to cover DRAM latency."""
         p = self.plan
-        M = mX.shape[0]
+        M = a.mX.shape[0]
         tiles = p.tiles_per_cta
+        first = t.bidx * tiles
         bufs = [tXrX] + [cute.make_fragment_like(tXrX) for _ in range(tiles - 1)]
         res = [cute.make_fragment_like(tXrX) for _ in range(tiles if p.residual else 0)]
-        for m, regs in ((mX, bufs), (mR, res)):
+        for m, regs in ((a.mX, bufs), (a.mR, res)):
             for j in cutlass.range_constexpr(len(regs)):
-                self.load_chunk(tiled_x, thr_x, m, tiler, first + j, 0, tXcX, regs[j],
-                                (first + j) * p.rows_per_cta + row_in_cta < M)
+                self.load_chunk(cp, m, first + j, 0, regs[j],
+                                (first + j) * p.rows_per_cta + t.row < M)
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
-            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, 0)
+            tWrW = cp.weight(a.mW, 0)
         for j in cutlass.range_constexpr(tiles):
-            row = (first + j) * p.rows_per_cta + row_in_cta
+            row = (first + j) * p.rows_per_cta + t.row
             if cutlass.const_expr(p.residual):
-                self.store_h(tiled_x, thr_x, mH, tiler, first + j, 0, tXcX, bufs[j], res[j],
-                             row < M)
-            ss = row_sum(self.sum_of_squares(bufs[j]), None, 0, row_in_cta, 0, lane, 1,
+                self.store_h(cp, a.mH, first + j, 0, bufs[j], res[j], row < M)
+            ss = row_sum(self.sum_of_squares(bufs[j]), None, 0, t.row, 0, t.lane, 1,
                          p.threads_per_row)
-            rstd = self.row_rstd(ss, eps, mRstd, row, row < M and lane % p.threads_per_row == 0)
-            self.store_chunk(tiled_x, thr_x, mY, tiler, first + j, 0, tXcX, bufs[j], rstd, tWrW,
-                             offset, row < M)
+            rstd = self.row_rstd(ss, a.eps, a.mRstd, row,
+                                 row < M and t.lane % p.threads_per_row == 0)
+            self.store_chunk(cp, a.mY, first + j, 0, bufs[j], rstd, tWrW, a.offset, row < M)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
@@ -268,22 +267,19 @@ class RMSNormForward(RowTiles):
         return "first" if c == self.plan.chunks - 1 else "last"
 
     @cute.jit
-    def add_residual(self, tiled_x, thr_x, mR, mH, tiler, tile, c: cutlass.Constexpr[int], tXcX,
-                     tXrX, row_ok):
+    def add_residual(self, cp: RowCopy, mR, mH, tile, c: cutlass.Constexpr[int], tXrX, row_ok):
         """The fused add on column chunk c: registers <- h = x + residual (fp32 sum rounded to
         x's dtype, as the model's own add), stored to h."""
         tXrR = cute.make_fragment_like(tXrX)
-        self.load_chunk(tiled_x, thr_x, mR, tiler, tile, c, tXcX, tXrR, row_ok)
-        self.store_h(tiled_x, thr_x, mH, tiler, tile, c, tXcX, tXrX, tXrR, row_ok)
+        self.load_chunk(cp, mR, tile, c, tXrR, row_ok)
+        self.store_h(cp, mH, tile, c, tXrX, tXrR, row_ok)
 
     @cute.jit
-    def store_h(self, tiled_x, thr_x, mH, tiler, tile, c: cutlass.Constexpr[int], tXcX, tXrX,
-                tXrR, row_ok):
+    def store_h(self, cp: RowCopy, mH, tile, c: cutlass.Constexpr[int], tXrX, tXrR, row_ok):
         """Registers ``tXrX`` <- h = x + residual (``tXrR``), stored to column chunk c of h."""
         tXrX.store((tXrX.load().to(Float32) + tXrR.load().to(Float32)).to(self.x_type))
         if row_ok:
-            tXgH = thr_x.partition_D(cute.local_tile(mH, tiler, (tile, c)))
-            cute.copy(tiled_x, tXrX, tXgH, pred=self.column_predicate(tXcX, c))
+            cute.copy(cp.tiled, tXrX, cp.dst(mH, tile, c), pred=cp.column_predicate(c))
 
     @cute.jit
     def sum_of_squares(self, tXrX) -> Float32:
@@ -292,18 +288,18 @@ class RMSNormForward(RowTiles):
         return (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
     @cute.jit
-    def store_chunk(self, tiled_x, thr_x, mY, tiler, tile, c: cutlass.Constexpr[int], tXcX, tXrX,
-                    rstd: Float32, tWrW, offset: Float32, row_ok):
+    def store_chunk(self, cp: RowCopy, mY, tile, c: cutlass.Constexpr[int], tXrX, rstd: Float32,
+                    tWrW, offset: Float32, row_ok):
         """Column chunk c of y <- normalize(registers)."""
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
         tXrY = cute.make_fragment_like(tXrX)
         tXrY.store(y.to(self.x_type))
-        tXgY = thr_x.partition_D(cute.local_tile(mY, tiler, (tile, c)))
-        store = tiled_x
+        tXgY = cp.dst(mY, tile, c)
+        store = cp.tiled
         if cutlass.const_expr(self.plan.stream_y):
             store = self.streaming_store()
         if row_ok:
-            cute.copy(store, tXrY, tXgY, pred=self.column_predicate(tXcX, c))
+            cute.copy(store, tXrY, tXgY, pred=cp.column_predicate(c))
 
     def streaming_store(self):
         """y's copy where ``plan.stream_y``: ``st.global.cs``, evict first, so y's lines leave
@@ -331,19 +327,19 @@ class RMSNormForward(RowTiles):
         return y
 
     @cute.jit
-    def load_chunk(self, tiled_x, thr_x, mX, tiler, tile, c: cutlass.Constexpr[int], tXcX,
-                   tXrX, row_ok, evict: cutlass.Constexpr = None):
+    def load_chunk(self, cp: RowCopy, mX, tile, c: cutlass.Constexpr[int], tXrX, row_ok,
+                   evict: cutlass.Constexpr = None):
         """Registers <- column chunk c of this thread's row; zeros where predicated off, so the
         sum of squares needs no mask. ``evict`` ("last", "first"; where ``plan.l2_hints``): the
         load's L1 and L2 eviction priority."""
         tXrX.fill(0)
         if row_ok:
-            tXgX = thr_x.partition_S(cute.local_tile(mX, tiler, (tile, c)))
-            pred = self.column_predicate(tXcX, c)
+            tXgX = cp.src(mX, tile, c)
+            pred = cp.column_predicate(c)
             if cutlass.const_expr(evict is None or not self.plan.l2_hints):
-                cute.copy(tiled_x, tXgX, tXrX, pred=pred)
+                cute.copy(cp.tiled, tXgX, tXrX, pred=pred)
             else:
-                cute.copy(self.make_tiled_copy(tiler, evict), tXgX, tXrX, pred=pred,
+                cute.copy(self.make_tiled_copy(cp.tiler, evict), tXgX, tXrX, pred=pred,
                           cache_policy=cutlass.Int64(EVICT[evict][1]))
 
 
@@ -363,14 +359,12 @@ class RMSNormFusedAddForward(RMSNormForward):
         self.launch(gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream)
 
 
-class RMSNormClusterForward(RMSNormForward):
+class RMSNormClusterForward(ClusterRows, RMSNormForward):
     """``cluster``: rows too wide for one CTA's registers, each split over the ``plan.cluster_n``
-    CTAs of a thread-block cluster. The grid is persistent: cluster s walks strip s of the rows;
-    CTA ``rank`` of the cluster holds columns ``[rank * cols_per_tile, (rank + 1) *
-    cols_per_tile)`` of the row, and its slice of w for the whole strip. Per row each CTA reduces
-    its sum of squares and the cluster's CTAs add theirs through distributed shared memory
-    (``cluster_sum.exchange``), while the next row's slice loads into a second set of registers.
-    The row is read once and written once."""
+    CTAs of a thread-block cluster (``cluster_sum.ClusterRows``): cluster s walks strip s of the
+    rows; each CTA keeps its slice of w for the whole strip, and loads its slice of the next row
+    into a second set of registers while this row's sum crosses the cluster. The row is read
+    once and written once."""
 
     def __init__(self, plan: ForwardPlan):
         assert plan.variant == "cluster" and plan.cluster_n > 1 and plan.chunks == 1
@@ -378,70 +372,30 @@ class RMSNormClusterForward(RMSNormForward):
 
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Host side: ``grid`` is the strips (``plan.grid``), one cluster each."""
-        p = self.plan
         _, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
-        smem_bytes = SLOTS * self.warps_per_row * 4 + cluster_sum.smem_bytes(p.cluster_n)
-        self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
-            grid=[grid * p.cluster_n, 1, 1], block=[p.threads, 1, 1],
-            cluster=[p.cluster_n, 1, 1], smem=smem_bytes, stream=stream)
+        self.launch_clusters(self.kernel(mX, mW, mY, mRstd, eps, offset, None, None), grid,
+                             stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
-        p = self.plan
-        cn = p.cluster_n
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        rank = cute.arch.block_idx_in_cluster()
-        strip = bidx // cn
-        n_strips = gdim // cn
-        M = mX.shape[0]
-        warp = tidx // 32
-        lane = tidx % 32
-        smem = SmemAllocator()
-        mbar = cluster_sum.mbarriers(smem)
-        sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
-                                    byte_alignment=4)
-        sSums = cluster_sum.slots(smem, cn)
-        cluster_sum.start(mbar, tidx)  # waited for just before the loop
-
-        tiler = (1, p.cols_per_tile)
-        tiled_x = self.make_tiled_copy(tiler)
-        thr_x = tiled_x.get_slice(tidx)
-        tXcX = thr_x.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tiler,
-                                                 (0, 0)))
-        pred = self.column_predicate(tXcX, rank)  # this CTA's slice is its chunk `rank`
-        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(mX, tiler, (0, 0))))
+        s = self.strip(mX, mW)
+        cp, rank, tXrX, tWrW = s.cp, s.rank, s.tXrX, s.tWrW
         tXrXn = cute.make_fragment_like(tXrX)
         tXrY = cute.make_fragment_like(tXrX)
-        tWrW = None
-        if cutlass.const_expr(self.w_type is not None):
-            tWrW = self.load_weight(mW, tiler, thr_x, tXcX, rank)
 
-        row_start, row_end = strip_rows(M, strip, n_strips)
-        self.load_slice(tiled_x, thr_x, mX, tiler, row_start, rank, tXcX, tXrXn,
-                        row_start < row_end)
+        # x's slice of the strip's first row, then of each next row while this one is reduced;
+        # padding columns and rows past the strip's end load zeros, which add nothing
+        row_start, row_end = s.rows()
+        cp.load_rows((mX,), (tXrXn,), row_start, rank, row_start < row_end)
         cute.arch.cluster_wait()
 
         for row in cutlass.range(row_start, row_end):
             step = row - row_start
             tXrX.store(tXrXn.load())
-            self.load_slice(tiled_x, thr_x, mX, tiler, row + 1, rank, tXcX, tXrXn,
-                            row + 1 < row_end)
-            ss = row_sum(self.sum_of_squares(tXrX), sBuf, step % SLOTS, 0, warp, lane,
-                         self.warps_per_row)
-            total = cluster_sum.exchange(ss, mbar, sSums, step, rank, tidx, cn)
-            rstd = self.row_rstd(total, eps, mRstd, row, rank == 0 and tidx == 0)
+            cp.load_rows((mX,), (tXrXn,), row + 1, rank, row + 1 < row_end)
+            total = s.row_total(self.sum_of_squares(tXrX), step)
+            rstd = self.row_rstd(total, eps, mRstd, row, rank == 0 and s.tidx == 0)
             tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
                        .to(self.x_type))
-            cute.copy(tiled_x, tXrY, thr_x.partition_D(cute.local_tile(mY, tiler, (row, rank))),
-                      pred=pred)
-
-    @cute.jit
-    def load_slice(self, tiled_x, thr_x, mX, tiler, row, rank, tXcX, tXrX, row_ok):
-        """Registers <- this CTA's slice (chunk ``rank``) of x in ``row``; zeros where predicated
-        off (padding columns, a row past the strip's end), which add nothing to the sum."""
-        tXrX.fill(0)
-        cute.copy(tiled_x, thr_x.partition_S(cute.local_tile(mX, tiler, (row, rank))), tXrX,
-                  pred=self.column_predicate(tXcX, rank, row_ok))
+            cute.copy(cp.tiled, tXrY, cp.dst(mY, row, rank), pred=s.pred)

@@ -1,16 +1,16 @@
-"""CuTe DSL RMSNorm forward for rows too wide for one CTA's registers, ringed through shared memory.
+"""CuTe DSL RMSNorm forward for rows too wide for one CTA's registers, ringed through shared
+memory.
 
-``staged``: a persistent grid whose CTAs walk strips of rows. Each CTA keeps a ring of
-``plan.stages`` rows in shared memory, filled by ``cp.async`` (``.cg``: through L2, past L1)
-``stages - 1`` rows ahead of the row it works on, so what is in flight is bounded by shared memory
-(228 KB an SM on Hopper) rather than by registers. The row is read from DRAM once; both passes
-(the sum of squares, then normalize and store) read it from shared memory, and w sits in
-registers for the whole strip. The backward's ``staged`` mode (kernels/backward_staged.py) rings its rows
-the same way. A variant to pick, not ``auto``'s: the chunked row is faster at every width
+``staged``: a persistent grid whose CTAs walk strips of rows, each keeping a ring of
+``plan.stages`` rows in shared memory, filled by ``cp.async`` ``stages - 1`` rows ahead of the
+row it works on (device/ring.py, shared with the backward's ``staged`` mode,
+kernels/backward_staged.py). The row is read from DRAM once; both passes (the sum of squares,
+then normalize and store) read it from shared memory, and w sits in registers for the whole
+strip. A variant to pick, not ``auto``'s: the chunked row is faster at every width
 (docs/design-record.md, 'Forward: variants auto does not launch').
 
-Naming follows kernels/forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice of one
-of its rows.
+Naming follows kernels/forward.py: ``sX`` the ring in shared memory, ``tXsX`` this thread's slice
+of one of its rows.
 """
 
 from __future__ import annotations
@@ -18,21 +18,16 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass.memory import SmemAllocator
 
 from .forward import RMSNormForward
 from ..plan.forward import ForwardPlan
-from ..device.reduce import SLOTS, row_sum
-from ..device.tiles import strip_rows
+from ..device.ring import StagedRows
 
 
-class RMSNormStagedForward(RMSNormForward):
-    """The ``staged`` plan. Row i of a CTA's strip lives in stage ``i % stages`` of the ring.
-    Each thread issues its own 16-byte copies of a row (every column chunk) as one ``cp.async``
-    group and waits only for its own group of the row it works on: a thread reads back exactly
-    the elements it copied (the copy and the reads partition a chunk by the same layout), so the
-    ring needs no barrier, and a stage is refilled only after the same thread has read it. The
-    row sum's barrier is the kernel's only one."""
+class RMSNormStagedForward(StagedRows, RMSNormForward):
+    """The ``staged`` plan: row i of a CTA's strip lives in stage ``i % stages`` of the ring
+    (``ring.RowRing``: a thread waits only for its own copies, so the ring needs no barrier).
+    The row sum's barrier is the kernel's only one."""
 
     def __init__(self, plan: ForwardPlan):
         assert plan.variant == "staged" and plan.stages > 1 and plan.vecs_per_thread == 1
@@ -41,64 +36,38 @@ class RMSNormStagedForward(RMSNormForward):
 
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
         """Host side: ``grid`` strips of one CTA; the ring of stages in shared memory."""
-        p = self.plan
         _, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
-        ring = p.stages * p.N * self.x_type.width // 8
-        smem_bytes = ring + 128 + SLOTS * self.warps_per_row * 4
-        # the launch bound holds ptxas to the registers of the plan's CTAs per SM; the carveout
-        # gives the SM's memory to shared memory, which the rings need
-        self.kernel(mX, mW, mY, mRstd, eps, offset, None, None).launch(
-            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
-            min_blocks_per_mp=p.ctas_per_sm, preferred_smem_carveout=100)
+        self.launch_staged(self.kernel(mX, mW, mY, mRstd, eps, offset, None, None), grid,
+                           stream, rings=1)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
-        S = p.stages
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        M = mX.shape[0]
-        warp = tidx // 32
-        lane = tidx % 32
-
-        smem = SmemAllocator()
-        sX = smem.allocate_tensor(self.x_type, cute.make_layout((S, p.N), stride=(p.N, 1)),
-                                  byte_alignment=128)
-        sBuf = smem.allocate_tensor(Float32, cute.make_layout((SLOTS, 1, self.warps_per_row)),
-                                    byte_alignment=4)
-
-        tiler = (1, p.cols_per_tile)
-        g2s, thr_g2s, tiled_x, thr_x, tXcX = self.ring_copies(tiler, tidx, mX)
-
+        s, ring = self.staged_strip((mX,))
+        (sX,) = ring.rings
+        cp = ring.cp
         # w of every chunk, in registers for the whole strip
         tWrW = [None] * p.chunks
         if cutlass.const_expr(self.w_type is not None):
             for c in cutlass.range_constexpr(p.chunks):
-                tWrW[c] = self.load_weight(mW, tiler, thr_x, tXcX, c)
+                tWrW[c] = cp.weight(mW, c)
 
-        row_start, row_end = strip_rows(M, bidx, gdim)
-        for k in cutlass.range_constexpr(S - 1):
-            self.stage(g2s, thr_g2s, (mX,), (sX,), tiler, tXcX, row_start + k, k, row_end)
-
+        row_start, row_end = s.rows()
+        ring.fill(row_start, row_end)
         for row in cutlass.range(row_start, row_end):
             i = row - row_start
-            self.stage(g2s, thr_g2s, (mX,), (sX,), tiler, tXcX, row + S - 1, (i + S - 1) % S,
-                       row_end)
-            cute.arch.cp_async_wait_group(S - 1)  # this thread's copies of `row` have landed
-            st = i % S
+            ring.refill(row, i, row_end)
+            st = ring.wait(i)
 
             ss = Float32(0.0)
             for c in cutlass.range_constexpr(p.chunks):
-                ss = ss + self.sum_of_squares(self.read_stage(thr_x, sX, tiler, st, c))
-            ss = row_sum(ss, sBuf, i % SLOTS, 0, warp, lane, self.warps_per_row)
-            rstd = self.row_rstd(ss, eps, mRstd, row, tidx == 0)
+                ss = ss + self.sum_of_squares(ring.read(sX, st, c))
+            rstd = self.row_rstd(s.row_sum(ss, i), eps, mRstd, row, s.tidx == 0)
 
             for c in cutlass.range_constexpr(p.chunks):
-                tXrX = self.read_stage(thr_x, sX, tiler, st, c)
+                tXrX = ring.read(sX, st, c)
                 tXrY = cute.make_fragment_like(tXrX)
                 tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW[c], offset)
                            .to(self.x_type))
-                cute.copy(tiled_x, tXrY,
-                          thr_x.partition_D(cute.local_tile(mY, tiler, (row, c))))
+                cute.copy(cp.tiled, tXrY, cp.dst(mY, row, c))
