@@ -116,19 +116,42 @@ def _add_residual(x, R, H, row, r_row_stride, N, cols, mask, HAS_RESIDUAL: tl.co
 
 
 @triton.jit
+def _row_and_rstd(X, R, H, row, x_row_stride, r_row_stride, N, eps, BLOCK: tl.constexpr,
+                  HAS_RESIDUAL: tl.constexpr):
+    """``(x, cols, mask, rstd)`` of a row held in one BLOCK (x is h, stored, with a residual).
+    Masked lanes hold 0, so they add nothing to the sum of squares; it is divided by the true N."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * x_row_stride + cols, mask=mask, other=0.0)
+    x = _add_residual(x, R, H, row, r_row_stride, N, cols, mask, HAS_RESIDUAL)
+    xf = x.to(tl.float32)
+    return x, cols, mask, tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+
+
+@triton.jit
+def _looped_rstd(x_row, R, H, row, r_row_stride, N, eps, BLOCK: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr):
+    """rstd of a row read in BLOCK-wide pieces (h stored, with a residual): per-lane partial sums
+    of squares, reduced across lanes once at the end."""
+    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < N, other=0.0)
+        x = _add_residual(x, R, H, row, r_row_stride, N, cols, cols < N, HAS_RESIDUAL)
+        xf = x.to(tl.float32)
+        sum_sq += xf * xf
+    return tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
+
+
+@triton.jit
 def _rms_norm_fwd_fused(X, Y, W, RSTD, R, H, x_row_stride, r_row_stride, N, eps, offset,
                         BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr,
                         HAS_WEIGHT: tl.constexpr, STORE_RSTD: tl.constexpr,
                         HAS_RESIDUAL: tl.constexpr):
     # int64 row index: row * stride overflows int32 once a tensor passes 2**31 elements.
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(X + row * x_row_stride + cols, mask=mask, other=0.0)
-    x = _add_residual(x, R, H, row, r_row_stride, N, cols, mask, HAS_RESIDUAL)
-    xf = x.to(tl.float32)
-    # Masked lanes hold 0, so they add nothing to the sum of squares; divide by the true N.
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    x, cols, mask, rstd = _row_and_rstd(X, R, H, row, x_row_stride, r_row_stride, N, eps, BLOCK,
+                                        HAS_RESIDUAL)
     if STORE_RSTD:
         tl.store(RSTD + row, rstd)
     if HAS_WEIGHT:
@@ -148,16 +171,8 @@ def _rms_norm_fwd_looped(X, Y, W, RSTD, R, H, x_row_stride, r_row_stride, N, eps
     x_row = X + row * x_row_stride
     y_row = Y + row * N
 
-    # Pass 1: per-lane partial sums of squares, reduced across lanes once at the end (and h
-    # stored, with a residual).
-    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, N, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols, mask=cols < N, other=0.0)
-        x = _add_residual(x, R, H, row, r_row_stride, N, cols, cols < N, HAS_RESIDUAL)
-        xf = x.to(tl.float32)
-        sum_sq += xf * xf
-    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
+    # Pass 1: the sum of squares (and h stored, with a residual).
+    rstd = _looped_rstd(x_row, R, H, row, r_row_stride, N, eps, BLOCK, HAS_RESIDUAL)
     if STORE_RSTD:
         tl.store(RSTD + row, rstd)
 

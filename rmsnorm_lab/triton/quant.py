@@ -25,7 +25,8 @@ import triton.language as tl
 
 from .. import reference
 from . import forward
-from .forward import _add_residual, _normalize, check_rows, check_weight, num_warps_for
+from .forward import (_looped_rstd, _normalize, _row_and_rstd, check_rows, check_weight,
+                      num_warps_for)
 
 _FP8_MAX = tl.constexpr(reference.FP8_MAX)
 _MIN_SCALE = tl.constexpr(reference.FP8_MIN_SCALE)
@@ -71,13 +72,9 @@ def _rms_norm_fp8_fused(X, Q, W, SCALE, SCALES, SCALE_UB, R, H, x_row_stride, r_
                         PER_TOKEN: tl.constexpr, HAS_SCALE_UB: tl.constexpr):
     # SCALE: the static scale (read); SCALES: the per-token scales (written), one per row.
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(X + row * x_row_stride + cols, mask=mask, other=0.0)
-    x = _add_residual(x, R, H, row, r_row_stride, N, cols, mask, HAS_RESIDUAL)
-    xf = x.to(tl.float32)
-    # The forward's statistics, term for term (their order follows the row's layout).
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    # the forward's statistics, term for term (their order follows the row's layout)
+    x, cols, mask, rstd = _row_and_rstd(X, R, H, row, x_row_stride, r_row_stride, N, eps, BLOCK,
+                                        HAS_RESIDUAL)
     y = _y_of(x, W, cols, mask, rstd, offset, CASTING_MODE, HAS_WEIGHT)
     if PER_TOKEN:
         s = _token_scale(tl.max(_abs_skip_nan(y), axis=0), SCALE_UB, HAS_SCALE_UB)
@@ -97,14 +94,7 @@ def _rms_norm_fp8_looped(X, Q, W, SCALE, SCALES, SCALE_UB, R, H, x_row_stride, r
     x_row = X + row * x_row_stride
     q_row = Q + row * N
 
-    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, N, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols, mask=cols < N, other=0.0)
-        x = _add_residual(x, R, H, row, r_row_stride, N, cols, cols < N, HAS_RESIDUAL)
-        xf = x.to(tl.float32)
-        sum_sq += xf * xf
-    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
+    rstd = _looped_rstd(x_row, R, H, row, r_row_stride, N, eps, BLOCK, HAS_RESIDUAL)
 
     if HAS_RESIDUAL:  # later passes read h back (mostly from L2)
         x_row = H + row * N
