@@ -26,7 +26,7 @@ returns an empty ``dw`` and the autograd formula maps it to None.
 
 ``in_place=True`` writes dx into the storage of the incoming gradient dy and hands dy back as dx,
 so a training step holds one fewer activation-sized buffer. The Triton kernel writes dx there
-directly; the CuTe runner and the reference compute dx in a buffer of their own and it is copied
+directly; the CuTe launch and the reference compute dx in a buffer of their own and it is copied
 over (same result, no memory saved on that path: the CuTe split backward's dW kernel reads dy after
 the dx kernel, so writing dx over dy needs care there). This is safe only when nothing else reads
 that gradient afterwards, which this library cannot see: autograd passes the *same* gradient tensor

@@ -39,7 +39,8 @@ inline T attr(const py::handle& spec, const char* name) {
   return spec.attr(name).cast<T>();
 }
 
-// backward_runner.RowsRule: an integer that follows the row count, max(1, min(cap, ceil(M/per))).
+// cute/plan/forward.py RowsRule: an integer that follows the row count,
+// max(1, min(cap, ceil(M / per))).
 struct RowsRule {
   RowsRule() = default;
   explicit RowsRule(const py::handle& rule)
