@@ -247,8 +247,4 @@ def native(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[t
     """y (with ``residual``, laid out as x: ``(y, h)`` of the fused add) through the native
     node, on its tape for a training call; ``native_node()`` must have returned the node."""
     extension, native_launch = _native
-    sms = sm_count(x.get_device())
-    if residual is None:
-        return native_launch.rms_norm(extension, x, weight, eps, offset, casting_mode, snap, sms)
-    return native_launch.rms_norm_add(extension, x, residual, weight, eps, offset, casting_mode,
-                                      snap, sms)
+    return native_launch.call(extension, x, residual, weight, eps, offset, casting_mode, snap)

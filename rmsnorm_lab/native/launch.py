@@ -7,7 +7,7 @@ the grids, strip counts and rows of dW partials as rules of the row count. The d
 handed to the extension as one ``LaunchSpec`` of plain values; the extension (native_node.cpp)
 launches the forward and, for a training call, keeps what the backward needs on its tape node and
 runs the steps of the backward the inputs' gradients ask for, in C++. The fused residual add
-(``rms_norm_add``) goes the same way with its own forward, dx kernels that add h's gradient, and
+(``call`` with a residual) goes the same way with its own forward, dx kernels that add h's gradient, and
 its own memo.
 
 The decision is memoized in the extension's ``CallMemo``, keyed on what a plan reads: the row
@@ -29,6 +29,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from ..common.device import sm_count
 from ..common.rows import as_rows, check_weight
 from ..cute.launch.backward import backward_launch
 from ..cute.launch.forward import forward_launch
@@ -160,30 +161,20 @@ def memo(native, residual: bool = False):
     return _memos[residual]
 
 
-def _training(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def rms_norm(native, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-             offset: float, casting_mode: str, snap: Snapshot, sms: int) -> torch.Tensor:
+def call(native, x: torch.Tensor, residual: Optional[torch.Tensor],
+         weight: Optional[torch.Tensor], eps: float, offset: float, casting_mode: str,
+         snap: Snapshot):
     """y of ``x`` (any leading shape, validated by ``api.rms_norm``) through the native
-    extension: on the tape when grad mode is on and x or the weight requires grad. The memo
-    runs a known call; a new one is planned under ``snap`` (``plan_launch``) and filed."""
+    extension, or with ``residual`` (laid out as x: ``common.rows.same_layout``) ``(y, h)`` of
+    the fused add; on the tape when grad mode is on and an input requires grad. The memo runs a
+    known call; a new one is planned under ``snap`` (``plan_launch``) and filed."""
     def plan():
-        spec = plan_launch(x, weight, eps, offset, casting_mode, sms, _training(x, weight),
-                           snap)
+        training = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, residual, weight))
+        spec = plan_launch(x, weight, eps, offset, casting_mode, sm_count(x.get_device()),
+                           training, snap, residual=residual)
         return native.Launch(spec), snap.code
-    return memo(native).call(x, weight, eps, offset, casting_mode, plan)
-
-
-def rms_norm_add(native, x: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
-                 eps: float, offset: float, casting_mode: str, snap: Snapshot, sms: int
-                 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(y, h) of the fused residual add through the native extension (``residual`` laid out as
-    x: ``common.rows.same_layout``), as ``rms_norm`` does for the plain norm."""
-    def plan():
-        spec = plan_launch(x, weight, eps, offset, casting_mode, sms,
-                           _training(x, residual, weight), snap, residual=residual)
-        return native.Launch(spec), snap.code
+    if residual is None:
+        return memo(native).call(x, weight, eps, offset, casting_mode, plan)
     return memo(native, residual=True).call_add(x, residual, weight, eps, offset, casting_mode,
                                                 plan)
