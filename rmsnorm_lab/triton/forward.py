@@ -227,6 +227,13 @@ def triton_fused_add_forward(
     return y, h, rstd
 
 
+def row_kernel(N: int, fused, looped):
+    """``(kernel, BLOCK)`` for rows of N: ``fused`` with the row in one block up to
+    MAX_FUSED_BLOCK, else ``looped`` over LOOP_BLOCK-wide chunks."""
+    block = triton.next_power_of_2(N)
+    return (fused, block) if block <= MAX_FUSED_BLOCK else (looped, LOOP_BLOCK)
+
+
 def _forward(x, residual, weight, eps, offset, casting_mode, need_rstd):
     casting_mode = check_casting_mode(casting_mode)  # an alias: the mode it names
     check_rows("x", x)
@@ -241,11 +248,7 @@ def _forward(x, residual, weight, eps, offset, casting_mode, need_rstd):
     if M == 0:
         return y, rstd, h
 
-    block = triton.next_power_of_2(N)
-    if block <= MAX_FUSED_BLOCK:
-        kernel = _rms_norm_fwd_fused
-    else:
-        kernel, block = _rms_norm_fwd_looped, LOOP_BLOCK
+    kernel, block = row_kernel(N, _rms_norm_fwd_fused, _rms_norm_fwd_looped)
     # Absent tensors are passed as None: Triton makes them constexpr, so no pointer is bound.
     kernel[(M,)](
         x, y, weight, rstd, residual, h, x.stride(0),

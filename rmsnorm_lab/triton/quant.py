@@ -24,9 +24,8 @@ import triton
 import triton.language as tl
 
 from .. import reference
-from . import forward
 from .forward import (_looped_rstd, _normalize, _row_and_rstd, check_rows, check_weight,
-                      num_warps_for)
+                      num_warps_for, row_kernel)
 
 _FP8_MAX = tl.constexpr(reference.FP8_MAX)
 _MIN_SCALE = tl.constexpr(reference.FP8_MIN_SCALE)
@@ -163,11 +162,7 @@ def triton_rms_norm_fp8(
     if M == 0:
         return y_q, scales, h
 
-    block = triton.next_power_of_2(N)
-    if block <= forward.MAX_FUSED_BLOCK:
-        kernel = _rms_norm_fp8_fused
-    else:
-        kernel, block = _rms_norm_fp8_looped, forward.LOOP_BLOCK
+    kernel, block = row_kernel(N, _rms_norm_fp8_fused, _rms_norm_fp8_looped)
     # Absent tensors go as None: Triton makes them constexpr, so no pointer is bound.
     kernel[(M,)](
         x, y_q, weight, scale, scales, scale_ub, residual, h, x.stride(0),
