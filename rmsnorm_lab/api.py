@@ -48,6 +48,14 @@ def _dtype_error(name: str, dtype: torch.dtype, backend: str) -> TypeError:
     return TypeError(f"{name} must be {kinds}, got {dtype}")
 
 
+def default_backend(x) -> str:
+    """The backend of a call that names none: ``settings.backend`` for CUDA (and meta) tensors;
+    off CUDA, torch's math, as torch.nn.RMSNorm computes there."""
+    if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
+        return "torch"
+    return settings.backend
+
+
 def validate(x: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
              backend: str, eps: float = 0.0) -> str:
     """Checks a call's arguments, naming the one at fault; returns the casting mode the kernels
@@ -255,10 +263,8 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
             out = _fast(x, weight, eps, offset, casting_mode, residual)
             if out is not None:
                 return out
-    if backend is None:  # the default backend; off CUDA, torch's math, as torch.nn.RMSNorm
-        backend = settings.backend
-        if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
-            backend = "torch"
+    if backend is None:
+        backend = default_backend(x)
     casting_mode = validate(x, weight, casting_mode, backend, eps)
     if eps_given is None and x.dtype == torch.float64:
         eps = reference.default_eps(x.dtype)
@@ -374,9 +380,7 @@ def rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     if eps is None:
         eps = FP32_EPS
     if backend is None:
-        backend = settings.backend
-        if isinstance(x, torch.Tensor) and x.device.type != "cuda" and not x.is_meta:
-            backend = "torch"
+        backend = default_backend(x)
     for name, t in (("x", x), ("weight", weight)):
         if isinstance(t, torch.Tensor) and t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be float32, bfloat16 or float16 for rms_norm_fp8, "
