@@ -371,9 +371,10 @@ def rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     bfloat16 or float16 and the weight (or None) one of those; autocast does not change the
     arithmetic (y stays in x's dtype). ``backend``: ``"torch"`` (the reference, the default for
     CPU tensors), ``"triton"``, or ``"cute"`` (``settings.backend``, the default for CUDA
-    tensors), which runs the Triton kernel until the CuTe kernel of this op is written. Under
-    ``torch.compile``, or for fake tensors and dispatch modes, the call is the custom op
-    ``rmsnorm_lab::rms_norm_fp8``. There is no gradient through the quantization: with grad
+    tensors): the CuTe forward's row, warp-per-row or fallback tile, as ``auto`` picks it for
+    ``rms_norm``, with an fp8 epilogue (a ``settings.forward_variant`` without one is refused:
+    persistent, cluster, staged). Under ``torch.compile``, or for fake tensors and dispatch
+    modes, the call is the custom op ``rmsnorm_lab::rms_norm_fp8``. There is no gradient through the quantization: with grad
     mode on, an input that requires grad is a RuntimeError (use ``torch.no_grad()`` or
     ``torch.inference_mode()``).
     """

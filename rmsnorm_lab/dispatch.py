@@ -113,8 +113,7 @@ def fp8_forward(x: torch.Tensor, residual: Optional[torch.Tensor],
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(y_q, scales, h)`` of ``rms_norm_fp8``: y_q float8_e4m3fn in x's shape; scales fp32
     ``x.shape[:-1]`` per token, None with a static ``scale``; h (``x + residual``, x's dtype)
-    with a residual, else None. ``backend="cute"`` runs the Triton kernel until the CuTe kernel
-    of this op is written."""
+    with a residual, else None."""
     if x.numel() == 0:
         scales = (torch.full(x.shape[:-1], reference.FP8_MIN_SCALE, dtype=torch.float32,
                              device=x.device) if scale is None else None)
@@ -129,10 +128,15 @@ def fp8_forward(x: torch.Tensor, residual: Optional[torch.Tensor],
     r2 = as_rows(residual, "residual") if residual is not None else None
     check_weight(weight, x2.shape[1])
     snap = snap or snapshot()
-    from .triton.quant import triton_rms_norm_fp8
-    with nvtx.range("launch", "triton", x2.shape, on=snap.nvtx):
-        y_q, scales, h = triton_rms_norm_fp8(x2, r2, weight, eps, offset, casting_mode, scale,
-                                             scale_ub)
+    if backend == "triton":
+        from .triton.quant import triton_rms_norm_fp8
+        with nvtx.range("launch", "triton", x2.shape, on=snap.nvtx):
+            y_q, scales, h = triton_rms_norm_fp8(x2, r2, weight, eps, offset, casting_mode,
+                                                 scale, scale_ub)
+    else:
+        y_q, scales, h = (_cute_forward or _cute()).fp8_forward(
+            x2, r2, weight, eps, offset, casting_mode, scale, scale_ub, snap,
+            sm_count(x2.get_device()))
     if x.dim() == 2:
         return y_q, scales, h
     return (y_q.view(x.shape), scales.view(x.shape[:-1]) if scales is not None else None,

@@ -1,13 +1,12 @@
 """``rms_norm_fp8`` on a GPU (run with: pytest -m gpu).
 
 Bit for bit against the unfused chain: the same backend's norm in x's dtype (``rms_norm``),
-then ``reference.quantize_fp8`` on the GPU. The Triton kernel computes y with the forward's
-statistics and ``_normalize``, but its fp32 sum of squares runs in another order (the fp8 store
-gives the row another layout), so the exact comparison takes rows of small integers, whose sums
-are exact in any order; the weights stay random. Random rows are held to one fp8 step of the
-chain and of the reference (torch's sum, another order again). ``backend="cute"`` runs the
-Triton kernel until the CuTe kernel of this op exists; its chain is then the CuTe norm's
-(``NORM_BACKEND``).
+then ``reference.quantize_fp8`` on the GPU. The CuTe kernel is the CuTe forward's tile with an
+fp8 epilogue, so its chain holds bit for bit on random rows too. The Triton kernel computes y
+with the forward's statistics and ``_normalize``, but its fp32 sum of squares runs in another
+order (the fp8 store gives the row another layout), so the exact comparison takes rows of small
+integers, whose sums are exact in any order; the weights stay random. Random rows are held to
+one fp8 step of the reference (torch's sum, another order again).
 """
 
 import pytest
@@ -28,8 +27,7 @@ SHAPES = [(1, 1), (7, 1), (1, 4096), (3, 1023), (4096, 128), (333, 4096), (133, 
 CASES = [("per_token", False, True, 0.0), ("static", True, True, 1.0),
          ("bounded", True, False, 0.0), ("per_token", True, True, 0.0),
          ("static", False, False, 0.0)]
-#: the norm whose y each fp8 backend quantizes
-NORM_BACKEND = {"triton": "triton", "cute": "triton"}
+BACKENDS = ["triton", "cute"]
 #: scales within an ulp of x's dtype (a y at the row's max one ulp apart), with room
 SCALE_REL = {torch.float32: 1e-6, torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
 
@@ -71,12 +69,11 @@ def quant_args(kind):
 
 
 def chain(x, w, backend, mode, offset, residual=None, scale=None, scale_ub=None):
-    norm = NORM_BACKEND[backend]
     if residual is None:
-        y, h = rms_norm(x, w, EPS, offset=offset, casting_mode=mode, backend=norm), None
+        y, h = rms_norm(x, w, EPS, offset=offset, casting_mode=mode, backend=backend), None
     else:
         y, h = rms_norm(x, w, EPS, residual=residual, offset=offset, casting_mode=mode,
-                        backend=norm)
+                        backend=backend)
     y_q, scales = reference.quantize_fp8(y, scale, scale_ub)
     return (y_q, scales) if h is None else (y_q, scales, h)
 
@@ -98,7 +95,7 @@ def check_no_poison(out):
         assert not (t.float() if t.dtype == FP8 else t).isnan().any(), "unwritten output"
 
 
-@pytest.mark.parametrize("backend", ["triton", "cute"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -122,20 +119,43 @@ def test_equals_the_chain_bit_for_bit(backend, dtype, mode, shape):
 @pytest.mark.parametrize("x_dtype, w_dtype", [(torch.bfloat16, torch.float32),
                                               (torch.float16, torch.bfloat16),
                                               (torch.float32, torch.float16)])
-def test_weight_dtype_may_differ_from_x(x_dtype, w_dtype):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weight_dtype_may_differ_from_x(backend, x_dtype, w_dtype):
     x, w = integers((257, 4096), x_dtype), fresh((4096,), w_dtype)
     for mode in MODES:
         for kind in ("per_token", "static"):
             kw = quant_args(kind)
-            got = rms_norm_fp8(x, w, EPS, offset=1.0, casting_mode=mode, backend="triton", **kw)
-            assert_same(got, chain(x, w, "triton", mode, 1.0, **kw))
+            got = rms_norm_fp8(x, w, EPS, offset=1.0, casting_mode=mode, backend=backend, **kw)
+            assert_same(got, chain(x, w, backend, mode, 1.0, **kw))
 
 
 @pytest.mark.parametrize("kind", ["per_token", "static", "bounded"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (16, 16384), (2, 70001)],
+@pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (3000, 1024), (64, 8192),
+                                   (16, 16384), (5, 1000)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_random_rows_within_one_fp8_step(shape, dtype, kind):
+def test_cute_equals_its_chain_on_random_rows(shape, dtype, kind):
+    """The CuTe kernel quantizes exactly the y of the CuTe forward (same tile, same sum), on
+    random rows: warp-per-row, the row kernel at few and many rows, the fallback, with and
+    without the residual. (Rows the forward runs in its register-bound tiles, 16 KB rows at
+    many rows and rows wider than the registers, take another tile here: within one step.)"""
+    x, r = fresh(shape, dtype), fresh(shape, dtype)
+    w = fresh(shape[-1:], dtype)
+    kw = quant_args(kind)
+    for res in (None, r):
+        poison_allocator()
+        got = rms_norm_fp8(x, w, EPS, residual=res, casting_mode="llama", backend="cute", **kw)
+        check_no_poison(got)
+        assert_same(got, chain(x, w, "cute", "llama", 0.0, res, **kw))
+
+
+@pytest.mark.parametrize("kind", ["per_token", "static", "bounded"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (16, 16384), (2, 70001),
+                                   (8192, 8192), (8, 32768)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_rows_within_one_fp8_step(backend, shape, dtype, kind):
     """Random rows, against the chain and the reference: h exactly; y_q equal but where an
     fp32 sum in another order moved y by its last bit (then one fp8 step); scales within an
     ulp of x's dtype."""
@@ -143,10 +163,10 @@ def test_random_rows_within_one_fp8_step(shape, dtype, kind):
     w = fresh(shape[-1:], dtype)
     kw = quant_args(kind)
     y_q, scales, h = rms_norm_fp8(x, w, EPS, residual=r, casting_mode="llama",
-                                  backend="triton", **kw)
+                                  backend=backend, **kw)
     ref_out = reference.rms_norm_fp8(x, w, EPS, 0.0, "llama", kw.get("scale"), r,
                                      kw.get("scale_ub"))
-    for y_q_ref, scales_ref, h_ref in (ref_out, chain(x, w, "triton", "llama", 0.0, r, **kw)):
+    for y_q_ref, scales_ref, h_ref in (ref_out, chain(x, w, backend, "llama", 0.0, r, **kw)):
         assert torch.equal(h, h_ref)
         steps = (ordered(y_q) - ordered(y_q_ref)).abs()
         assert int(steps.max()) <= 1
@@ -158,7 +178,8 @@ def test_random_rows_within_one_fp8_step(shape, dtype, kind):
 @pytest.mark.parametrize("N", [40, 4096, 70001])
 @pytest.mark.parametrize("kind", ["per_token", "static"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_zeros_nan_and_inf_rows(dtype, kind, N):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zeros_nan_and_inf_rows(backend, dtype, kind, N):
     """A row of zeros (the smallest scale and zeros), a row with a NaN (+448 throughout), a
     row with +-inf (zeros, and +448 at each infinity: inf * rstd 0 is NaN), exactly as the
     reference, in the fused and the chunked kernel."""
@@ -168,7 +189,7 @@ def test_zeros_nan_and_inf_rows(dtype, kind, N):
     x[2, 3], x[2, N - 1] = float("inf"), float("-inf")
     w = fresh((N,), dtype)
     kw = quant_args(kind)
-    y_q, scales = rms_norm_fp8(x, w, EPS, casting_mode="llama", backend="triton", **kw)
+    y_q, scales = rms_norm_fp8(x, w, EPS, casting_mode="llama", backend=backend, **kw)
     y_q_ref, scales_ref = reference.rms_norm_fp8(x, w, EPS, 0.0, "llama", kw.get("scale"))
     assert torch.equal(bits(y_q[:3]), bits(y_q_ref[:3]))
     assert bool((y_q[0].float() == 0).all()) and bool((y_q[1].float() == 448).all())
@@ -179,38 +200,47 @@ def test_zeros_nan_and_inf_rows(dtype, kind, N):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_saturation_and_ties(dtype):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_saturation_and_ties(backend, dtype):
     """Rows of ones normalize to exactly 1 (eps 0), so y is the weight: halfway values go to
     the even neighbour, and a tiny static scale saturates every nonzero value."""
     ties = [1.0625, 1.1875, -1.0625, 9.5, 10.5, 2 ** -10, 3 * 2 ** -10, 0.0146484375]
     x = torch.ones(3, len(ties), device="cuda", dtype=dtype)
     w = torch.tensor(ties, device="cuda", dtype=dtype)
-    y_q, _ = rms_norm_fp8(x, w, 0.0, scale=torch.ones(1, device="cuda"), backend="triton",
+    y_q, _ = rms_norm_fp8(x, w, 0.0, scale=torch.ones(1, device="cuda"), backend=backend,
                           casting_mode="llama")
     assert y_q.float()[0].tolist() == [1.0, 1.25, -1.0, 10.0, 10.0, 0.0, 2 ** -8, 0.015625]
-    y_q, _ = rms_norm_fp8(x, w, 0.0, scale=1e-6, backend="triton")
+    y_q, _ = rms_norm_fp8(x, w, 0.0, scale=1e-6, backend=backend)
     assert y_q.float()[0].tolist() == [448.0, 448.0, -448.0] + [448.0] * 5
 
 
 def test_the_default_backend_on_cuda():
-    """``settings.backend`` ("cute") serves a CUDA call (the Triton kernel until the CuTe one
-    of this op exists)."""
+    """``settings.backend`` ("cute") serves a CUDA call."""
     x, w = fresh((100, 2048), torch.bfloat16), fresh((2048,), torch.bfloat16)
     with settings.override(backend="cute"):
         got = rms_norm_fp8(x, w)
-    assert_same(got, rms_norm_fp8(x, w, backend="triton"))
+    assert_same(got, rms_norm_fp8(x, w, backend="cute"))
+    assert_same(got, chain(x, w, "cute", "torch", 0.0))
+
+
+def test_a_variant_without_an_fp8_kernel_is_refused():
+    x, w = fresh((100, 2048), torch.bfloat16), fresh((2048,), torch.bfloat16)
+    with settings.override(forward_variant="persistent"):
+        with pytest.raises(ValueError, match="fp8 output is written by the row"):
+            rms_norm_fp8(x, w, backend="cute")
 
 
 @pytest.mark.parametrize("kind", ["per_token", "static", "float", "bounded"])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_in_a_cuda_graph(kind, with_residual, capture_on_side_stream):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_a_cuda_graph(backend, kind, with_residual, capture_on_side_stream):
     x = fresh((64, 4096), torch.bfloat16)
     r = fresh((64, 4096), torch.bfloat16) if with_residual else None
     w = fresh((4096,), torch.bfloat16)
     kw = {"float": dict(scale=0.03)}.get(kind) or quant_args(kind)
 
     def call():
-        return rms_norm_fp8(x, w, EPS, residual=r, backend="triton", **kw)
+        return rms_norm_fp8(x, w, EPS, residual=r, backend=backend, **kw)
     expect = call()
     graph, out = capture_on_side_stream(call)
     bits(out[0]).fill_(0xFF)
@@ -222,12 +252,14 @@ def test_in_a_cuda_graph(kind, with_residual, capture_on_side_stream):
     assert_same(out, expect)
 
 
-def test_under_torch_compile():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_under_torch_compile(backend):
     x, r = fresh((32, 2048), torch.bfloat16), fresh((32, 2048), torch.bfloat16)
     w = fresh((2048,), torch.bfloat16)
 
     def block(a, b):
-        y_q, scales, h = rms_norm_fp8(a, w, EPS, residual=b, casting_mode="llama")
+        y_q, scales, h = rms_norm_fp8(a, w, EPS, residual=b, casting_mode="llama",
+                                      backend=backend)
         return y_q.float() * scales.unsqueeze(-1), h
 
     expect = block(x, r)

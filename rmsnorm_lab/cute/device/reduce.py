@@ -21,19 +21,40 @@ def row_sum(partial: Float32, sBuf: cute.Tensor, slot: cutlass.Int32,
     ``sBuf[slot, row, warp]`` (``sBuf``: ``(SLOTS, rows, warps)``), wait at one barrier, and every
     thread reads the whole row of values back, so all threads leave with the total.
 
-    One barrier per row, not two: a kernel that reduces row after row alternates ``slot``
-    (0, 1, 0, ...). A thread writes slot s again two rows later, after the barrier of the row in
-    between, which every thread reaches only once it has read slot s, so no write can overtake
-    a read still pending.
+    One barrier per reduction, not two: a kernel that reduces row after row alternates ``slot``
+    (0, 1, 0, ...) with every reduction (``row_max`` too). A thread writes slot s again two
+    reductions later, after the barrier of the one in between, which every thread reaches only
+    once it has read slot s, so no write can overtake a read still pending.
     """
-    total = cute.arch.warp_reduction_sum(partial, threads_in_group=lanes_per_row)
+    return _row_reduce(partial, lambda a, b: a + b, cute.arch.warp_reduction_sum, sBuf, slot,
+                       row_in_cta, warp_in_row, lane, warps_per_row, lanes_per_row)
+
+
+@cute.jit
+def row_max(partial: Float32, sBuf: cute.Tensor, slot: cutlass.Int32,
+            row_in_cta: cutlass.Int32, warp_in_row: cutlass.Int32, lane: cutlass.Int32,
+            warps_per_row: cutlass.Constexpr[int],
+            lanes_per_row: cutlass.Constexpr[int] = 32) -> Float32:
+    """The largest ``partial`` of a row's threads, as ``row_sum`` sums them; for values of at
+    least 0 (an amax), NaN passed over (``fmax``)."""
+    return _row_reduce(partial, cute.arch.fmax, cute.arch.warp_reduction_max, sBuf, slot,
+                       row_in_cta, warp_in_row, lane, warps_per_row, lanes_per_row)
+
+
+@cute.jit
+def _row_reduce(partial: Float32, combine: cutlass.Constexpr, warp_reduce: cutlass.Constexpr,
+                sBuf: cute.Tensor, slot: cutlass.Int32, row_in_cta: cutlass.Int32,
+                warp_in_row: cutlass.Int32, lane: cutlass.Int32,
+                warps_per_row: cutlass.Constexpr[int],
+                lanes_per_row: cutlass.Constexpr[int]) -> Float32:
+    total = warp_reduce(partial, threads_in_group=lanes_per_row)
     if cutlass.const_expr(warps_per_row > 1):
         if lane == 0:
             sBuf[slot, row_in_cta, warp_in_row] = total
         cute.arch.sync_threads()
         total = Float32(0.0)
         for w in cutlass.range_constexpr(warps_per_row):
-            total = total + sBuf[slot, row_in_cta, w]
+            total = combine(total, sBuf[slot, row_in_cta, w])
     return total
 
 

@@ -11,6 +11,11 @@ residual add, and one class for rows split over a thread-block cluster.
 * ``cluster``    (``RMSNormClusterForward``) a row too wide for one CTA's registers over the CTAs
                  of a cluster, their partial sums exchanged through distributed shared memory.
 
+The row, warp and fallback kernels also write y as float8_e4m3fn for the GEMM that reads it
+(``plan.quant``, ``RMSNormFp8Forward``): y rounded to x's dtype, then multiplied by the inverse of
+a static scale, or divided by the row's own scale (its amax of ``|y|`` over 448, one more row
+reduction), NaN to +448 and the convert saturating (reference.quantize_fp8).
+
 ``RMSNormForward.kernel`` runs one of two schedules: ``tile_group`` (several tiles of short rows
 a CTA) or ``tile_loop`` (tile after tile). Rows wider than the register budget
 (``plan.chunks > 1``), and rows of 16 KB (see plan/forward.py), stream through registers in
@@ -36,16 +41,18 @@ from cutlass import Float32, Int32
 from ..device.cluster_sum import ClusterRows
 from ..device.pdl import wait_for_previous_grid
 from ..plan.forward import ForwardPlan
-from ..device.reduce import row_sum, row_sum_bytes, row_sum_slots
+from ..device.reduce import row_max, row_sum, row_sum_bytes, row_sum_slots
 from ..device.tiles import EVICT, RowCopy, RowThread, RowTiles
 from ..dtypes import TORCH_TO_CUTE
+from ...reference import FP8_MAX, FP8_MIN_SCALE
 
 
 @dataclasses.dataclass(frozen=True)
 class ForwardArgs:
     """The kernel's arguments, at trace time, for its schedules (the part of CUTLASS's kernel
-    ``Params`` a launch fills): x, w, y, rstd, eps, the weight's offset, and the fused add's
-    residual and h (each tensor None where the plan has none)."""
+    ``Params`` a launch fills): x, w, y, rstd, eps, the weight's offset, the fused add's
+    residual and h, and the fp8 output's scale (static: read, one element; per token: written,
+    one a row) and the bound of its amax (each tensor None where the plan has none)."""
 
     mX: cute.Tensor
     mW: Optional[cute.Tensor]
@@ -55,6 +62,8 @@ class ForwardArgs:
     offset: Float32
     mR: Optional[cute.Tensor]
     mH: Optional[cute.Tensor]
+    mScale: Optional[cute.Tensor] = None
+    mScaleUb: Optional[cute.Tensor] = None
 
 
 class RMSNormForward(RowTiles):
@@ -64,6 +73,7 @@ class RMSNormForward(RowTiles):
         self.plan = plan
         self.x_type = TORCH_TO_CUTE[plan.x_dtype]
         self.w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else None
+        self.y_type = cutlass.Float8E4M3FN if plan.quant else self.x_type
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
         # a CTA's tiles (tile_group) hold one chunk each and are not a persistent strip
         assert plan.tiles_per_cta == 1 or (plan.chunks == 1 and not plan.persistent)
@@ -98,13 +108,21 @@ class RMSNormForward(RowTiles):
         mW, mRstd = self.weight_and_rstd(gW, gRstd, M)
         return M, self.row_tensor(gX, M), mW, self.row_tensor(gY, M), mRstd
 
-    def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
+    def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream, gScale=None,
+               gScaleUb=None):
         """Builds the kernel's tensors and launches it (traced inside a ``cute.jit`` host
-        function; ``gR``/``gH``: the fused add's residual and h, or None)."""
+        function; ``gR``/``gH``: the fused add's residual and h, ``gScale``/``gScaleUb``: the
+        fp8 output's scale(s) and amax bound, or None)."""
         p = self.plan
         M, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
         mR = self.row_tensor(gR, M) if gR is not None else None
         mH = self.row_tensor(gH, M) if gH is not None else None
+        mScale = mScaleUb = None
+        if cutlass.const_expr(p.quant):
+            mScale = cute.make_tensor(gScale.iterator, cute.make_layout(
+                (M,) if p.quant == "token" else (1,)))
+        if cutlass.const_expr(p.scale_ub):
+            mScaleUb = cute.make_tensor(gScaleUb.iterator, cute.make_layout((1,)))
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = row_sum_bytes(p.rows_per_cta, self.warps_per_row)
@@ -114,15 +132,16 @@ class RMSNormForward(RowTiles):
         bounds = {}
         if cutlass.const_expr(p.min_ctas_per_sm > 0):
             bounds = dict(min_blocks_per_mp=p.min_ctas_per_sm, preferred_smem_carveout=0)
-        self.kernel(mX, mW, mY, mRstd, eps, offset, mR, mH).launch(
+        self.kernel(mX, mW, mY, mRstd, eps, offset, mR, mH, mScale, mScaleUb).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
             use_pdl=p.pdl, **bounds)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
-               eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
+               eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor,
+               mScale: cute.Tensor, mScaleUb: cute.Tensor):
         p = self.plan
-        a = ForwardArgs(mX, mW, mY, mRstd, eps, offset, mR, mH)
+        a = ForwardArgs(mX, mW, mY, mRstd, eps, offset, mR, mH, mScale, mScaleUb)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -171,6 +190,7 @@ class RMSNormForward(RowTiles):
             tXrXn = cute.make_fragment_like(tXrX)
             self.load_chunk(cp, mX, t.bidx, 0, tXrXn, t.bidx < num_tiles)
         slot = Int32(0)  # the row sum's shared-memory slot, alternating (reduce.row_sum)
+        inv_scale = self.static_inverse(a)
         for tile in cutlass.range(t.bidx, num_tiles, t.gdim):
             row = tile * p.rows_per_cta + t.row
             row_ok = row < M
@@ -192,20 +212,45 @@ class RMSNormForward(RowTiles):
             ss = row_sum(ss, sBuf, slot, t.row, t.warp, t.lane, self.warps_per_row,
                          min(p.threads_per_row, 32))
             slot = slot ^ 1
-            rstd = self.row_rstd(ss, a.eps, mRstd, row,
-                                 row_ok and t.tidx % p.threads_per_row == 0)
+            writer = row_ok and t.tidx % p.threads_per_row == 0  # of rstd, and a row's scale
+            rstd = self.row_rstd(ss, a.eps, mRstd, row, writer)
 
-            # Pass 2: normalize, scale, store; backwards, from the last chunk of pass 1, still in
-            # registers (h, with a residual: pass 1 stored it).
-            for load, use in self.chunk_steps(list(reversed(range(p.chunks))), True):
-                chunk_w = tWrW
+            # Pass 2 walks the chunks back from the last one of pass 1, still in registers (h,
+            # with a residual: pass 1 stored it).
+            order = list(reversed(range(p.chunks)))
+            if cutlass.const_expr(p.quant == "token"):
+                # fp8 with a scale a row: the row's amax of |y| first, over the chunks walked
+                # back; pass 2 then walks them forward, from chunk 0, still in registers.
+                amax = Float32(0.0)
+                for load, use in self.chunk_steps(order, True):
+                    if cutlass.const_expr(load is not None):
+                        self.load_chunk(cp, mH if p.residual else mX, tile, load,
+                                        regs[load % len(regs)], row_ok, "last")
+                    amax = cute.arch.fmax(amax, self.chunk_amax(
+                        regs[use % len(regs)], rstd, self.chunk_weight(cp, mW, tWrW, use),
+                        a.offset))
+                amax = row_max(amax, sBuf, slot, t.row, t.warp, t.lane, self.warps_per_row,
+                               min(p.threads_per_row, 32))
+                slot = slot ^ 1
+                scale = self.token_scale(a, amax, row, writer)
+                order = list(range(p.chunks))
+            else:
+                scale = inv_scale
+
+            # Pass 2: normalize, scale, store.
+            for load, use in self.chunk_steps(order, True):
                 if cutlass.const_expr(load is not None):
                     self.load_chunk(cp, mH if p.residual else mX, tile, load,
                                     regs[load % len(regs)], row_ok, "first")
-                if cutlass.const_expr(self.w_type is not None and tWrW is None):
-                    chunk_w = cp.weight(mW, use)
-                self.store_chunk(cp, mY, tile, use, regs[use % len(regs)], rstd, chunk_w,
-                                 a.offset, row_ok)
+                self.store_chunk(cp, mY, tile, use, regs[use % len(regs)], rstd,
+                                 self.chunk_weight(cp, mW, tWrW, use), a.offset, row_ok, scale)
+
+    def chunk_weight(self, cp: RowCopy, mW, tWrW, c: int):
+        """w's registers for column chunk c: those loaded up front (``tWrW``), else chunk c's
+        loaded now; None without a weight."""
+        if self.w_type is None or tWrW is not None:
+            return tWrW
+        return cp.weight(mW, c)
 
     def chunk_steps(self, order, resident: bool):
         """One pass over the row's column chunks in ``order``, step by step, as ``(load, use)``:
@@ -241,15 +286,22 @@ class RMSNormForward(RowTiles):
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
             tWrW = cp.weight(a.mW, 0)
+        inv_scale = self.static_inverse(a)
         for j in cutlass.range_constexpr(tiles):
             row = (first + j) * p.rows_per_cta + t.row
             if cutlass.const_expr(p.residual):
                 self.store_h(cp, a.mH, first + j, 0, bufs[j], res[j], row < M)
             ss = row_sum(self.sum_of_squares(bufs[j]), None, 0, t.row, 0, t.lane, 1,
                          p.threads_per_row)
-            rstd = self.row_rstd(ss, a.eps, a.mRstd, row,
-                                 row < M and t.lane % p.threads_per_row == 0)
-            self.store_chunk(cp, a.mY, first + j, 0, bufs[j], rstd, tWrW, a.offset, row < M)
+            writer = row < M and t.lane % p.threads_per_row == 0  # of rstd, and a row's scale
+            rstd = self.row_rstd(ss, a.eps, a.mRstd, row, writer)
+            scale = inv_scale
+            if cutlass.const_expr(p.quant == "token"):
+                amax = row_max(self.chunk_amax(bufs[j], rstd, tWrW, a.offset), None, 0, t.row,
+                               0, t.lane, 1, p.threads_per_row)
+                scale = self.token_scale(a, amax, row, writer)
+            self.store_chunk(cp, a.mY, first + j, 0, bufs[j], rstd, tWrW, a.offset, row < M,
+                             scale)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
@@ -289,24 +341,73 @@ class RMSNormForward(RowTiles):
 
     @cute.jit
     def store_chunk(self, cp: RowCopy, mY, tile, c: cutlass.Constexpr[int], tXrX, rstd: Float32,
-                    tWrW, offset: Float32, row_ok):
-        """Column chunk c of y <- normalize(registers)."""
+                    tWrW, offset: Float32, row_ok, scale=None):
+        """Column chunk c of y <- normalize(registers); as fp8 (``plan.quant``), y times the
+        static scale's inverse or over the row's scale (``scale``)."""
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-        tXrY = cute.make_fragment_like(tXrX)
-        tXrY.store(y.to(self.x_type))
+        tXrY = cute.make_fragment_like(tXrX, self.y_type)
+        if cutlass.const_expr(self.plan.quant):
+            tXrY.store(self.quantize(y, scale))
+        else:
+            tXrY.store(y.to(self.x_type))
         tXgY = cp.dst(mY, tile, c)
         store = cp.tiled
         if cutlass.const_expr(self.plan.stream_y):
             store = self.streaming_store()
+        elif cutlass.const_expr(self.plan.quant):
+            store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.y_type,
+                                        num_bits_per_copy=self.plan.vec * self.y_type.width)
         if row_ok:
             cute.copy(store, tXrY, tXgY, pred=cp.column_predicate(c))
 
     def streaming_store(self):
         """y's copy where ``plan.stream_y``: ``st.global.cs``, evict first, so y's lines leave
         L2 before the rows the second pass reads back from it."""
-        return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), self.x_type,
-                                   num_bits_per_copy=self.plan.vec * self.x_type.width,
+        return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), self.y_type,
+                                   num_bits_per_copy=self.plan.vec * self.y_type.width,
                                    store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+
+    @cute.jit
+    def static_inverse(self, a: ForwardArgs):
+        """``1 / scale`` of a static fp8 scale (IEEE, ``rcp.rn``), once a thread; None
+        otherwise."""
+        inv = None
+        if cutlass.const_expr(self.plan.quant == "static"):
+            inv = Float32(1.0) / a.mScale[0]
+        return inv
+
+    @cute.jit
+    def chunk_amax(self, tXrX, rstd: Float32, tWrW, offset: Float32) -> Float32:
+        """This thread's largest ``|y|`` over one register chunk, y rounded to x's dtype, NaN
+        passed over (vLLM's ``fmaxf``); padding columns hold x = 0 and so y = 0."""
+        y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+        y = y.to(self.x_type).to(Float32)
+        mag = cute.where(y == y, cute.math.abs(y), Float32(0.0))
+        return mag.reduce(cute.ReductionOp.MAX, Float32(0.0), reduction_profile=0)
+
+    @cute.jit
+    def token_scale(self, a: ForwardArgs, amax: Float32, row, writes) -> Float32:
+        """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (IEEE
+        division), stored to ``mScale[row]`` by the thread for which ``writes`` holds."""
+        if cutlass.const_expr(self.plan.scale_ub):
+            amax = cute.arch.fmin(amax, a.mScaleUb[0])
+        s = cute.arch.fmax(amax / Float32(FP8_MAX), Float32(FP8_MIN_SCALE))
+        if writes:
+            a.mScale[row] = s
+        return s
+
+    @cute.jit
+    def quantize(self, y, scale: Float32):
+        """fp8 of y (fp32): rounded to x's dtype first, then times the static inverse or over
+        the row's scale; NaN to +448, the rest saturated to +-448 by the convert
+        (``cvt.rn.satfinite``), rounded to nearest even."""
+        y = y.to(self.x_type).to(Float32)
+        if cutlass.const_expr(self.plan.quant == "token"):
+            v = y / scale
+        else:
+            v = y * scale
+        v = cute.where(v == v, v, Float32(FP8_MAX))
+        return v.to(self.y_type)
 
     @cute.jit
     def normalize(self, xf, rstd: Float32, tWrW, offset: Float32):
@@ -357,6 +458,26 @@ class RMSNormFusedAddForward(RMSNormForward):
                  offset: Float32, stream: cuda.CUstream):
         """Host side: x, the residual, y and h arrive as (M, N):(ld, 1) rows."""
         self.launch(gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream)
+
+
+class RMSNormFp8Forward(RMSNormForward):
+    """y written as float8_e4m3fn (``plan.quant``), with or without the fused residual add: one
+    signature for both, the residual's tensors and the amax bound stand-ins where the plan has
+    none (the kernel never reads them)."""
+
+    def __init__(self, plan: ForwardPlan):
+        assert plan.quant
+        super().__init__(plan)
+
+    @cute.jit
+    def __call__(self, gX: cute.Tensor, gR: cute.Tensor, gW: cute.Tensor, gQ: cute.Tensor,
+                 gH: cute.Tensor, gScale: cute.Tensor, gScaleUb: cute.Tensor, grid: Int32,
+                 eps: Float32, offset: Float32, stream: cuda.CUstream):
+        """Host side: x, the residual, h (x's dtype) and q (fp8) arrive as (M, N):(ld, 1) rows;
+        ``gScale`` the static scale (read) or the per-token scales (written, one a row)."""
+        p = self.plan
+        self.launch(gX, gW, gQ, None, gR if p.residual else None, gH if p.residual else None,
+                    grid, eps, offset, stream, gScale, gScaleUb if p.scale_ub else None)
 
 
 class RMSNormClusterForward(ClusterRows, RMSNormForward):

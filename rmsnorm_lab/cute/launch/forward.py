@@ -8,7 +8,8 @@ they are and the kernel runs on torch's current stream.
 ``forward_launch`` is the planning entry: a call's ``ForwardLaunch`` (its plan, its grid as a rule
 of M, its kernel compiled on first use, stand-ins for an absent weight or rstd), found with one
 dict probe per call (docs/design-record.md, 'Host: one dict probe per call'). The Python path
-(``forward``, ``fused_add_forward``) and the native node (native/launch.py) both launch from it.
+(``forward``, ``fused_add_forward``, ``fp8_forward``) and the native node (native/launch.py) both
+launch from it.
 A forward launcher (``lab.forward_launcher``) may take the last step, the launch itself, to
 measure other ways of reaching the compiled kernel (the host lesson's launch paths).
 """
@@ -26,7 +27,7 @@ from ...common import nvtx
 from ...registry import variant
 from ...settings import Snapshot
 from ..dtypes import TORCH_TO_CUTE
-from ..kernels.forward import RMSNormFusedAddForward
+from ..kernels.forward import RMSNormFp8Forward, RMSNormFusedAddForward
 from ..plan.auto import auto_variant, row_class
 from ..plan.forward import (INT32_LIMIT, ForwardPlan, RowsRule, check_int32_addressable,
                             plan_forward)
@@ -43,7 +44,10 @@ Launcher = Callable[..., None]
 
 def kernel_object(plan: ForwardPlan):
     """The kernel class instance that ``plan`` compiles to: its variant's class as the registry
-    names it, or the fused residual add's, whose plans any row variant serves."""
+    names it, or the fp8 output's or the fused residual add's, whose plans the row variants
+    serve."""
+    if plan.quant:
+        return RMSNormFp8Forward(plan)
     if plan.residual:
         return RMSNormFusedAddForward(plan)
     module, name = variant(plan.variant).kernel.rsplit(".", 1)
@@ -53,7 +57,8 @@ def kernel_object(plan: ForwardPlan):
 def fake_args(plan: ForwardPlan):
     """Typed stand-ins for ``cute.compile``: x and y are (M, N):(ld, 1) with M and the row
     strides symbolic and N static; w is (N,); rstd is (M,); the fused add's residual and h are
-    rows like x's. The stream is TVM-FFI's environment stream."""
+    rows like x's. The stream is TVM-FFI's environment stream. The fp8 output's: x, residual, w,
+    q (fp8 rows, aligned to a copy of ``vec`` bytes), h, the scale(s) and the amax bound."""
     align = assumed_align(plan.vec, plan.x_dtype)
     x_type = TORCH_TO_CUTE[plan.x_dtype]
     w_dtype = plan.w_dtype if plan.w_dtype is not None else plan.x_dtype
@@ -62,6 +67,13 @@ def fake_args(plan: ForwardPlan):
     w = fake_vector(TORCH_TO_CUTE[w_dtype], "Nw", assumed_align(plan.vec, w_dtype))
     scalars = (cutlass.Int32(1), cutlass.Float32(1e-6), cutlass.Float32(0.0),
                make_fake_stream(use_tvm_ffi_env_stream=True))
+    if plan.quant:
+        r = fake_rows(x_type, "M", "ldr", align, plan.N)
+        h = fake_rows(x_type, "M", "ldh", align, plan.N)
+        q = fake_rows(cutlass.Float8E4M3FN, "M", "ldq", plan.vec, plan.N)
+        scales = fake_vector(cutlass.Float32, "S", 4)
+        scale_ub = fake_vector(cutlass.Float32, "U", 4)
+        return (x, r, w, q, h, scales, scale_ub) + scalars
     if not plan.residual:
         return (x, w, y, fake_rstd()) + scalars
     r = fake_rows(x_type, "M", "ldr", align, plan.N)
@@ -105,11 +117,13 @@ class ForwardLaunch:
 
 def forward_launch(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
                    need_rstd: bool, snap: Snapshot, sms: int,
-                   residual: Optional[torch.Tensor] = None) -> ForwardLaunch:
+                   residual: Optional[torch.Tensor] = None, quant: str = "",
+                   scale_ub: bool = False) -> ForwardLaunch:
     """The launch of rows ``x2`` with ``weight`` (and the fused add's ``residual`` rows) under
     the settings ``snap``; ``casting_mode`` is a kernel's (an alias resolved by the caller). y
     (and h) are not looked at: the caching allocator hands out contiguous outputs 512-byte
-    aligned, so the inputs alone decide the alignment."""
+    aligned, so the inputs alone decide the alignment. ``quant``, ``scale_ub``: y as fp8
+    (``plan_forward``)."""
     M, N = x2.shape
     ptrs = x2.data_ptr() | (weight.data_ptr() if weight is not None else 0)
     strides = x2.stride(0)
@@ -121,14 +135,15 @@ def forward_launch(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mod
     variant = snap.forward_variant
     rows = row_class(M) if variant == "auto" else 0  # auto's only use of M
     key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
-           rows, snap.pdl, residual is not None)
+           rows, snap.pdl, residual is not None, quant, scale_ub)
     launch = _LAUNCHES.get(key)
     if launch is None:
         chosen = (auto_variant(N, aligned, x2.dtype, M, residual=residual is not None)
                   if variant == "auto" else variant)
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
                             arch=target_arch(x2.device), pdl=snap.pdl,
-                            residual=residual is not None, row_class=rows)
+                            residual=residual is not None, row_class=rows, quant=quant,
+                            scale_ub=scale_ub)
         launch = _LAUNCHES[key] = ForwardLaunch(plan, x2.device, sms)
     return launch
 
@@ -181,3 +196,33 @@ def fused_add_forward(x2: torch.Tensor, r2: torch.Tensor, weight: Optional[torch
         kernel(x2, r2, w, y, h, rstd if rstd is not None else launch.no_rstd,
                launch.grid.of(M), eps, offset)
     return y, h, rstd
+
+
+def fp8_forward(x2: torch.Tensor, r2: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                eps: float, offset: float, casting_mode: str, scale: Optional[torch.Tensor],
+                scale_ub: Optional[torch.Tensor], snap: Snapshot, sms: int):
+    """``(y_q, scales, h)`` of 2-D rows ``x2`` written as float8_e4m3fn: with a static
+    ``scale`` (one fp32 element on x's device; scales None), or a scale per row (fp32 ``(M,)``,
+    its amax bounded by ``scale_ub`` when given); h = x2 + r2 with a residual, else None.
+    Checked by the caller (api.rms_norm_fp8): shapes, dtypes, devices."""
+    M = x2.shape[0]
+    for t in (x2, r2):
+        if t is not None and M * t.stride(0) >= INT32_LIMIT:
+            check_int32_addressable(M, t.stride(0), t.shape[1])
+    quant = "static" if scale is not None else "token"
+    launch = forward_launch(x2, weight, casting_mode, False, snap, sms, residual=r2, quant=quant,
+                            scale_ub=scale_ub is not None)
+    kernel = launch.kernel
+    if kernel is None:
+        kernel = launch.compiled()
+    y_q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x2.device)
+    scales = x2.new_empty((M,), dtype=torch.float32) if scale is None else None
+    h = torch.empty_like(x2, memory_format=torch.contiguous_format) if r2 is not None else None
+    w = weight if weight is not None else launch.no_weight
+    # absent tensors go as stand-ins the kernel never reads (its plan has none of them)
+    with nvtx.range("launch", launch.plan.variant, x2.shape, on=snap.nvtx):
+        kernel(x2, r2 if r2 is not None else x2, w, y_q, h if h is not None else x2,
+               scale if scale is not None else scales,
+               scale_ub if scale_ub is not None else launch.no_rstd,
+               launch.grid.of(M), eps, offset)
+    return y_q, scales, h

@@ -96,6 +96,10 @@ class ForwardPlan(RowTilePlan):
     stages: int = 0
     #: consecutive tiles a CTA owns, every tile's loads issued before the first is reduced
     tiles_per_cta: int = 1
+    #: y written as float8_e4m3fn: "" (y in x's dtype), "static" (one scale for the tensor) or
+    #: "token" (a scale per row, from the row's amax); ``scale_ub``: the amax bounded above
+    quant: str = ""
+    scale_ub: bool = False
 
     @property
     def cta_rows(self) -> int:
@@ -185,7 +189,9 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
     """Does ptxas fit the tiles of one copy a chunk in the 32 registers their launch bounds
     allow, without spilling? Yes for a weight no wider than x (or none) in the llama and gemma
     modes; an fp32 weight on bf16 x, and the none mode's extra roundings, made them spill
-    (ptxas -v, sm_90a; tests/library/test_cute_compile.py compiles every case)."""
+    (ptxas -v, sm_90a; tests/library/test_cute_compile.py compiles every case). So did the fp8
+    output, whose IEEE reciprocal and divisions call a slow path with a stack frame
+    (plan_forward keeps fp8 plans off these tiles)."""
     narrow_weight = w_dtype is None or ELEM_BYTES[w_dtype] <= ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 
@@ -265,20 +271,39 @@ def _row_mapping(n_vecs: int, max_vecs_of):
     return threads, vecs_per_thread, chunks
 
 
+# The kernels that write fp8 (``quant``): the row kernels of auto's choice. A per-token scale needs
+# the whole row's amax before the first element is stored, which the row and warp tiles get from
+# their registers (or, in column chunks, from one more pass over the chunks).
+QUANT_VARIANTS = ("row", "warp", "fallback")
+QUANT_MODES = ("static", "token")
+
+
 def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
                  casting_mode: str, store_rstd: bool, aligned: bool,
                  arch: Optional[str] = None, pdl: bool = False,
-                 residual: bool = False, row_class: int = 0) -> ForwardPlan:
+                 residual: bool = False, row_class: int = 0, quant: str = "",
+                 scale_ub: bool = False) -> ForwardPlan:
     """The plan of ``variant`` for rows of N; ``arch`` (e.g. ``sm_90a``) is the target the plan
     will be compiled for, where a tile depends on it (the two-pass tile, PDL); None: any target.
     ``pdl``: launch with PDL where ``uses_pdl`` says it pays (the caller passes ``settings.pdl``).
     ``residual``: the fused residual add, which holds a residual chunk beside x's while it adds
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
     the tiles of one copy a chunk (all measured without it). ``row_class``: ``auto``'s class of
-    the row count, whose few-rows tiles cute/plan/auto.py describes.
+    the row count, whose few-rows tiles cute/plan/auto.py describes. ``quant``: y written as fp8
+    with a static or per-token scale (``QUANT_MODES``), ``scale_ub`` bounding a per-token amax.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if quant:
+        if quant not in QUANT_MODES:
+            raise ValueError(f"quant must be one of {QUANT_MODES}, got {quant!r}")
+        if variant not in QUANT_VARIANTS:
+            raise NotEligible(f"fp8 output is written by the {', '.join(QUANT_VARIANTS)} "
+                              f"kernels, not {variant}")
+        if store_rstd:
+            raise NotEligible("the fp8 output keeps no rstd (inference only)")
+    if scale_ub and quant != "token":
+        raise ValueError("scale_ub bounds per-token scales")
     if x_dtype not in ELEM_BYTES:
         raise NotEligible(f"x dtype {x_dtype} is not supported")
     if N < 1:
@@ -295,7 +320,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         vec = 1
     n_vecs = N // vec
     common = dict(variant=variant, x_dtype=x_dtype, w_dtype=w_dtype, N=N,
-                  casting_mode=casting_mode, store_rstd=store_rstd, vec=vec, residual=residual)
+                  casting_mode=casting_mode, store_rstd=store_rstd, vec=vec, residual=residual,
+                  quant=quant, scale_ub=scale_ub)
     w_bytes = ELEM_BYTES[w_dtype] if w_dtype is not None else 0
     x_bytes = elem * (2 if residual else 1)  # x, and the residual while it is added
 
@@ -333,7 +359,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         if row_class == 1:
             threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
             vecs_per_thread = -(-n_vecs // threads)
-    elif (variant == "row" and not residual and arch in TWO_PASS_ARCHS
+    elif (variant == "row" and not residual and not quant and arch in TWO_PASS_ARCHS
             and two_pass_fits(x_dtype, w_dtype, casting_mode)):
         if n_vecs == TWO_PASS_ROW_COPIES:
             threads, vecs_per_thread = TWO_PASS_THREADS, 1

@@ -1,0 +1,117 @@
+"""The CuTe fp8 forward (``plan.quant``) without a GPU: its plans are the forward's tiles with an
+fp8 epilogue, and the code compiled for Hopper and Blackwell quantizes and stores the way the
+kernel says: one saturating convert for two values, IEEE divisions, 8 bytes of fp8 where x's copy
+is 16, no spills."""
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
+from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
+from rmsnorm_lab.cute.plan.forward import NotEligible, plan_forward
+
+BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
+ARCHS = ["sm_90a", "sm_100a"]
+
+# (variant, N, x dtype, w dtype, mode, quant, scale_ub, residual): the row tile, the 16 KB
+# two-pass tile, column chunks (pipelined, and with a residual), warp-per-row (per-head rows in
+# tile groups), the fallback, every dtype and mode
+CASES = [
+    ("row", 4096, BF16, BF16, "llama", "token", False, False),
+    ("row", 4096, BF16, BF16, "llama", "static", False, True),
+    ("row", 8192, BF16, BF16, "gemma", "token", True, False),
+    ("row", 8192, BF16, BF16, "llama", "static", False, False),
+    ("row", 32768, BF16, BF16, "llama", "static", False, False),
+    ("row", 32768, BF16, BF16, "llama", "token", False, False),
+    ("row", 65536, F16, F32, "llama", "static", False, False),
+    ("row", 32768, BF16, None, "gemma", "token", True, True),
+    ("row", 4096, F32, F32, "none", "token", False, True),
+    ("warp", 128, BF16, BF16, "llama", "token", False, False),
+    ("warp", 128, BF16, BF16, "llama", "static", False, True),
+    ("warp", 1024, F16, F16, "none", "token", True, False),
+    ("fallback", 1023, BF16, BF16, "llama", "token", False, True),
+    ("fallback", 100003, F32, None, "gemma", "static", False, False),
+]
+
+
+def fp8_plan(variant, N, x, w, mode, quant, ub, residual, arch):
+    return plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
+                        pdl=True, residual=residual, quant=quant, scale_ub=ub)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:2] + c[5:6])))
+def test_the_plan_is_the_forwards_tile(case, arch):
+    """Same tile as the forward of the same call, so y (and a per-token amax) is bit for bit
+    the CuTe forward's; but the fp8 epilogue keeps off the register-bound tiles of one copy a
+    chunk (Hopper's 16 KB and wide rows), where its IEEE division's slow path would spill."""
+    plan = fp8_plan(*case, arch)
+    variant, N, x, w, mode, quant, ub, residual = case
+    forward = plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
+                           pdl=True, residual=residual)
+    if forward.min_ctas_per_sm:
+        assert plan.min_ctas_per_sm == 0 and plan.threads_per_row <= 256
+    else:
+        assert dataclasses.replace(plan, quant="", scale_ub=False) == forward
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:2] + c[5:6])))
+def test_compiles_to_a_saturating_fp8_store(case, arch):
+    variant, N, x, w, mode, quant, ub, residual = case
+    plan = fp8_plan(*case, arch)
+    ptx = compile_and_inspect(plan, arch)
+    text = ptx.ptx
+    assert re.search(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b", text)
+    # NaN goes to +448 before the convert (which would keep it): a select against 448.0
+    assert re.search(r"\bselp\.f32\s[^;]*0f43E00000", text)
+    # divisions by a register (the mean's division by N has a constant divisor)
+    divisions = re.findall(r"\bdiv\.rn\.f32\s+%r\d+, %r\d+, %r\d+;", text)
+    if quant == "static":
+        assert len(re.findall(r"\brcp\.rn\.f32\b", text)) == 1  # 1 / scale, once a thread
+        assert not divisions
+    else:
+        assert divisions and "rcp.rn.f32" not in text  # y / s, per element
+        assert re.search(r"\bmax\.f32\b", text)  # amax: NaN passed over
+        assert bool(re.search(r"\bmin\.f32\b", text)) == ub
+    # fp8 stores of a copy's vec elements: 8 bytes where x's copies are 16 (4 for fp32 x)
+    width = plan.vec  # bytes of fp8 a copy
+    stores = re.findall(r"\bst\.global(?:\.cs)?\.(v4\.b16|v2\.b32|b64|b32|v2\.b16|v4\.b8|b16|b8)\b",
+                        text)
+    expect = {8: ("v4.b16", "v2.b32", "b64"), 4: ("b32", "v2.b16", "v4.b8"), 1: ("b8",)}[width]
+    assert any(s in expect for s in stores), stores
+    assert ptx.local_accesses == 0
+    if ptx.spill_bytes is None:
+        pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
+    assert ptx.spill_bytes == 0, f"{ptx.spill_bytes} bytes spilled, {ptx.registers} regs"
+    if plan.min_ctas_per_sm:
+        assert ptx.registers * plan.threads * plan.min_ctas_per_sm <= 65536
+
+
+@pytest.mark.parametrize("variant", ["persistent", "cluster", "staged"])
+def test_other_variants_write_no_fp8(variant):
+    with pytest.raises(NotEligible, match="fp8 output is written by the row, warp, fallback"):
+        plan_forward(variant, 32768, BF16, BF16, "llama", False, True, arch="sm_90a",
+                     quant="token")
+
+
+def test_an_fp8_plan_keeps_no_rstd_and_bounds_only_per_token_scales():
+    with pytest.raises(NotEligible, match="no rstd"):
+        plan_forward("row", 4096, BF16, BF16, "llama", True, True, quant="static")
+    with pytest.raises(ValueError, match="per-token"):
+        plan_forward("row", 4096, BF16, BF16, "llama", False, True, quant="static",
+                     scale_ub=True)
+    with pytest.raises(ValueError, match="quant must be one of"):
+        plan_forward("row", 4096, BF16, BF16, "llama", False, True, quant="dynamic")
+
+
+@pytest.mark.parametrize("M,N", [(1, 4096), (1000, 4096), (65536, 4096), (65536, 128),
+                                 (16384, 8192), (64, 1000)])
+def test_auto_always_picks_a_variant_with_an_fp8_kernel(M, N):
+    for residual in (False, True):
+        v = auto_variant(N, True, BF16, M, residual=residual)
+        fp8_plan(v, N, BF16, BF16, "llama", "token", False, residual, "sm_90a")
+        assert row_class(M) in (0, 1, 2)
