@@ -245,7 +245,9 @@ def quantize_fp8(y: torch.Tensor, scale: Optional[torch.Tensor] = None,
         amax = torch.where(a.isnan(), torch.zeros_like(a), a).amax(dim=-1)
     if scale_ub is not None:
         amax = torch.fmin(amax, _one_element(scale_ub))
-    scales = (amax / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+    # amax over a tensor, not a Python float: on CUDA torch divides by a scalar as a product
+    # with its reciprocal, which is not the division (an ulp off for some amax)
+    scales = (amax / amax.new_tensor(FP8_MAX)).clamp_min(FP8_MIN_SCALE)
     return saturate_fp8(yf / scales.unsqueeze(-1)), scales
 
 

@@ -61,6 +61,7 @@ IMPLS: Tuple[Impl, ...] = (
     Impl("copy2r1w.shape", "ceiling", _GREY, ":", "x", "copy of the same shape (2 reads)"),
     Impl("copy2r2w.shape", "ceiling", _GREY, ":", "x", "copy of the same shape (2 in, 2 out)"),
     Impl("copy3r1w.shape", "ceiling", _GREY, ":", "x", "copy of the same shape (3 reads)"),
+    Impl("copy.fp8.shape", "ceiling", _GREY, ":", "x", "copy of the same shape into fp8"),
 )
 _IMPL_BY_NAME = {i.name: i for i in IMPLS}
 #: prefixes of the lab's own implementation names
@@ -74,9 +75,9 @@ def impl(name: str) -> Impl:
     found = _IMPL_BY_NAME.get(name)
     if found is not None:
         return found
-    base = name.split("@")[0].split("+add")[0]
-    if base in _IMPL_BY_NAME:  # ``cute.auto@cached``, ``cute.auto+add``: a launch path, the
-        # fused residual add
+    base = name.split("@")[0].split("+add")[0].split("+fp8")[0]
+    if base in _IMPL_BY_NAME:  # ``cute.auto@cached``, ``cute.auto+add``, ``cute.auto+fp8``: a
+        # launch path, the fused residual add, the fp8 output
         return dataclasses.replace(_IMPL_BY_NAME[base], name=name, label="")
     lab = name.startswith(LAB_PREFIXES)
     return Impl(name, "lab" if lab else "peer", _GREY, "-" if lab else "--", ".")

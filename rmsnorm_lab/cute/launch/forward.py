@@ -221,8 +221,9 @@ def fp8_forward(x2: torch.Tensor, r2: Optional[torch.Tensor], weight: Optional[t
     w = weight if weight is not None else launch.no_weight
     # absent tensors go as stand-ins the kernel never reads (its plan has none of them)
     with nvtx.range("launch", launch.plan.variant, x2.shape, on=snap.nvtx):
+        # the scales as the (S,) vectors the kernel was compiled for: a shape-() scale viewed
         kernel(x2, r2 if r2 is not None else x2, w, y_q, h if h is not None else x2,
-               scale if scale is not None else scales,
-               scale_ub if scale_ub is not None else launch.no_rstd,
+               scale.view(1) if scale is not None else scales,
+               scale_ub.view(1) if scale_ub is not None else launch.no_rstd,
                launch.grid.of(M), eps, offset)
     return y_q, scales, h

@@ -25,7 +25,8 @@ def lab_impls(op: str) -> Dict[str, Callable]:
     ``rms_norm`` (the benchmark takes the gradient) with each backward pinned (``cute.fused``,
     ``cute.split``, ``cute.auto``), ``cute.auto-pdl`` and ``triton.split``. ``fwd-add`` and
     ``bwd-add``: ``fn(x, r, w) -> (y, h)``, ``cute.auto+add`` and ``triton.row+add``, and for
-    ``bwd-add`` each benchmarked backward mode pinned (``cute.fused+add``...)."""
+    ``bwd-add`` each benchmarked backward mode pinned (``cute.fused+add``...). ``fwd-fp8`` and
+    ``fwd-fp8-static``: the fp8 output's kernels and unfused chain (bench/fp8.py)."""
     if op == "fwd":
         def cute_variant(variant: str, **toggles) -> Callable:
             if variant == settings.forward_variant and not toggles:  # as a user calls it
@@ -59,8 +60,11 @@ def lab_impls(op: str) -> Dict[str, Callable]:
             impls.update({f"cute.{v.name}+add": pinned_add_backward(v.name) for v in VARIANTS
                           if v.backend == "cute" and v.op == "bwd" and v.benchmarked})
         return impls
+    if op in ("fwd-fp8", "fwd-fp8-static"):  # the fp8 output: fn(x, w[, scale])
+        from .fp8 import lab_impls as fp8_impls
+        return fp8_impls(static=op == "fwd-fp8-static")
     raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full, fwd-add, "
-                     "bwd-add")
+                     "bwd-add, fwd-fp8, fwd-fp8-static")
 
 
 def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rmsnorm_lab import reference
-from . import fused_add
+from . import fp8, fused_add
 from .fused_add import PER_HEAD_SHAPES
 from . import peers as peers_mod
 
@@ -175,6 +175,13 @@ BWD_ADD = Op(name="bwd", make_inputs=fused_add.grad_inputs, run=fused_add.bwd_ru
              quick_sweep=fused_add.QUICK_ADD_SWEEP, same_shape="copy3r1w",
              prepare=fused_add.bwd_prepare)
 
+# the fp8 output (fp8.py): op fwd, rows in fwd-fp8.csv and fwd-fp8-static.csv
+FWD_FP8 = Op(name="fwd", make_inputs=fp8.inputs, run=fp8.run, reference=fp8.reference_out,
+             bytes_moved=fp8.bytes_moved, peers=fp8.PEERS, sweep=fp8.SWEEP,
+             quick_sweep=fp8.QUICK_SWEEP, same_shape="copy.fp8")
+FWD_FP8_STATIC = dataclasses.replace(FWD_FP8, make_inputs=fp8.static_inputs,
+                                     peers=fp8.STATIC_PEERS)
+
 #: by the name ``bench --op`` takes (and its results file's)
 OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP, "fwd-add": FWD_ADD,
-                      "bwd-add": BWD_ADD}
+                      "bwd-add": BWD_ADD, "fwd-fp8": FWD_FP8, "fwd-fp8-static": FWD_FP8_STATIC}

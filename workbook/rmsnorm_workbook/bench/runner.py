@@ -48,6 +48,7 @@ import torch
 from .. import results as results_io
 from ..results import provenance
 from . import peers as peers_mod
+from .fp8 import SAME_SHAPE as _FP8_CEILINGS
 from .fused_add import SAME_SHAPE as _ADD_CEILINGS
 from .timing import (Quantiles, eager_time_us, graph_time_us, host_time_us, peak_mem_mib,
                      rotating, rotation_count)
@@ -179,11 +180,13 @@ def _recover() -> None:
         pass
 
 
-#: same-shape ceiling name -> (tensors read, tensors written, factory of the kernel)
+#: same-shape ceiling name -> (tensors read, tensors written, factory of the kernel[, the dtype
+#: it writes, where not the benchmark's])
 SAME_SHAPE = {
     "copy": (1, 1, lambda: lambda a, b: torch.neg(a, out=b)),
     "copy2r1w": (2, 1, lambda: lambda a, b, c: torch.add(a, b, out=c)),
     **_ADD_CEILINGS,
+    **_FP8_CEILINGS,
 }
 
 
@@ -239,15 +242,16 @@ class _Sweep:
         """``ceiling`` at an (M, N) shape (``<name>.shape``): its tensors rotated past the L2 as
         the kernels' inputs are, by graph replay: what any kernel moving those bytes at that
         size costs, launch and tail included."""
-        reads, writes, kernel = SAME_SHAPE[ceiling]
+        reads, writes, kernel, *written = SAME_SHAPE[ceiling]
+        out_dtype = written[0] if written else DTYPE
         call = kernel()
         name = ceiling + ".shape"
-        elem = torch.empty((), dtype=DTYPE).element_size()
-        moved = (reads + writes) * M * N * elem
+        moved = M * N * (reads * DTYPE.itemsize + writes * out_dtype.itemsize)
         k = rotation_count(moved, self.l2_bytes)
         try:
-            sets = [[torch.randn(M, N, dtype=DTYPE, device=device)
-                     for _ in range(reads + writes)] for _ in range(k)]
+            sets = [[torch.randn(M, N, dtype=DTYPE, device=device) for _ in range(reads)]
+                    + [torch.empty(M, N, dtype=out_dtype, device=device) for _ in range(writes)]
+                    for _ in range(k)]
             t = graph_time_us(rotating(lambda s: call(*s), sets),
                               replays=self.budget.graph_replays, calls_multiple=k)
         except Exception as e:  # noqa: BLE001

@@ -1,0 +1,71 @@
+"""The fp8 output's benchmark ops (``fwd-fp8``, ``fwd-fp8-static``) on the CPU, with the CUDA
+timers replaced by stand-ins (the ``cpu_sweep`` fixture of test_bench_ops.py)."""
+
+import pytest
+import torch
+
+from rmsnorm_lab import reference
+from rmsnorm_workbook.bench import fp8, impls, runner
+from rmsnorm_workbook.legend import CEILINGS
+from test_bench_ops import EPS, cpu_sweep  # noqa: F401 (the fixture)
+
+
+def cpu_inputs(static):
+    def make(M, N, dtype):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(M, N, generator=g).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(N, generator=g)).to(torch.bfloat16)
+        return (x, w, torch.tensor([fp8.STATIC_SCALE])) if static else (x, w)
+    return make
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_sweep_of_the_fp8_output(cpu_sweep, static):
+    """Implementations take (x, w[, scale]) and return (y_q, scales); a wrong scale fails the
+    check; the
+    same-shape ceiling reads x's 2 bytes and writes 1 an element; the op's bytes add a fp32
+    scale a row per token."""
+    make, _, _ = cpu_sweep
+    opname = "fwd-fp8-static" if static else "fwd-fp8"
+
+    def chain(x, w, s=None):
+        return reference.rms_norm_fp8(x, w, EPS, 0.0, "llama", s)
+
+    def wrong_scale(x, w, s=None):
+        y_q, scales = chain(x, w, s)
+        return y_q, scales * 2
+
+    suffix = "+fp8.static" if static else "+fp8"
+    sweep = make(opname, {"torch.native" + suffix: chain, "wrong" + suffix: wrong_scale})
+    sweep.op = runner.dataclasses.replace(sweep.op, make_inputs=cpu_inputs(static))
+    sweep.shape(32, 64)
+    rows = {(r["impl"], r["metric"]): r for r in sweep.out.rows if r["path"] == "graph"}
+    assert ("torch.native" + suffix, "time") in rows
+    assert any(f"wrong{suffix} at 32x64 not timed" in f for f in sweep.out.failures)
+    assert rows[("copy.fp8.shape", "bandwidth")]["p50"] == pytest.approx(
+        (2 + 1) * 32 * 64 / 5.0 / 1e3)
+    expect = 32 * 64 * 3 + 64 * 2 + (0 if static else 4 * 32)
+    assert rows[("torch.native" + suffix, "bandwidth")]["p50"] == pytest.approx(
+        expect / 5.0 / 1e3)
+
+
+def test_the_ops_and_their_implementations():
+    for name, static in (("fwd-fp8", False), ("fwd-fp8-static", True)):
+        op = runner.OPS[name]
+        assert op.name == "fwd" and op.same_shape == "copy.fp8"
+        assert op.sweep == fp8.SWEEP and (65536, 4096) in op.sweep and (262144, 128) in op.sweep
+        suffix = "+fp8.static" if static else "+fp8"
+        assert set(impls.lab_impls(name)) == {f"cute.auto{suffix}", f"triton.row{suffix}",
+                                              f"cute.auto{suffix}.unfused"}
+        assert all(p.endswith(suffix) for p in op.peers)
+    assert "flashinfer+fp8.static" in fp8.STATIC_PEERS and "copy.fp8.shape" in CEILINGS
+
+
+def test_the_unfused_chain_is_the_reference_on_the_cpu():
+    """The lab's unfused chain (its norm, then torch's quantization) returns what the
+    reference does; on the CPU its norm is the reference's."""
+    x, w = cpu_inputs(False)(8, 64, None)
+    got = impls.lab_impls("fwd-fp8")["cute.auto+fp8.unfused"](x, w)
+    expect = fp8.reference_out((x, w))
+    assert torch.equal(got[0].view(torch.uint8), expect[0].view(torch.uint8))
+    assert torch.equal(got[1], expect[1])
