@@ -2,8 +2,8 @@ r"""A small workload for ``compute-sanitizer``: every CuTe kernel at the shapes 
 names, each launch checked against the reference.
 
     compute-sanitizer --tool memcheck --report-api-errors no \
-        python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd]
-    compute-sanitizer --tool racecheck python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd]
+        python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd|fp8]
+    compute-sanitizer --tool racecheck python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd|fp8]
 
 ``--report-api-errors no``: the CUDA driver bindings look up entry points with cuGetProcAddress
 while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from rmsnorm_lab import reference, rms_norm, settings
+from rmsnorm_lab import reference, rms_norm, rms_norm_fp8, settings
 from rmsnorm_lab.lab import kernel_backward as backward
 from rmsnorm_lab.lab import BACKWARD_MODES, FORWARD_VARIANTS
 
@@ -38,6 +38,9 @@ BWD_SHAPES = [(131, 4096), (1001, 1024), (1000, 8192), (131, 16384), (3, 32768)]
 BWD_MODES = list(BACKWARD_MODES)
 # the fused add's backward: fused and staged at one shape, split where the row is too wide
 ADD_SHAPES = [(131, 4096), (5, 16384)]
+# the fp8 output: the fallback's odd width, warp-per-row tiles of per-head rows with the last
+# tile's second row missing, the row kernel at many rows, column chunks with the amax pass
+FP8_SHAPES = [(3, 1023), (1001, 128), (4099, 4096), (5, 32768)]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -99,6 +102,39 @@ def backward_cases() -> int:
     return failures
 
 
+def _fp8_close(q: torch.Tensor, q_ref: torch.Tensor) -> bool:
+    """fp8 codes at most one step apart (another fp32 sum order moves y by its last bit)."""
+    def ordered(t):
+        b = t.view(torch.uint8).to(torch.int16)
+        return torch.where(b >= 0x80, -(b & 0x7F), b & 0x7F)
+    return int((ordered(q) - ordered(q_ref)).abs().max()) <= 1
+
+
+def fp8_cases() -> int:
+    """``rms_norm_fp8`` on the CuTe path at FP8_SHAPES: per-token (bounded too) and static
+    scales, with and without the residual, each against the reference within one fp8 step."""
+    failures = 0
+    for M, N in FP8_SHAPES:
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        bound = {"scale_ub": torch.tensor([3.0], device="cuda")}
+        static = {"scale": torch.tensor([0.02], device="cuda")}
+        for kind, kw in (("token", {}), ("bounded", bound), ("static", static)):
+            for res in (None, r):
+                out = rms_norm_fp8(x, w, 1e-6, residual=res, casting_mode="llama",
+                                   backend="cute", **kw)
+                torch.cuda.synchronize()
+                ref = reference.rms_norm_fp8(x, w, 1e-6, 0.0, "llama", kw.get("scale"), res,
+                                             kw.get("scale_ub"))
+                ok = _fp8_close(out[0], ref[0]) and _close(out[1], ref[1])
+                ok = ok and (res is None or torch.equal(out[2], ref[2]))
+                failures += not ok
+                name = "fp8+add" if res is not None else "fp8"
+                print(f"{name} {kind:>8} {M}x{N}: {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
 COMMAND = "python -m rmsnorm_workbook.profiling.sanitize"
 
 
@@ -106,11 +142,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog=COMMAND, description="A workload for compute-sanitizer: every CuTe kernel at the "
         "shapes the GPU checklist names, each launch checked against the reference.")
-    ap.add_argument("ops", nargs="*", metavar="fwd|bwd", help="the ops to run (default: both)")
-    ops = ap.parse_args(argv).ops or ["fwd", "bwd"]
-    unknown = sorted(set(ops) - {"fwd", "bwd"})
+    ap.add_argument("ops", nargs="*", metavar="fwd|bwd|fp8",
+                    help="the ops to run (default: all)")
+    ops = ap.parse_args(argv).ops or ["fwd", "bwd", "fp8"]
+    unknown = sorted(set(ops) - {"fwd", "bwd", "fp8"})
     if unknown:
-        ap.error(f"unknown op {', '.join(unknown)} (choose from fwd, bwd)")
+        ap.error(f"unknown op {', '.join(unknown)} (choose from fwd, bwd, fp8)")
     if not torch.cuda.is_available():
         print(f"error: {COMMAND} needs a CUDA GPU (torch.cuda.is_available() is False here), and "
               "is meant to run under compute-sanitizer: compute-sanitizer --tool memcheck "
@@ -121,6 +158,8 @@ def main(argv=None) -> int:
         failures += forward_cases()
     if "bwd" in ops:
         failures += backward_cases()
+    if "fp8" in ops:
+        failures += fp8_cases()
     return 1 if failures else 0
 
 
