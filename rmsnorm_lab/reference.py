@@ -259,3 +259,93 @@ def rms_norm_fp8(x, weight=None, eps=None, offset=0.0, casting_mode=DEFAULT_CAST
     y = rms_norm(h, weight, eps, offset, casting_mode)
     y_q, scales = quantize_fp8(y, scale, scale_ub)
     return (y_q, scales) if residual is None else (y_q, scales, h)
+
+
+# ------------------------------------------------------------------- NVFP4 output (Blackwell)
+# The layout a Blackwell block-scaled GEMM reads, in FlashInfer's convention
+# (``rmsnorm_fp4quant``, ``is_sf_swizzled_layout=True``): y's rows in blocks of NVFP4_BLOCK
+# elements, each block's values as e2m1 (two a byte, the first in the low nibble) and one
+# float8_e4m3fn scale a block, the scales of 128 rows x 4 blocks stored as one 512-byte tile.
+
+NVFP4_BLOCK = 16
+#: the largest e2m1 value
+FP4_MAX = 6.0
+#: e2m1's non-negative values, by code 0..7 (code | 8: the negative)
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def round_e2m1(v: torch.Tensor) -> torch.Tensor:
+    """fp32 ``v`` to e2m1 codes (uint8, 0..15), as ``cvt.rn.satfinite.e2m1x2.f32`` rounds:
+    to nearest, ties to the even code, magnitudes past 6 to 6; NaN to +6 (as the fp8 output
+    sends NaN to its largest value)."""
+    v = torch.where(v.isnan(), torch.full_like(v, FP4_MAX), v.float())
+    a = v.abs()
+    # the midpoints between neighbours, each tie going to the even code: 0.25 -> 0, 0.75 -> 1.0,
+    # 1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5 -> 4.0
+    code = ((a > 0.25).to(torch.uint8) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5)
+            + (a >= 3.5) + (a > 5.0))
+    return code | ((v < 0) | ((v == 0) & (torch.signbit(v)))).to(torch.uint8) << 3
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """The fp32 values of e2m1 codes."""
+    table = torch.tensor(FP4_VALUES + tuple(-x for x in FP4_VALUES), dtype=torch.float32,
+                         device=codes.device)
+    return table[codes.long()]
+
+
+def nvfp4_scale_offset(row: torch.Tensor, block: torch.Tensor, blocks_per_row: int
+                       ) -> torch.Tensor:
+    """Where the scale of (``row``, ``block``) lives in the swizzled layout: tiles of 128 rows x 4
+    blocks, 512 bytes each, row-major over (row tile, block tile); inside a tile
+    ``(row % 32) * 16 + (row % 128) // 32 * 4 + block % 4``."""
+    k_tiles = -(-blocks_per_row // 4)
+    return ((row // 128) * k_tiles + block // 4) * 512 + (row % 32) * 16 \
+        + (row % 128) // 32 * 4 + block % 4
+
+
+def nvfp4_scales_size(M: int, N: int) -> int:
+    """Bytes of the swizzled scales of (M, N): rows padded to 128, blocks to 4 a row."""
+    return -(-M // 128) * 128 * -(-(N // NVFP4_BLOCK) // 4) * 4
+
+
+def quantize_nvfp4(y: torch.Tensor, global_scale: torch.Tensor
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scales)``: (M, N) ``y`` (any float dtype, taken as fp32) as NVFP4. ``q``: uint8
+    (M, N/2), two e2m1 codes a byte; ``scales``: float8_e4m3fn, the swizzled layout
+    (``nvfp4_scales_size`` bytes, padding zero). ``global_scale`` (one fp32 element) lifts the
+    block scales into e4m3's range (448 * 6 / amax(y) fills it); y is about
+    ``e2m1(q) * scale / global_scale``. In fp32, step by step as the kernel:
+    ``s = e4m3(min(global_scale * amax(|block|) * fp32(1/6), 448))`` (NaN passed over), then each
+    value ``e2m1(y * (global_scale / s))``, and a block whose scale is 0 gives zeros."""
+    M, N = y.shape
+    if N % NVFP4_BLOCK:
+        raise ValueError(f"NVFP4 takes rows of a multiple of {NVFP4_BLOCK} elements, got {N}")
+    g = _one_element(global_scale)
+    yf = y.float().reshape(M, N // NVFP4_BLOCK, NVFP4_BLOCK)
+    mag = yf.abs()
+    amax = torch.where(mag.isnan(), torch.zeros_like(mag), mag).amax(-1)
+    third = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)  # fp32(1/6), a multiplier
+    s = torch.clamp(g * amax * third, max=FP8_MAX).to(FP8_DTYPE)
+    sf = s.float()
+    inv = torch.where(sf == 0, torch.zeros_like(sf), g / sf)
+    codes = round_e2m1(yf * inv.unsqueeze(-1)).reshape(M, N)
+    q = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scales = torch.zeros(nvfp4_scales_size(M, N), dtype=torch.uint8)
+    rows = torch.arange(M).unsqueeze(1).expand(M, N // NVFP4_BLOCK)
+    blocks = torch.arange(N // NVFP4_BLOCK).unsqueeze(0).expand(M, N // NVFP4_BLOCK)
+    scales[nvfp4_scale_offset(rows, blocks, N // NVFP4_BLOCK).reshape(-1)] = \
+        s.view(torch.uint8).reshape(-1).cpu()
+    return q, scales.to(y.device).view(FP8_DTYPE)
+
+
+def dequantize_nvfp4(q: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                     N: int) -> torch.Tensor:
+    """fp32 (M, N) from ``quantize_nvfp4``'s output."""
+    M = q.shape[0]
+    codes = torch.stack((q & 0xF, q >> 4), dim=-1).reshape(M, N)
+    rows = torch.arange(M).unsqueeze(1).expand(M, N // NVFP4_BLOCK)
+    blocks = torch.arange(N // NVFP4_BLOCK).unsqueeze(0).expand(M, N // NVFP4_BLOCK)
+    s = scales.cpu().float()[nvfp4_scale_offset(rows, blocks, N // NVFP4_BLOCK)]
+    values = e2m1_values(codes.cpu()).reshape(M, N // NVFP4_BLOCK, NVFP4_BLOCK)
+    return (values * s.unsqueeze(-1) / _one_element(global_scale).cpu()).reshape(M, N)

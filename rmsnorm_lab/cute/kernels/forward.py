@@ -14,7 +14,9 @@ residual add, and one class for rows split over a thread-block cluster.
 The row, warp and fallback kernels also write y as float8_e4m3fn for the GEMM that reads it
 (``plan.quant``, ``RMSNormFp8Forward``): y rounded to x's dtype, then multiplied by the inverse of
 a static scale, or divided by the row's own scale (its amax of ``|y|`` over 448, one more row
-reduction), NaN to +448 and the convert saturating (reference.quantize_fp8).
+reduction), NaN to +448 and the convert saturating (reference.quantize_fp8). For Blackwell the
+same kernels write NVFP4 (``plan.quant == "nvfp4"``, reference.quantize_nvfp4): e2m1 values with
+an e4m3 scale a block of 16, a block's two halves in neighbouring lanes.
 
 ``RMSNormForward.kernel`` runs one of two schedules: ``tile_group`` (several tiles of short rows
 a CTA) or ``tile_loop`` (tile after tile). Rows wider than the register budget
@@ -64,6 +66,7 @@ class ForwardArgs:
     mH: Optional[cute.Tensor]
     mScale: Optional[cute.Tensor] = None
     mScaleUb: Optional[cute.Tensor] = None
+    mBlockScales: Optional[cute.Tensor] = None
 
 
 class RMSNormForward(RowTiles):
@@ -73,7 +76,8 @@ class RMSNormForward(RowTiles):
         self.plan = plan
         self.x_type = TORCH_TO_CUTE[plan.x_dtype]
         self.w_type = TORCH_TO_CUTE[plan.w_dtype] if plan.w_dtype is not None else None
-        self.y_type = cutlass.Float8E4M3FN if plan.quant else self.x_type
+        self.y_type = {"": self.x_type, "nvfp4": cutlass.Float4E2M1FN}.get(
+            plan.quant, cutlass.Float8E4M3FN)
         self.warps_per_row = max(plan.threads_per_row // 32, 1)
         # a CTA's tiles (tile_group) hold one chunk each and are not a persistent strip
         assert plan.tiles_per_cta == 1 or (plan.chunks == 1 and not plan.persistent)
@@ -109,10 +113,10 @@ class RMSNormForward(RowTiles):
         return M, self.row_tensor(gX, M), mW, self.row_tensor(gY, M), mRstd
 
     def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream, gScale=None,
-               gScaleUb=None):
+               gScaleUb=None, gBlockScales=None):
         """Builds the kernel's tensors and launches it (traced inside a ``cute.jit`` host
         function; ``gR``/``gH``: the fused add's residual and h, ``gScale``/``gScaleUb``: the
-        fp8 output's scale(s) and amax bound, or None)."""
+        fp8 output's scale(s) and amax bound, ``gBlockScales`` NVFP4's, or None)."""
         p = self.plan
         M, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
         mR = self.row_tensor(gR, M) if gR is not None else None
@@ -123,6 +127,12 @@ class RMSNormForward(RowTiles):
                 (M,) if p.quant == "token" else (1,)))
         if cutlass.const_expr(p.scale_ub):
             mScaleUb = cute.make_tensor(gScaleUb.iterator, cute.make_layout((1,)))
+        mBlockScales = None
+        if cutlass.const_expr(p.quant == "nvfp4"):
+            # y as 32-bit words of 8 e2m1 values, a copy's worth; the scales as bytes
+            ld = cute.assume(Int32(gY.stride[0]), divby=p.vec // 8)
+            mY = cute.make_tensor(gY.iterator, cute.make_layout((M, p.N // 8), stride=(ld, 1)))
+            mBlockScales = gBlockScales
         smem_bytes = 0
         if cutlass.const_expr(self.warps_per_row > 1):
             smem_bytes = row_sum_bytes(p.rows_per_cta, self.warps_per_row)
@@ -132,16 +142,17 @@ class RMSNormForward(RowTiles):
         bounds = {}
         if cutlass.const_expr(p.min_ctas_per_sm > 0):
             bounds = dict(min_blocks_per_mp=p.min_ctas_per_sm, preferred_smem_carveout=0)
-        self.kernel(mX, mW, mY, mRstd, eps, offset, mR, mH, mScale, mScaleUb).launch(
+        self.kernel(mX, mW, mY, mRstd, eps, offset, mR, mH, mScale, mScaleUb,
+                    mBlockScales).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=smem_bytes, stream=stream,
             use_pdl=p.pdl, **bounds)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
                eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor,
-               mScale: cute.Tensor, mScaleUb: cute.Tensor):
+               mScale: cute.Tensor, mScaleUb: cute.Tensor, mBlockScales: cute.Tensor):
         p = self.plan
-        a = ForwardArgs(mX, mW, mY, mRstd, eps, offset, mR, mH, mScale, mScaleUb)
+        a = ForwardArgs(mX, mW, mY, mRstd, eps, offset, mR, mH, mScale, mScaleUb, mBlockScales)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -190,7 +201,7 @@ class RMSNormForward(RowTiles):
             tXrXn = cute.make_fragment_like(tXrX)
             self.load_chunk(cp, mX, t.bidx, 0, tXrXn, t.bidx < num_tiles)
         slot = Int32(0)  # the row sum's shared-memory slot, alternating (reduce.row_sum)
-        inv_scale = self.static_inverse(a)
+        inv_scale = self.tensor_scale(a)
         for tile in cutlass.range(t.bidx, num_tiles, t.gdim):
             row = tile * p.rows_per_cta + t.row
             row_ok = row < M
@@ -243,7 +254,8 @@ class RMSNormForward(RowTiles):
                     self.load_chunk(cp, mH if p.residual else mX, tile, load,
                                     regs[load % len(regs)], row_ok, "first")
                 self.store_chunk(cp, mY, tile, use, regs[use % len(regs)], rstd,
-                                 self.chunk_weight(cp, mW, tWrW, use), a.offset, row_ok, scale)
+                                 self.chunk_weight(cp, mW, tWrW, use), a.offset, row_ok, scale,
+                                 a.mBlockScales)
 
     def chunk_weight(self, cp: RowCopy, mW, tWrW, c: int):
         """w's registers for column chunk c: those loaded up front (``tWrW``), else chunk c's
@@ -286,7 +298,7 @@ class RMSNormForward(RowTiles):
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
             tWrW = cp.weight(a.mW, 0)
-        inv_scale = self.static_inverse(a)
+        inv_scale = self.tensor_scale(a)
         for j in cutlass.range_constexpr(tiles):
             row = (first + j) * p.rows_per_cta + t.row
             if cutlass.const_expr(p.residual):
@@ -301,7 +313,7 @@ class RMSNormForward(RowTiles):
                                0, t.lane, 1, p.threads_per_row)
                 scale = self.token_scale(a, amax, row, writer)
             self.store_chunk(cp, a.mY, first + j, 0, bufs[j], rstd, tWrW, a.offset, row < M,
-                             scale)
+                             scale, a.mBlockScales)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
@@ -341,24 +353,28 @@ class RMSNormForward(RowTiles):
 
     @cute.jit
     def store_chunk(self, cp: RowCopy, mY, tile, c: cutlass.Constexpr[int], tXrX, rstd: Float32,
-                    tWrW, offset: Float32, row_ok, scale=None):
+                    tWrW, offset: Float32, row_ok, scale=None, mBlockScales=None):
         """Column chunk c of y <- normalize(registers); as fp8 (``plan.quant``), y times the
-        static scale's inverse or over the row's scale (``scale``)."""
+        static scale's inverse or over the row's scale (``scale``); as NVFP4, ``scale`` is the
+        global scale (``store_nvfp4``)."""
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-        tXrY = cute.make_fragment_like(tXrX, self.y_type)
-        if cutlass.const_expr(self.plan.quant):
-            tXrY.store(self.quantize(y, scale))
+        if cutlass.const_expr(self.plan.quant == "nvfp4"):
+            self.store_nvfp4(cp, mY, mBlockScales, tile, c, tXrX, y, scale, row_ok)
         else:
-            tXrY.store(y.to(self.x_type))
-        tXgY = cp.dst(mY, tile, c)
-        store = cp.tiled
-        if cutlass.const_expr(self.plan.stream_y):
-            store = self.streaming_store()
-        elif cutlass.const_expr(self.plan.quant):
-            store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.y_type,
-                                        num_bits_per_copy=self.plan.vec * self.y_type.width)
-        if row_ok:
-            cute.copy(store, tXrY, tXgY, pred=cp.column_predicate(c))
+            tXrY = cute.make_fragment_like(tXrX, self.y_type)
+            if cutlass.const_expr(self.plan.quant):
+                tXrY.store(self.quantize(y, scale))
+            else:
+                tXrY.store(y.to(self.x_type))
+            tXgY = cp.dst(mY, tile, c)
+            store = cp.tiled
+            if cutlass.const_expr(self.plan.stream_y):
+                store = self.streaming_store()
+            elif cutlass.const_expr(self.plan.quant):
+                store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.y_type,
+                                            num_bits_per_copy=self.plan.vec * self.y_type.width)
+            if row_ok:
+                cute.copy(store, tXrY, tXgY, pred=cp.column_predicate(c))
 
     def streaming_store(self):
         """y's copy where ``plan.stream_y``: ``st.global.cs``, evict first, so y's lines leave
@@ -368,13 +384,54 @@ class RMSNormForward(RowTiles):
                                    store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
 
     @cute.jit
-    def static_inverse(self, a: ForwardArgs):
-        """``1 / scale`` of a static fp8 scale (IEEE, ``rcp.rn``), once a thread; None
-        otherwise."""
+    def tensor_scale(self, a: ForwardArgs):
+        """Once a thread: ``1 / scale`` of a static fp8 scale (IEEE, ``rcp.rn``), NVFP4's global
+        scale as given; None otherwise."""
         inv = None
         if cutlass.const_expr(self.plan.quant == "static"):
             inv = Float32(1.0) / a.mScale[0]
+        elif cutlass.const_expr(self.plan.quant == "nvfp4"):
+            inv = a.mScale[0]
         return inv
+
+    @cute.jit
+    def store_nvfp4(self, cp: RowCopy, mQ, mBlockScales, tile, c: cutlass.Constexpr[int], tXrX,
+                    y, global_scale: Float32, row_ok):
+        """Column chunk c of y as NVFP4 (reference.quantize_nvfp4). A copy is 8 values, half a
+        block of 16, and the lane beside holds the other half: their amax meets by one shuffle,
+        the block's e4m3 scale is ``min(global_scale * amax * fp32(1/6), 448)``, the values
+        ``e2m1(y * (global_scale / scale))`` (0 where the scale is), NaN to +6. The lane of the
+        block's first half stores the scale (swizzled: reference.nvfp4_scale_offset), each lane
+        its 8 values as one 32-bit word."""
+        p = self.plan
+        tYr = cute.make_fragment_like(tXrX, Float32)
+        tYr.store(y.to(self.x_type).to(Float32))
+        tQr = cute.make_fragment_like(tXrX, self.y_type)
+        blocks_per_row = p.N // 16
+        k_tiles = (blocks_per_row + 3) // 4
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            half = tYr[(None, k), 0, 0].load()
+            mag = cute.where(half == half, cute.math.abs(half), Float32(0.0))
+            amax = mag.reduce(cute.ReductionOp.MAX, Float32(0.0), reduction_profile=0)
+            amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
+            sf = cute.arch.fmin(global_scale * amax * Float32(1.0 / 6.0), Float32(448.0))
+            sf8 = sf.to(cutlass.Float8E4M3FN)
+            sff = sf8.to(Float32)
+            inv = Float32(0.0)
+            if sff != Float32(0.0):
+                inv = global_scale / sff
+            v = half * inv
+            tQr[(None, k), 0, 0].store(cute.where(v == v, v, Float32(6.0)).to(self.y_type))
+            row, col = cp.tXcX[(0, k), 0, 0]
+            row = row + tile * p.rows_per_cta
+            col = col + c * p.cols_per_tile
+            if row_ok and col < p.N:
+                block = col // 16
+                if col % 16 == 0:
+                    mBlockScales[((row // 128) * k_tiles + block // 4) * 512 + (row % 32) * 16
+                                 + (row % 128) // 32 * 4 + block % 4] = sf8
+                words = cute.recast_tensor(tQr[(None, k), 0, 0], cutlass.Uint32)
+                mQ[row, col // 8] = words[0]
 
     @cute.jit
     def chunk_amax(self, tXrX, rstd: Float32, tWrW, offset: Float32) -> Float32:
@@ -478,6 +535,25 @@ class RMSNormFp8Forward(RMSNormForward):
         p = self.plan
         self.launch(gX, gW, gQ, None, gR if p.residual else None, gH if p.residual else None,
                     grid, eps, offset, stream, gScale, gScaleUb if p.scale_ub else None)
+
+
+class RMSNormNvfp4Forward(RMSNormForward):
+    """y written as NVFP4 for a Blackwell block-scaled GEMM (``plan.quant == "nvfp4"``), with or
+    without the fused residual add (stand-ins where the plan has none, as the fp8 output's)."""
+
+    def __init__(self, plan: ForwardPlan):
+        assert plan.quant == "nvfp4"
+        super().__init__(plan)
+
+    @cute.jit
+    def __call__(self, gX: cute.Tensor, gR: cute.Tensor, gW: cute.Tensor, gQ: cute.Tensor,
+                 gH: cute.Tensor, gGlobalScale: cute.Tensor, gBlockScales: cute.Tensor,
+                 grid: Int32, eps: Float32, offset: Float32, stream: cuda.CUstream):
+        """Host side: x, the residual and h as (M, N):(ld, 1) rows, q as (M, N/8) 32-bit words
+        (8 e2m1 values each), the global scale one fp32, the block scales the swizzled bytes."""
+        p = self.plan
+        self.launch(gX, gW, gQ, None, gR if p.residual else None, gH if p.residual else None,
+                    grid, eps, offset, stream, gGlobalScale, None, gBlockScales)
 
 
 class RMSNormClusterForward(ClusterRows, RMSNormForward):

@@ -27,7 +27,7 @@ from ...common import nvtx
 from ...registry import variant
 from ...settings import Snapshot
 from ..dtypes import TORCH_TO_CUTE
-from ..kernels.forward import RMSNormFp8Forward, RMSNormFusedAddForward
+from ..kernels.forward import RMSNormFp8Forward, RMSNormFusedAddForward, RMSNormNvfp4Forward
 from ..plan.auto import auto_variant, row_class
 from ..plan.forward import (INT32_LIMIT, ForwardPlan, RowsRule, check_int32_addressable,
                             plan_forward)
@@ -46,6 +46,8 @@ def kernel_object(plan: ForwardPlan):
     """The kernel class instance that ``plan`` compiles to: its variant's class as the registry
     names it, or the fp8 output's or the fused residual add's, whose plans the row variants
     serve."""
+    if plan.quant == "nvfp4":
+        return RMSNormNvfp4Forward(plan)
     if plan.quant:
         return RMSNormFp8Forward(plan)
     if plan.residual:
@@ -67,6 +69,12 @@ def fake_args(plan: ForwardPlan):
     w = fake_vector(TORCH_TO_CUTE[w_dtype], "Nw", assumed_align(plan.vec, w_dtype))
     scalars = (cutlass.Int32(1), cutlass.Float32(1e-6), cutlass.Float32(0.0),
                make_fake_stream(use_tvm_ffi_env_stream=True))
+    if plan.quant == "nvfp4":
+        r = fake_rows(x_type, "M", "ldr", align, plan.N)
+        h = fake_rows(x_type, "M", "ldh", align, plan.N)
+        q = fake_rows(cutlass.Int32, "M", "ldq", 4, plan.N // 8)
+        return (x, r, w, q, h, fake_vector(cutlass.Float32, "G", 4),
+                fake_vector(cutlass.Float8E4M3FN, "S", 16)) + scalars
     if plan.quant:
         r = fake_rows(x_type, "M", "ldr", align, plan.N)
         h = fake_rows(x_type, "M", "ldh", align, plan.N)
@@ -227,3 +235,31 @@ def fp8_forward(x2: torch.Tensor, r2: Optional[torch.Tensor], weight: Optional[t
                scale_ub.view(1) if scale_ub is not None else launch.no_rstd,
                launch.grid.of(M), eps, offset)
     return y_q, scales, h
+
+
+def nvfp4_forward(x2: torch.Tensor, r2: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                  eps: float, offset: float, casting_mode: str, global_scale: torch.Tensor,
+                  snap: Snapshot, sms: int):
+    """``(q, block_scales, h)`` of 2-D rows ``x2`` written as NVFP4 for a Blackwell GEMM
+    (reference.quantize_nvfp4): q uint8 (M, N/2), two e2m1 values a byte; block_scales
+    float8_e4m3fn in the swizzled layout, padding zero; h = x2 + r2 with a residual, else None.
+    ``global_scale``: one fp32 element on x's device. Blackwell only (the plan refuses others)."""
+    from ...reference import nvfp4_scales_size
+    M, N = x2.shape
+    for t in (x2, r2):
+        if t is not None and M * t.stride(0) >= INT32_LIMIT:
+            check_int32_addressable(M, t.stride(0), t.shape[1])
+    launch = forward_launch(x2, weight, casting_mode, False, snap, sms, residual=r2,
+                            quant="nvfp4")
+    kernel = launch.kernel
+    if kernel is None:
+        kernel = launch.compiled()
+    q = torch.empty((M, N // 2), dtype=torch.uint8, device=x2.device)
+    scales = torch.zeros(nvfp4_scales_size(M, N), dtype=torch.float8_e4m3fn, device=x2.device)
+    h = torch.empty_like(x2, memory_format=torch.contiguous_format) if r2 is not None else None
+    w = weight if weight is not None else launch.no_weight
+    with nvtx.range("launch", launch.plan.variant, x2.shape, on=snap.nvtx):
+        kernel(x2, r2 if r2 is not None else x2, w, q.view(torch.int32),
+               h if h is not None else x2, global_scale.view(1), scales,
+               launch.grid.of(M), eps, offset)
+    return q, scales, h

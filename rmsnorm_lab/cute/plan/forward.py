@@ -275,7 +275,24 @@ def _row_mapping(n_vecs: int, max_vecs_of):
 # the whole row's amax before the first element is stored, which the row and warp tiles get from
 # their registers (or, in column chunks, from one more pass over the chunks).
 QUANT_VARIANTS = ("row", "warp", "fallback")
-QUANT_MODES = ("static", "token")
+QUANT_MODES = ("static", "token", "nvfp4")
+# NVFP4 (e2m1 values, an e4m3 scale a block of 16): Blackwell's convert and GEMM. A block's two
+# halves are two neighbouring lanes' 16-byte copies, so the vector path of 2-byte x only.
+NVFP4_ARCHS = ("sm_100a", "sm_103a")
+NVFP4_VARIANTS = ("row", "warp")
+
+
+def _nvfp4_eligible(variant: str, N: int, x_dtype: torch.dtype, arch: Optional[str]) -> None:
+    if arch is not None and arch not in NVFP4_ARCHS:
+        raise NotEligible(f"NVFP4 needs Blackwell's e2m1 convert ({', '.join(NVFP4_ARCHS)}), "
+                          f"not {arch}")
+    if variant not in NVFP4_VARIANTS:
+        raise NotEligible(f"NVFP4 is written by the {', '.join(NVFP4_VARIANTS)} kernels, not "
+                          f"{variant}")
+    if ELEM_BYTES.get(x_dtype) != 2:
+        raise NotEligible(f"NVFP4 takes bfloat16 or float16 x, not {x_dtype}")
+    if N % 16:
+        raise NotEligible(f"NVFP4 takes rows of a multiple of 16 elements, not {N}")
 
 
 def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
@@ -302,6 +319,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
                               f"kernels, not {variant}")
         if store_rstd:
             raise NotEligible("the fp8 output keeps no rstd (inference only)")
+        if quant == "nvfp4":
+            _nvfp4_eligible(variant, N, x_dtype, arch)
     if scale_ub and quant != "token":
         raise ValueError("scale_ub bounds per-token scales")
     if x_dtype not in ELEM_BYTES:

@@ -443,3 +443,33 @@ def reported_vs_modelled(reported: pd.DataFrame, cal: pd.DataFrame) -> pd.DataFr
                      "reported_us": x.value, "modelled_us": m, "modelled/reported":
                      m / x.value if math.isfinite(m) else math.nan, "source": x.source})
     return pd.DataFrame(rows)
+
+
+# --- NVFP4 on Blackwell, modelled ----------------------------------------------------------------
+
+def nvfp4_bytes(M, N: int = REF_N, dtype: str = "bf16"):
+    """Minimum DRAM bytes of one NVFP4 forward: read x and w, write half a byte a value and one
+    e4m3 scale a block of 16 (the swizzled padding aside)."""
+    s = ELEM_BYTES[dtype]
+    M = np.asarray(M, dtype=float)
+    return M * N * (s + 0.5) + M * N / 16 + N * s
+
+
+def nvfp4_table(df: pd.DataFrame, gpu: str = "b200", Ms: Sequence[int] = MODEL_M,
+                N: int = REF_N, impl: str = "cute.auto") -> pd.DataFrame:
+    """The NVFP4 forward on ``gpu``, **modelled** (the lab has no Blackwell): its bytes, and the
+    time of a kernel that reaches the bf16 forward's fixed cost and bandwidth efficiency as
+    calibrated on the H200 (``calibrate``), beside the bf16 forward modelled the same way. The
+    NVFP4 kernel is the forward's tile with another epilogue, so the same efficiency is the
+    assumption; 'modelled' is in the column names."""
+    cal = calibrate(df)
+    r = _cal_row(cal, "fwd", impl)
+    bw = spec(gpu).bandwidth_gbps * 1e3
+    Ms = np.asarray(Ms, dtype=float)
+    b = nvfp4_bytes(Ms, N)
+    t = (r["t0_us"] + b / (r["efficiency"] * bw)) if r is not None else np.full(len(Ms), np.nan)
+    bf16 = device_us(cal, "fwd", impl, gpu, Ms, N)
+    return pd.DataFrame({"M": Ms.astype(int), "N": N, "nvfp4_MB": b / 1e6,
+                         "bf16_MB": bytes_moved("fwd", Ms, N) / 1e6,
+                         f"nvfp4_us ({gpu}, modelled)": t,
+                         f"bf16_us ({gpu}, modelled)": bf16})
