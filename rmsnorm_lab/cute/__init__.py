@@ -43,4 +43,6 @@ plan / launch a plan is what a kernel is compiled with; a launch is a plan with 
               kernel, its grid as a rule of M and the stand-ins for absent tensors.
 variant/mode  a forward kernel (``row``, ``warp``, ...) / a backward's way (``fused``,
               ``split``, ...), each named once in ``rmsnorm_lab.registry``.
+quant         a forward plan that writes y for the GEMM that reads it: fp8 with a static scale or a
+              scale a row (``token``), or NVFP4 (e2m1 values, an e4m3 scale a ``block`` of 16).
 """

@@ -11,12 +11,8 @@ residual add, and one class for rows split over a thread-block cluster.
 * ``cluster``    (``RMSNormClusterForward``) a row too wide for one CTA's registers over the CTAs
                  of a cluster, their partial sums exchanged through distributed shared memory.
 
-The row, warp and fallback kernels also write y as float8_e4m3fn for the GEMM that reads it
-(``plan.quant``, ``RMSNormFp8Forward``): y rounded to x's dtype, then multiplied by the inverse of
-a static scale, or divided by the row's own scale (its amax of ``|y|`` over 448, one more row
-reduction), NaN to +448 and the convert saturating (reference.quantize_fp8). For Blackwell the
-same kernels write NVFP4 (``plan.quant == "nvfp4"``, reference.quantize_nvfp4): e2m1 values with
-an e4m3 scale a block of 16, a block's two halves in neighbouring lanes.
+The row, warp and fallback kernels also write y quantized for the GEMM that reads it, fp8 or
+NVFP4 (``plan.quant``): the same schedules with another store, forward_quant.py.
 
 ``RMSNormForward.kernel`` runs one of two schedules: ``tile_group`` (several tiles of short rows
 a CTA) or ``tile_loop`` (tile after tile). Rows wider than the register budget
@@ -46,7 +42,6 @@ from ..plan.forward import ForwardPlan
 from ..device.reduce import row_max, row_sum, row_sum_bytes, row_sum_slots
 from ..device.tiles import EVICT, RowCopy, RowThread, RowTiles
 from ..dtypes import TORCH_TO_CUTE
-from ...reference import FP8_MAX, FP8_MIN_SCALE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,88 +378,9 @@ class RMSNormForward(RowTiles):
                                    num_bits_per_copy=self.plan.vec * self.y_type.width,
                                    store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
 
-    @cute.jit
     def tensor_scale(self, a: ForwardArgs):
-        """Once a thread: ``1 / scale`` of a static fp8 scale (IEEE, ``rcp.rn``), NVFP4's global
-        scale as given; None otherwise."""
-        inv = None
-        if cutlass.const_expr(self.plan.quant == "static"):
-            inv = Float32(1.0) / a.mScale[0]
-        elif cutlass.const_expr(self.plan.quant == "nvfp4"):
-            inv = a.mScale[0]
-        return inv
-
-    @cute.jit
-    def store_nvfp4(self, cp: RowCopy, mQ, mBlockScales, tile, c: cutlass.Constexpr[int], tXrX,
-                    y, global_scale: Float32, row_ok):
-        """Column chunk c of y as NVFP4 (reference.quantize_nvfp4). A copy is 8 values, half a
-        block of 16, and the lane beside holds the other half: their amax meets by one shuffle,
-        the block's e4m3 scale is ``min(global_scale * amax * fp32(1/6), 448)``, the values
-        ``e2m1(y * (global_scale / scale))`` (0 where the scale is), NaN to +6. The lane of the
-        block's first half stores the scale (swizzled: reference.nvfp4_scale_offset), each lane
-        its 8 values as one 32-bit word."""
-        p = self.plan
-        tYr = cute.make_fragment_like(tXrX, Float32)
-        tYr.store(y.to(self.x_type).to(Float32))
-        tQr = cute.make_fragment_like(tXrX, self.y_type)
-        blocks_per_row = p.N // 16
-        k_tiles = (blocks_per_row + 3) // 4
-        for k in cutlass.range_constexpr(p.vecs_per_thread):
-            half = tYr[(None, k), 0, 0].load()
-            mag = cute.where(half == half, cute.math.abs(half), Float32(0.0))
-            amax = mag.reduce(cute.ReductionOp.MAX, Float32(0.0), reduction_profile=0)
-            amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
-            sf = cute.arch.fmin(global_scale * amax * Float32(1.0 / 6.0), Float32(448.0))
-            sf8 = sf.to(cutlass.Float8E4M3FN)
-            sff = sf8.to(Float32)
-            inv = Float32(0.0)
-            if sff != Float32(0.0):
-                inv = global_scale / sff
-            v = half * inv
-            tQr[(None, k), 0, 0].store(cute.where(v == v, v, Float32(6.0)).to(self.y_type))
-            row, col = cp.tXcX[(0, k), 0, 0]
-            row = row + tile * p.rows_per_cta
-            col = col + c * p.cols_per_tile
-            if row_ok and col < p.N:
-                block = col // 16
-                if col % 16 == 0:
-                    mBlockScales[((row // 128) * k_tiles + block // 4) * 512 + (row % 32) * 16
-                                 + (row % 128) // 32 * 4 + block % 4] = sf8
-                words = cute.recast_tensor(tQr[(None, k), 0, 0], cutlass.Uint32)
-                mQ[row, col // 8] = words[0]
-
-    @cute.jit
-    def chunk_amax(self, tXrX, rstd: Float32, tWrW, offset: Float32) -> Float32:
-        """This thread's largest ``|y|`` over one register chunk, y rounded to x's dtype, NaN
-        passed over (vLLM's ``fmaxf``); padding columns hold x = 0 and so y = 0."""
-        y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-        y = y.to(self.x_type).to(Float32)
-        mag = cute.where(y == y, cute.math.abs(y), Float32(0.0))
-        return mag.reduce(cute.ReductionOp.MAX, Float32(0.0), reduction_profile=0)
-
-    @cute.jit
-    def token_scale(self, a: ForwardArgs, amax: Float32, row, writes) -> Float32:
-        """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (IEEE
-        division), stored to ``mScale[row]`` by the thread for which ``writes`` holds."""
-        if cutlass.const_expr(self.plan.scale_ub):
-            amax = cute.arch.fmin(amax, a.mScaleUb[0])
-        s = cute.arch.fmax(amax / Float32(FP8_MAX), Float32(FP8_MIN_SCALE))
-        if writes:
-            a.mScale[row] = s
-        return s
-
-    @cute.jit
-    def quantize(self, y, scale: Float32):
-        """fp8 of y (fp32): rounded to x's dtype first, then times the static inverse or over
-        the row's scale; NaN to +448, the rest saturated to +-448 by the convert
-        (``cvt.rn.satfinite``), rounded to nearest even."""
-        y = y.to(self.x_type).to(Float32)
-        if cutlass.const_expr(self.plan.quant == "token"):
-            v = y / scale
-        else:
-            v = y * scale
-        v = cute.where(v == v, v, Float32(FP8_MAX))
-        return v.to(self.y_type)
+        """What the quantizing epilogues (forward_quant.py) read once a thread: none here."""
+        return None
 
     @cute.jit
     def normalize(self, xf, rstd: Float32, tWrW, offset: Float32):
@@ -515,45 +431,6 @@ class RMSNormFusedAddForward(RMSNormForward):
                  offset: Float32, stream: cuda.CUstream):
         """Host side: x, the residual, y and h arrive as (M, N):(ld, 1) rows."""
         self.launch(gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream)
-
-
-class RMSNormFp8Forward(RMSNormForward):
-    """y written as float8_e4m3fn (``plan.quant``), with or without the fused residual add: one
-    signature for both, the residual's tensors and the amax bound stand-ins where the plan has
-    none (the kernel never reads them)."""
-
-    def __init__(self, plan: ForwardPlan):
-        assert plan.quant
-        super().__init__(plan)
-
-    @cute.jit
-    def __call__(self, gX: cute.Tensor, gR: cute.Tensor, gW: cute.Tensor, gQ: cute.Tensor,
-                 gH: cute.Tensor, gScale: cute.Tensor, gScaleUb: cute.Tensor, grid: Int32,
-                 eps: Float32, offset: Float32, stream: cuda.CUstream):
-        """Host side: x, the residual, h (x's dtype) and q (fp8) arrive as (M, N):(ld, 1) rows;
-        ``gScale`` the static scale (read) or the per-token scales (written, one a row)."""
-        p = self.plan
-        self.launch(gX, gW, gQ, None, gR if p.residual else None, gH if p.residual else None,
-                    grid, eps, offset, stream, gScale, gScaleUb if p.scale_ub else None)
-
-
-class RMSNormNvfp4Forward(RMSNormForward):
-    """y written as NVFP4 for a Blackwell block-scaled GEMM (``plan.quant == "nvfp4"``), with or
-    without the fused residual add (stand-ins where the plan has none, as the fp8 output's)."""
-
-    def __init__(self, plan: ForwardPlan):
-        assert plan.quant == "nvfp4"
-        super().__init__(plan)
-
-    @cute.jit
-    def __call__(self, gX: cute.Tensor, gR: cute.Tensor, gW: cute.Tensor, gQ: cute.Tensor,
-                 gH: cute.Tensor, gGlobalScale: cute.Tensor, gBlockScales: cute.Tensor,
-                 grid: Int32, eps: Float32, offset: Float32, stream: cuda.CUstream):
-        """Host side: x, the residual and h as (M, N):(ld, 1) rows, q as (M, N/8) 32-bit words
-        (8 e2m1 values each), the global scale one fp32, the block scales the swizzled bytes."""
-        p = self.plan
-        self.launch(gX, gW, gQ, None, gR if p.residual else None, gH if p.residual else None,
-                    grid, eps, offset, stream, gGlobalScale, None, gBlockScales)
 
 
 class RMSNormClusterForward(ClusterRows, RMSNormForward):

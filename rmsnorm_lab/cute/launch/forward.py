@@ -27,7 +27,8 @@ from ...common import nvtx
 from ...registry import variant
 from ...settings import Snapshot
 from ..dtypes import TORCH_TO_CUTE
-from ..kernels.forward import RMSNormFp8Forward, RMSNormFusedAddForward, RMSNormNvfp4Forward
+from ..kernels.forward import RMSNormFusedAddForward
+from ..kernels.forward_quant import RMSNormFp8Forward, RMSNormNvfp4Forward
 from ..plan.auto import auto_variant, row_class
 from ..plan.forward import (INT32_LIMIT, ForwardPlan, RowsRule, check_int32_addressable,
                             plan_forward)

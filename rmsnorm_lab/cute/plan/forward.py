@@ -22,6 +22,7 @@ import torch
 
 from ...common.rows import INT32_LIMIT
 from ...registry import FORWARD_VARIANTS as VARIANTS
+from .quant import quant_problem
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
 # at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
@@ -271,30 +272,6 @@ def _row_mapping(n_vecs: int, max_vecs_of):
     return threads, vecs_per_thread, chunks
 
 
-# The kernels that write fp8 (``quant``): the row kernels of auto's choice. A per-token scale needs
-# the whole row's amax before the first element is stored, which the row and warp tiles get from
-# their registers (or, in column chunks, from one more pass over the chunks).
-QUANT_VARIANTS = ("row", "warp", "fallback")
-QUANT_MODES = ("static", "token", "nvfp4")
-# NVFP4 (e2m1 values, an e4m3 scale a block of 16): Blackwell's convert and GEMM. A block's two
-# halves are two neighbouring lanes' 16-byte copies, so the vector path of 2-byte x only.
-NVFP4_ARCHS = ("sm_100a", "sm_103a")
-NVFP4_VARIANTS = ("row", "warp")
-
-
-def _nvfp4_eligible(variant: str, N: int, x_dtype: torch.dtype, arch: Optional[str]) -> None:
-    if arch is not None and arch not in NVFP4_ARCHS:
-        raise NotEligible(f"NVFP4 needs Blackwell's e2m1 convert ({', '.join(NVFP4_ARCHS)}), "
-                          f"not {arch}")
-    if variant not in NVFP4_VARIANTS:
-        raise NotEligible(f"NVFP4 is written by the {', '.join(NVFP4_VARIANTS)} kernels, not "
-                          f"{variant}")
-    if ELEM_BYTES.get(x_dtype) != 2:
-        raise NotEligible(f"NVFP4 takes bfloat16 or float16 x, not {x_dtype}")
-    if N % 16:
-        raise NotEligible(f"NVFP4 takes rows of a multiple of 16 elements, not {N}")
-
-
 def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype],
                  casting_mode: str, store_rstd: bool, aligned: bool,
                  arch: Optional[str] = None, pdl: bool = False,
@@ -307,22 +284,15 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
     the tiles of one copy a chunk (all measured without it). ``row_class``: ``auto``'s class of
     the row count, whose few-rows tiles cute/plan/auto.py describes. ``quant``: y written as fp8
-    with a static or per-token scale (``QUANT_MODES``), ``scale_ub`` bounding a per-token amax.
+    with a static or per-token scale, or NVFP4 (plan/quant.py), ``scale_ub`` bounding a per-token
+    amax.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if quant:
-        if quant not in QUANT_MODES:
-            raise ValueError(f"quant must be one of {QUANT_MODES}, got {quant!r}")
-        if variant not in QUANT_VARIANTS:
-            raise NotEligible(f"fp8 output is written by the {', '.join(QUANT_VARIANTS)} "
-                              f"kernels, not {variant}")
-        if store_rstd:
-            raise NotEligible("the fp8 output keeps no rstd (inference only)")
-        if quant == "nvfp4":
-            _nvfp4_eligible(variant, N, x_dtype, arch)
-    if scale_ub and quant != "token":
-        raise ValueError("scale_ub bounds per-token scales")
+    problem = quant_problem(quant, scale_ub, variant, N, ELEM_BYTES.get(x_dtype), store_rstd,
+                            arch)
+    if problem:
+        raise NotEligible(problem)
     if x_dtype not in ELEM_BYTES:
         raise NotEligible(f"x dtype {x_dtype} is not supported")
     if N < 1:

@@ -1,0 +1,44 @@
+"""Which forward plans may write y quantized for the GEMM that reads it (``plan.quant``), in
+plain Python like forward.py: fp8 with a static scale or a scale a row, NVFP4 on Blackwell."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+QUANT_MODES = ("static", "token", "nvfp4")
+# The kernels that write fp8: the row kernels of auto's choice. A per-token scale needs the whole
+# row's amax before the first element is stored, which the row and warp tiles get from their
+# registers (or, in column chunks, from one more pass over the chunks).
+QUANT_VARIANTS = ("row", "warp", "fallback")
+# NVFP4 (e2m1 values, an e4m3 scale a block of 16): Blackwell's convert and GEMM. A block's two
+# halves are two neighbouring lanes' 16-byte copies, so the vector path of 2-byte x only.
+NVFP4_ARCHS = ("sm_100a", "sm_103a")
+NVFP4_VARIANTS = ("row", "warp")
+
+
+def quant_problem(quant: str, scale_ub: bool, variant: str, N: int, x_bytes: Optional[int],
+                  store_rstd: bool, arch: Optional[str]) -> Optional[str]:
+    """Why a plan of ``variant`` cannot write y as ``quant`` ("" writes x's dtype), or None
+    when it can; a ``quant`` or ``scale_ub`` no plan takes is a ValueError."""
+    if scale_ub and quant != "token":
+        raise ValueError("scale_ub bounds per-token scales")
+    if not quant:
+        return None
+    if quant not in QUANT_MODES:
+        raise ValueError(f"quant must be one of {QUANT_MODES}, got {quant!r}")
+    if variant not in QUANT_VARIANTS:
+        return (f"fp8 output is written by the {', '.join(QUANT_VARIANTS)} kernels, not "
+                f"{variant}")
+    if store_rstd:
+        return "the fp8 output keeps no rstd (inference only)"
+    if quant != "nvfp4":
+        return None
+    if arch is not None and arch not in NVFP4_ARCHS:
+        return f"NVFP4 needs Blackwell's e2m1 convert ({', '.join(NVFP4_ARCHS)}), not {arch}"
+    if variant not in NVFP4_VARIANTS:
+        return f"NVFP4 is written by the {', '.join(NVFP4_VARIANTS)} kernels, not {variant}"
+    if x_bytes != 2:
+        return "NVFP4 takes bfloat16 or float16 x"
+    if N % 16:
+        return f"NVFP4 takes rows of a multiple of 16 elements, not {N}"
+    return None
