@@ -48,8 +48,9 @@ from ..dtypes import TORCH_TO_CUTE
 class ForwardArgs:
     """The kernel's arguments, at trace time, for its schedules (the part of CUTLASS's kernel
     ``Params`` a launch fills): x, w, y, rstd, eps, the weight's offset, the fused add's
-    residual and h, and the fp8 output's scale (static: read, one element; per token: written,
-    one a row) and the bound of its amax (each tensor None where the plan has none)."""
+    residual and h, and the quantizing stores' scales (forward_quant.py): fp8's scale (static:
+    read, one element; per token: written, one a row) and its amax bound, NVFP4's global scale
+    and block scales (each tensor None where the plan has none)."""
 
     mX: cute.Tensor
     mW: Optional[cute.Tensor]

@@ -33,12 +33,12 @@ class QuantEpilogue:
     def tensor_scale(self, a: ForwardArgs):
         """Once a thread: ``1 / scale`` of a static fp8 scale (IEEE, ``rcp.rn``), NVFP4's global
         scale as given; None otherwise."""
-        inv = None
+        scale = None
         if cutlass.const_expr(self.plan.quant == "static"):
-            inv = Float32(1.0) / a.mScale[0]
+            scale = Float32(1.0) / a.mScale[0]
         elif cutlass.const_expr(self.plan.quant == "nvfp4"):
-            inv = a.mScale[0]
-        return inv
+            scale = a.mScale[0]
+        return scale
 
     @cute.jit
     def store_nvfp4(self, cp: RowCopy, mQ, mBlockScales, tile, c: cutlass.Constexpr[int], tXrX,
