@@ -6,6 +6,7 @@
     y = rms_norm(x, weight, 1e-6, casting_mode="llama", backend="cute")  # HF Llama's rounding
     norm = RMSNorm(4096, device="cuda", dtype=torch.bfloat16)  # drop-in nn.RMSNorm
     y_q, scales = rms_norm_fp8(x, weight)          # float8_e4m3fn, per-token scales (inference)
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, 1e-6)  # Qwen3's q/k norms + RoPE
 """
 
 __version__ = "0.1.0"
@@ -21,10 +22,10 @@ if not getattr(_sys, "_is_gil_enabled", lambda: True)():
 
 from .settings import settings  # noqa: E402
 from .reference import CASTING_MODE_NAMES, CASTING_MODES  # noqa: E402
-from .api import rms_norm, rms_norm_fp8  # noqa: E402
+from .api import qk_norm_rope, rms_norm, rms_norm_fp8  # noqa: E402
 from .module import FusedAddRMSNorm, RMSNorm  # noqa: E402
 from .models import carry_residual, patch, uncarry_residual, unpatch  # noqa: E402
 
-__all__ = ["rms_norm", "rms_norm_fp8", "RMSNorm", "FusedAddRMSNorm", "patch", "unpatch",
+__all__ = ["rms_norm", "rms_norm_fp8", "qk_norm_rope", "RMSNorm", "FusedAddRMSNorm", "patch", "unpatch",
            "carry_residual", "uncarry_residual", "settings", "CASTING_MODES", "CASTING_MODE_NAMES",
            "__version__"]

@@ -24,6 +24,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from . import dispatch, reference
+from .autograd import qk_norm_rope_op
 from .common.rows import rows_without_copy, same_layout
 from .registry import BACKENDS
 from .route import FP8_PATHS, PATHS, Call, Fp8Call, choose_path, torch_machinery
@@ -416,3 +417,58 @@ def rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     if scales is None:
         scales = scale
     return (y_q, scales) if residual is None else (y_q, scales, h)
+
+
+# ----------------------------------------------------------------- q/k norms with RoPE
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                 k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 eps: Optional[float] = None, *, casting_mode: str = "llama",
+                 backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's attention prologue in one op: every head of ``q`` (..., Hq, D) and ``k``
+    (..., Hk, D) RMS-normalized over D with its weight (``q_weight``, ``k_weight``: (D,)), then
+    rotated by the rotary embedding in transformers' half-rotation layout, ``x * cos +
+    rotate_half(x) * sin`` with ``cos``, ``sin`` (..., D): one row a token, shared by the heads
+    (the model's ``position_embeddings``, before the heads are moved ahead of the tokens).
+    Returns ``(q_out, k_out)`` in q's and k's shapes, contiguous. The default rounding is
+    transformers' (``casting_mode="llama"``, RoPE in x's dtype as eager torch rounds it), so the
+    outputs equal ``Qwen3RMSNorm`` then ``apply_rotary_pos_emb`` bit for bit where the sums of
+    squares agree. Differentiable in q, k and both weights (dW deterministic), not in cos and
+    sin. ``backend``: ``"torch"`` (the reference, the default off CUDA) or ``"triton"``;
+    ``"cute"`` (the default on CUDA) runs the Triton kernel until a CuTe kernel of this op
+    exists. Under torch.compile and for fake tensors it is the custom op
+    ``rmsnorm_lab::qk_norm_rope``."""
+    backend = backend if backend is not None else default_backend(q)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    casting_mode = reference.check_casting_mode(casting_mode)
+    for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight),
+                    ("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) and not (
+                backend == "torch" and t.dtype == torch.float64):
+            raise _dtype_error(name, t.dtype, backend)
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if q.dim() < 3 or k.dim() != q.dim() or q.shape[:-2] != k.shape[:-2] \
+            or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must be (..., heads, head_dim) with the same tokens and "
+                         f"head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
+    D = q.shape[-1]
+    if D % 2:
+        raise ValueError(f"the rotary embedding rotates halves of the head: head_dim must be "
+                         f"even, got {D}")
+    if q_weight.shape != (D,) or k_weight.shape != (D,):
+        raise ValueError(f"q_weight and k_weight must have shape ({D},), got "
+                         f"{tuple(q_weight.shape)} and {tuple(k_weight.shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    tokens = q.shape[:-2] + (D,)
+    if cos.shape != tokens or sin.shape != tokens:
+        raise ValueError(f"cos and sin must be {tuple(tokens)} (one row a token), got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    eps = float(eps) if eps is not None else reference.default_eps(q.dtype)
+    q_out, k_out, _, _ = qk_norm_rope_op(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
+                                         backend)
+    return q_out, k_out

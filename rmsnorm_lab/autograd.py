@@ -330,3 +330,63 @@ def custom_op(call) -> object:
     y, h, _ = fused_add_rms_norm_fwd(call.x, call.residual, call.weight, float(call.eps),
                                      float(call.offset), call.casting_mode, call.backend)
     return y, h
+
+
+# ----------------------------------------------------------------- q/k norms with RoPE
+
+@torch.library.custom_op("rmsnorm_lab::qk_norm_rope", mutates_args=())
+def qk_norm_rope_op(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
+                    sin: Tensor, eps: float, casting_mode: str, backend: str
+                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(q_out, k_out, q_rstd, k_rstd)`` of ``api.qk_norm_rope``; one op for eager calls,
+    torch.compile and fake tensors alike, its backward ``qk_norm_rope_bwd``."""
+    return dispatch.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
+                                         backend)
+
+
+@qk_norm_rope_op.register_fake
+def _qk_norm_rope_fake(q, k, q_weight, k_weight, cos, sin, eps, casting_mode, backend):
+    acc = compute_dtype(q.dtype)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), q.new_empty(q.shape[:-1], dtype=acc),
+            k.new_empty(k.shape[:-1], dtype=acc))
+
+
+@torch.library.custom_op("rmsnorm_lab::qk_norm_rope_bwd", mutates_args=())
+def qk_norm_rope_bwd(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Tensor,
+                     k_weight: Tensor, cos: Tensor, sin: Tensor, q_rstd: Tensor, k_rstd: Tensor,
+                     casting_mode: str, backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return dispatch.qk_norm_rope_backward(dq_out.contiguous(), dk_out.contiguous(), q, k,
+                                          q_weight, k_weight, cos, sin, q_rstd, k_rstd,
+                                          casting_mode, backend)
+
+
+@qk_norm_rope_bwd.register_fake
+def _qk_norm_rope_bwd_fake(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd,
+                           casting_mode, backend):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), q_weight.new_empty(q_weight.shape),
+            k_weight.new_empty(k_weight.shape))
+
+
+def _qk_setup_context(ctx, inputs, output):
+    q, k, q_weight, k_weight, cos, sin, _eps, casting_mode, backend = inputs
+    _, _, q_rstd, k_rstd = output
+    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd)
+    ctx.mark_non_differentiable(q_rstd, k_rstd)
+    ctx.args = (casting_mode, backend)
+
+
+def _qk_op_backward(ctx, dq_out, dk_out, _dq_rstd, _dk_rstd):
+    q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd = ctx.saved_tensors
+    if dq_out is None:
+        dq_out = torch.zeros_like(q)
+    if dk_out is None:
+        dk_out = torch.zeros_like(k)
+    dq, dk, dwq, dwk = qk_norm_rope_bwd(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
+                                        q_rstd, k_rstd, *ctx.args)
+    need = ctx.needs_input_grad
+    # no gradient to cos and sin: the positions' embedding is not a trained parameter
+    return (dq if need[0] else None, dk if need[1] else None, dwq if need[2] else None,
+            dwk if need[3] else None, None, None, None, None, None)
+
+
+qk_norm_rope_op.register_autograd(_qk_op_backward, setup_context=_qk_setup_context)

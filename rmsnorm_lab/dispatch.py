@@ -252,3 +252,31 @@ def native(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[t
     node, on its tape for a training call; ``native_node()`` must have returned the node."""
     extension, native_launch = _native
     return native_launch.call(extension, x, residual, weight, eps, offset, casting_mode, snap)
+
+
+def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float, casting_mode: str,
+                         backend: str, need_rstd: bool = True):
+    """``(q_out, k_out, q_rstd, k_rstd)`` of ``qk_norm_rope`` (reference.qk_norm_rope_forward):
+    outputs contiguous in q's and k's shapes, rstd fp32 ``(..., H)`` (None unless
+    ``need_rstd``). The ``triton`` kernel serves ``cute`` too, until a CuTe kernel of this op
+    exists; ``torch`` is the reference."""
+    if backend == "torch":
+        qo, ko, qr, kr = reference.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
+                                                        casting_mode)
+        return qo.contiguous(), ko.contiguous(), qr, kr
+    from .triton.qk_rope import triton_qk_norm_rope_forward
+    with nvtx.range("launch", "triton", q.shape, on=snapshot().nvtx):
+        return triton_qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
+                                           casting_mode, need_rstd)
+
+
+def qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd,
+                          casting_mode: str, backend: str):
+    """``(dq, dk, dq_weight, dk_weight)`` of ``qk_norm_rope`` (reference.qk_norm_rope_backward),
+    deterministic on every backend."""
+    if backend == "torch":
+        return reference.qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos,
+                                               sin, q_rstd, k_rstd, casting_mode)
+    from .triton.qk_rope import triton_qk_norm_rope_backward
+    return triton_qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
+                                        q_rstd, k_rstd, casting_mode)

@@ -89,3 +89,20 @@ def test_refusals():
         triton_qk_norm_rope_forward(q, k, wq, wk, cos[:, :2], sin[:, :2], EPS, "llama", False)
     with pytest.raises(TypeError, match="share a dtype"):
         triton_qk_norm_rope_forward(q, k, wq, wk.float(), cos, sin, EPS, "llama", False)
+
+
+def test_the_op_on_the_triton_backend():
+    """``qk_norm_rope(..., backend="triton")`` through its custom op: the kernels' outputs, and
+    through autograd their gradients, as the reference backend's."""
+    from rmsnorm_lab import qk_norm_rope
+    q, k, wq, wk, cos, sin = inputs(B=2, S=3, Hq=4, Hk=2, D=64, dtype=torch.float32)
+    q, k = integer_rows(q, k)
+    got_leaves = [t.clone().requires_grad_() for t in (q, k, wq, wk)]
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, wq, wk)]
+    got = qk_norm_rope(*got_leaves, cos, sin, EPS, backend="triton")
+    expect = qk_norm_rope(*ref_leaves, cos, sin, EPS, backend="torch")
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
+    g = [torch.randn_like(t) for t in got]
+    for a, b in zip(torch.autograd.grad(got, got_leaves, g),
+                    torch.autograd.grad(expect, ref_leaves, g)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
