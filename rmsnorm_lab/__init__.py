@@ -24,8 +24,9 @@ from .settings import settings  # noqa: E402
 from .reference import CASTING_MODE_NAMES, CASTING_MODES  # noqa: E402
 from .api import qk_norm_rope, rms_norm, rms_norm_fp8  # noqa: E402
 from .module import FusedAddRMSNorm, RMSNorm  # noqa: E402
-from .models import carry_residual, patch, uncarry_residual, unpatch  # noqa: E402
+from .models import (carry_residual, fuse_qk_rope, patch, uncarry_residual,  # noqa: E402
+                     unfuse_qk_rope, unpatch)
 
-__all__ = ["rms_norm", "rms_norm_fp8", "qk_norm_rope", "RMSNorm", "FusedAddRMSNorm", "patch", "unpatch",
-           "carry_residual", "uncarry_residual", "settings", "CASTING_MODES", "CASTING_MODE_NAMES",
-           "__version__"]
+__all__ = ["rms_norm", "rms_norm_fp8", "qk_norm_rope", "RMSNorm", "FusedAddRMSNorm", "patch",
+           "unpatch", "carry_residual", "uncarry_residual", "fuse_qk_rope", "unfuse_qk_rope",
+           "settings", "CASTING_MODES", "CASTING_MODE_NAMES", "__version__"]

@@ -428,8 +428,9 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     """Qwen3's attention prologue in one op: every head of ``q`` (..., Hq, D) and ``k``
     (..., Hk, D) RMS-normalized over D with its weight (``q_weight``, ``k_weight``: (D,)), then
     rotated by the rotary embedding in transformers' half-rotation layout, ``x * cos +
-    rotate_half(x) * sin`` with ``cos``, ``sin`` (..., D): one row a token, shared by the heads
-    (the model's ``position_embeddings``, before the heads are moved ahead of the tokens).
+    rotate_half(x) * sin`` with ``cos``, ``sin`` (..., D): one row a token (or rows that
+    broadcast to them), shared by the heads (the model's ``position_embeddings``, before the
+    heads are moved ahead of the tokens).
     Returns ``(q_out, k_out)`` in q's and k's shapes, contiguous. The default rounding is
     transformers' (``casting_mode="llama"``, RoPE in x's dtype as eager torch rounds it), so the
     outputs equal ``Qwen3RMSNorm`` then ``apply_rotary_pos_emb`` bit for bit where the sums of
@@ -465,9 +466,11 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     tokens = q.shape[:-2] + (D,)
-    if cos.shape != tokens or sin.shape != tokens:
-        raise ValueError(f"cos and sin must be {tuple(tokens)} (one row a token), got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    try:  # one row a token, or rows that broadcast to them (a batch of one: (1, S, D))
+        cos, sin = cos.expand(tokens), sin.expand(tokens)
+    except RuntimeError:
+        raise ValueError(f"cos and sin must be {tuple(tokens)} (one row a token) or broadcast "
+                         f"to it, got {tuple(cos.shape)} and {tuple(sin.shape)}") from None
     eps = float(eps) if eps is not None else reference.default_eps(q.dtype)
     q_out, k_out, _, _ = qk_norm_rope_op(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
                                          backend)

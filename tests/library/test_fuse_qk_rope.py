@@ -1,0 +1,67 @@
+"""``rmsnorm_lab.fuse_qk_rope``: a tiny Qwen3 (random weights, nothing downloaded) gives the same
+logits and gradients with its attention prologue as one ``qk_norm_rope`` call as with its own
+norms and ``apply_rotary_pos_emb``, through the reference math on the CPU; it composes with
+``patch``, undoes, and refuses what it cannot fuse."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from rmsnorm_lab import fuse_qk_rope, patch, unfuse_qk_rope, unpatch  # noqa: E402
+from rmsnorm_lab.models.attention import fused  # noqa: E402
+from test_patch import TINY, build, step  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("patched_first", [False, True])
+def test_the_models_own_logits_and_gradients(dtype, patched_first):
+    model, _ = build("qwen3")
+    model = model.to(dtype)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    expected_logits, expected_grads = step(model, ids)
+    keys = list(model.state_dict())
+    replaced = patch(model) if patched_first else None
+    done = fuse_qk_rope(model)
+    assert len(done.attentions) == TINY["num_hidden_layers"]
+    assert list(model.state_dict()) == keys
+    logits, grads = step(model, ids)
+    # the forward rounds as the model does: the same logits, bit for bit
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=0)
+    # the backward runs rope's transpose in fp32 (the model: each op's gradient in its dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    for name, g in expected_grads.items():
+        torch.testing.assert_close(grads[name].float(), g.float(), **tol, msg=name)
+    unfuse_qk_rope(model)
+    assert not any(fused(m) for m in model.modules())
+    if replaced is not None:
+        unpatch(model)
+    torch.testing.assert_close(step(model, ids)[0], expected_logits, rtol=0, atol=0)
+
+
+def test_generation_with_a_cache_is_the_models():
+    model, _ = build("qwen3")
+    ids = torch.randint(0, TINY["vocab_size"], (1, 5))
+    expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    fuse_qk_rope(model)
+    assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+
+
+def test_fusing_twice_is_fusing_once_and_unfuse_takes_what_fuse_returned():
+    model, _ = build("qwen3")
+    first = fuse_qk_rope(model)
+    second = fuse_qk_rope(model)
+    assert [id(a) for a in first.attentions] == [id(a) for a in second.attentions]
+    unfuse_qk_rope(second)
+    assert not any(fused(m) for m in model.modules())
+    with pytest.raises(TypeError, match="fuse_qk_rope returned"):
+        unfuse_qk_rope("model")
+
+
+def test_models_without_per_head_norms_or_with_gemmas_are_refused():
+    llama, _ = build("llama")
+    with pytest.raises(ValueError, match="no attention with per-head q/k norms"):
+        fuse_qk_rope(llama)
+    gemma3, _ = build("gemma3")
+    with pytest.raises(ValueError, match="not a norm that rounds as Qwen3RMSNorm"):
+        fuse_qk_rope(gemma3)
