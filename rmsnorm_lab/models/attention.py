@@ -29,6 +29,10 @@ from .patch import PatchedRMSNorm, family_of
 
 #: an attention this applies to holds these
 ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+#: the attention classes whose forward it mirrors, by (module, class name): their RoPE is
+#: ``apply_rotary_pos_emb``'s half rotation (a family that rotates interleaved pairs is refused)
+ATTENTIONS = {("transformers.models.qwen3.modeling_qwen3", "Qwen3Attention"),
+              ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeAttention")}
 #: the signature of the forward it mirrors (transformers' Qwen3Attention.forward)
 FORWARD_PARAMS = ("self", "hidden_states", "position_embeddings", "attention_mask", "cache",
                   "kwargs")
@@ -62,6 +66,11 @@ def _attentions(model: nn.Module) -> List[nn.Module]:
         raise ValueError("fuse_qk_rope: no attention with per-head q/k norms found (a module "
                          f"with {', '.join(ATTENTION_PARTS)}, as Qwen3's)")
     for attn in found:
+        kind = (type(attn).__module__, type(attn).__name__)
+        if kind not in ATTENTIONS:
+            raise ValueError(f"fuse_qk_rope: {kind[1]} ({kind[0]}) is not an attention whose "
+                             f"forward and rotary layout it mirrors: "
+                             f"{', '.join(sorted(n for _, n in ATTENTIONS))}")
         for part in ("q_norm", "k_norm"):
             if _llama_eps(getattr(attn, part)) is None:
                 raise ValueError(f"fuse_qk_rope: {type(attn).__name__}.{part} is a "

@@ -63,5 +63,10 @@ def test_models_without_per_head_norms_or_with_gemmas_are_refused():
     with pytest.raises(ValueError, match="no attention with per-head q/k norms"):
         fuse_qk_rope(llama)
     gemma3, _ = build("gemma3")
-    with pytest.raises(ValueError, match="not a norm that rounds as Qwen3RMSNorm"):
+    with pytest.raises(ValueError, match="not an attention whose forward and rotary layout"):
         fuse_qk_rope(gemma3)
+    qwen3, _ = build("qwen3")
+    torch.nn.init.zeros_(qwen3.model.layers[0].self_attn.q_norm.weight)
+    qwen3.model.layers[0].self_attn.q_norm = torch.nn.LayerNorm(16)
+    with pytest.raises(ValueError, match="not a norm that rounds as Qwen3RMSNorm"):
+        fuse_qk_rope(qwen3)
