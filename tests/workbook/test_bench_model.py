@@ -94,7 +94,7 @@ def test_every_choice_computes_what_shipped_computes(arch, no_liger):
     ids = mb.check_ids(TINY["vocab_size"], "cpu", (2, 24))
     reference = mb.prefill_logits(build(arch), ids)
     diffs = {}
-    for choice in ("torch", "lab", "lab+carry"):
+    for choice in ("torch", "lab", "lab+carry") + QK[arch]:
         model = mb.build_model(arch, 2, device="cpu", **tiny(arch))
         note = mb.apply_choice(model, choice)
         if choice.startswith("lab"):
@@ -104,7 +104,10 @@ def test_every_choice_computes_what_shipped_computes(arch, no_liger):
         agreed = mb.agreement(mb.prefill_logits(model, ids), reference)
         assert agreed.ok, (choice, str(agreed))
         diffs[choice] = agreed.max_abs_diff
-    assert diffs["lab"] == diffs["lab+carry"] == 0.0
+    assert diffs["lab"] == diffs["lab+carry"] == diffs.get("lab+qk", 0.0) == 0.0
+    if not QK[arch]:
+        with pytest.raises(mb.ChoiceSkipped, match="no attention with per-head q/k norms"):
+            mb.apply_choice(build(arch), "lab+qk")
     assert diffs["torch"] > 0.0  # the check sees a rounding difference, and lets it pass
     with pytest.raises(mb.ChoiceSkipped, match="liger_kernel does not import"):
         mb.apply_choice(build(arch), "liger")
@@ -292,8 +295,11 @@ def _stand_ins(seen):
 
 TINY_BUDGET = bench_model.Budget(event_samples=1, event_min_ms=1, wall_samples=2,
                                  wall_sample_ms=1, host_ms=1, decode_rounds=2, graph_replays=1)
-EAGER_IMPLS = [f"{a}.{c}" for a in mb.ARCHS for c in ("shipped", "torch", "lab", "lab+carry")]
-COMPILED_IMPLS = [f"{a}.compile.{c}" for a in mb.ARCHS for c in ("torch", "lab")]
+#: what runs of each architecture: lab+qk only where attention has per-head q/k norms (Qwen3)
+QK = {"llama": (), "qwen3": ("lab+qk",)}
+EAGER_IMPLS = [f"{a}.{c}" for a in mb.ARCHS
+               for c in ("shipped", "torch", "lab", "lab+carry") + QK[a]]
+COMPILED_IMPLS = [f"{a}.compile.{c}" for a in mb.ARCHS for c in ("torch", "lab") + QK[a]]
 
 
 def _run(tmp_path, seen):
@@ -309,8 +315,13 @@ def test_the_whole_loop_makes_valid_rows_of_every_choice_and_workload(tmp_path, 
     seen = []
     run, path = _run(tmp_path, seen)
     assert run.out.failures == []
-    assert [s.split(":")[0] for s in run.out.skipped] == [f"{a}.liger" for a in mb.ARCHS]
-    assert all("liger_kernel does not import here" in s for s in run.out.skipped)
+    skipped = [s.split(":")[0] for s in run.out.skipped]
+    assert sorted(skipped) == sorted([f"{a}.liger" for a in mb.ARCHS]
+                                     + ["llama.lab+qk", "llama.compile.lab+qk"])
+    assert all("liger_kernel does not import here" in s for s in run.out.skipped
+               if ".liger" in s)
+    assert all("no attention with per-head q/k norms" in s for s in run.out.skipped
+               if "lab+qk" in s)
     written = results.write(run.out.rows, path)
     df = results.load(written)
     assert len(df) == len(run.out.rows) and set(df["dtype"]) == {"bf16"}
@@ -375,17 +386,19 @@ def test_a_choice_that_disagrees_is_a_failure_and_a_crashing_timer_costs_only_it
                            provenance.collect())
     bench_model.run_models(run, tmp_path / "model.csv", with_compile=True, device="cpu", **TINY)
     impls = {r["impl"] for r in run.out.rows}
-    assert impls == {f"{a}.{c}" for a in mb.ARCHS for c in ("shipped", "lab", "lab+carry")} | {
-        f"{a}.compile.lab" for a in mb.ARCHS}  # torch's disagreed, eager and compiled: not timed
+    assert impls == {f"{a}.{c}" for a in mb.ARCHS
+                     for c in ("shipped", "lab", "lab+carry") + QK[a]} | {
+        f"{a}.compile.{c}" for a in mb.ARCHS for c in ("lab",) + QK[a]}  # torch's disagreed,
+    # eager and compiled: not timed
     disagree = [f for f in run.out.failures if "disagrees" in f]
     assert len(disagree) == 4 and all("torch" in f and "limit" in f for f in disagree)
     capture = [f for f in run.out.failures if "graph capture" in f]
-    assert len(capture) == 6 and all("stream is capturing" in f for f in capture)
+    assert len(capture) == 7 and all("stream is capturing" in f for f in capture)
     assert not any(r["path"] == "graph" for r in run.out.rows)
     assert not any(name == "graphs" for name, _, _ in seen)  # nothing captured: nothing timed
     assert any(r["impl"] == "llama.lab" and r["M"] == 3 and r["path"] == "host"
                for r in run.out.rows)  # the decode step's other timers still ran
-    assert len(run.out.failures) == 10
+    assert len(run.out.failures) == 11  # 4 disagreements, 7 captures
 
 
 def _on_the_cpu(monkeypatch):

@@ -11,6 +11,8 @@ freshly built model of the same seed, so all choices of one architecture hold th
 * ``lab``       ``rmsnorm_lab.patch(model)``;
 * ``lab+carry`` ``patch``, then ``carry_residual``: every residual add inside the next norm's
                 fused kernel (skipped where ``carry_residual`` refuses the architecture);
+* ``lab+qk``    ``patch``, then ``fuse_qk_rope``: each attention's q/k norms and RoPE as one op
+                (Qwen3; skipped where ``fuse_qk_rope`` refuses the architecture);
 * ``liger``     Liger-Kernel's patch of the instance, its norms only (skipped where
                 ``liger_kernel`` does not import).
 
@@ -27,12 +29,12 @@ from typing import Dict, List, Tuple, Union
 import torch
 from torch import nn
 
-from rmsnorm_lab import carry_residual, patch
+from rmsnorm_lab import carry_residual, fuse_qk_rope, patch
 from rmsnorm_lab.lab import TRANSFORMERS
 
-CHOICES: Tuple[str, ...] = ("shipped", "torch", "lab", "lab+carry", "liger")
-#: the choices timed under torch.compile (the lab's op is a torch.library custom op there)
-COMPILE_CHOICES: Tuple[str, ...] = ("torch", "lab")
+CHOICES: Tuple[str, ...] = ("shipped", "torch", "lab", "lab+carry", "lab+qk", "liger")
+#: the choices timed under torch.compile (the lab's ops are torch.library custom ops there)
+COMPILE_CHOICES: Tuple[str, ...] = ("torch", "lab", "lab+qk")
 #: transformers config class and what differs from ``SIZES``, per architecture
 ARCHS: Dict[str, Tuple[str, dict]] = {
     "llama": ("LlamaConfig", {}),
@@ -160,16 +162,19 @@ def apply_choice(model: nn.Module, choice: str) -> str:
         return f"{len(transformers_norms(model))} transformers norms, as built"
     if choice == "torch":
         return f"{len(swap_torch_norms(model))} norms swapped for torch.nn.RMSNorm"
-    if choice in ("lab", "lab+carry"):
+    if choice in ("lab", "lab+carry", "lab+qk"):
         replaced = patch(model)
         if choice == "lab":
             return f"{len(replaced)} norms patched"
         try:
-            carried = carry_residual(model)
+            done = carry_residual(model) if choice == "lab+carry" else fuse_qk_rope(model)
         except ValueError as e:
             raise ChoiceSkipped(str(e)) from None
-        return (f"{len(replaced)} norms patched, residual carried through "
-                f"{len(carried.layers)} layers")
+        if choice == "lab+carry":
+            return (f"{len(replaced)} norms patched, residual carried through "
+                    f"{len(done.layers)} layers")
+        return (f"{len(replaced)} norms patched, q/k norms and RoPE as one op in "
+                f"{len(done.attentions)} attentions")
     if choice == "liger":
         return f"{apply_liger(model)} modules on Liger's forward"
     raise ValueError(f"unknown norm choice {choice!r}; choices: {CHOICES}")
