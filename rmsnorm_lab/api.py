@@ -431,11 +431,14 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     rotate_half(x) * sin`` with ``cos``, ``sin`` (..., D): one row a token (or rows that
     broadcast to them), shared by the heads (the model's ``position_embeddings``, before the
     heads are moved ahead of the tokens).
-    Returns ``(q_out, k_out)`` in q's and k's shapes, contiguous. The default rounding is
-    transformers' (``casting_mode="llama"``, RoPE in x's dtype as eager torch rounds it), so the
-    outputs equal ``Qwen3RMSNorm`` then ``apply_rotary_pos_emb`` bit for bit where the sums of
-    squares agree. Differentiable in q, k and both weights (dW deterministic), not in cos and
-    sin. ``backend``: ``"torch"`` (the reference, the default off CUDA) or ``"triton"``;
+    Returns ``(q_out, k_out)`` in q's and k's shapes and dtype, contiguous; cos and sin are
+    taken in q's dtype, as the model casts them. The default rounding is transformers'
+    (``casting_mode="llama"``, RoPE in x's dtype as eager torch rounds it), so with weights in
+    q's dtype the outputs equal ``Qwen3RMSNorm`` then ``apply_rotary_pos_emb`` bit for bit where
+    the sums of squares agree. ``eps=None`` is torch's default (fp32's machine epsilon, as
+    ``rms_norm``); Qwen3 passes its config's ``rms_norm_eps``. Differentiable once in q, k and
+    both weights (dW deterministic; no double backward), not in cos and sin (their gradient is
+    None). ``backend``: ``"torch"`` (the reference, the default off CUDA) or ``"triton"``;
     ``"cute"`` (the default on CUDA) runs the Triton kernel until a CuTe kernel of this op
     exists. Under torch.compile and for fake tensors it is the custom op
     ``rmsnorm_lab::qk_norm_rope``."""
@@ -452,8 +455,13 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
             raise _dtype_error(name, t.dtype, backend)
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if q.dim() < 3 or k.dim() != q.dim() or q.shape[:-2] != k.shape[:-2] \
-            or q.shape[-1] != k.shape[-1]:
+    if q.dim() < 3 or k.dim() < 3:
+        raise ValueError(f"q and k must be (tokens..., heads, head_dim), at least 3-D, got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    if backend != "torch" and not (q.is_cuda or q.is_meta):
+        raise ValueError(f"backend={backend!r} needs CUDA tensors, but q is on {q.device}; "
+                         "use backend='torch' on the CPU")
+    if k.dim() != q.dim() or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must be (..., heads, head_dim) with the same tokens and "
                          f"head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
     D = q.shape[-1]

@@ -376,6 +376,9 @@ def _qk_setup_context(ctx, inputs, output):
 
 
 def _qk_op_backward(ctx, dq_out, dk_out, _dq_rstd, _dk_rstd):
+    if torch.is_grad_enabled():  # backward(create_graph=True): the kernels have no backward
+        raise RuntimeError("qk_norm_rope has no double backward: its backward cannot run under "
+                           "backward(create_graph=True)")
     q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd = ctx.saved_tensors
     if dq_out is None:
         dq_out = torch.zeros_like(q)

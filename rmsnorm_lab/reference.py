@@ -232,8 +232,8 @@ def quantize_fp8(y: torch.Tensor, scale: Optional[torch.Tensor] = None,
                  scale_ub: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(y_q, scales)``: ``y`` (any float dtype, taken as fp32) quantized to float8_e4m3fn, with
     ``y ~ y_q * scales``. ``scale`` (one fp32 element): the static per-tensor scale, returned as
-    given; None: per-token scales, fp32 of shape ``y.shape[:-1]``, bounded above by ``scale_ub``
-    (one fp32 element) when given. The module's docstring has the arithmetic."""
+    given; None: per-token scales, fp32 of shape ``y.shape[:-1]``, each row's amax first bounded
+    above by ``scale_ub`` (one fp32 element) when given, so a scale is at most ``scale_ub / 448``. The module's docstring has the arithmetic."""
     yf = y.to(torch.float32)
     if scale is not None:
         inv = torch.reciprocal(_one_element(scale))  # fp32 1/scale, once

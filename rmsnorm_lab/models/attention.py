@@ -31,8 +31,7 @@ from .patch import PatchedRMSNorm, family_of
 ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
 #: the attention classes whose forward it mirrors, by (module, class name): their RoPE is
 #: ``apply_rotary_pos_emb``'s half rotation (a family that rotates interleaved pairs is refused)
-ATTENTIONS = {("transformers.models.qwen3.modeling_qwen3", "Qwen3Attention"),
-              ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeAttention")}
+ATTENTIONS = {("transformers.models.qwen3.modeling_qwen3", "Qwen3Attention")}
 #: the signature of the forward it mirrors (transformers' Qwen3Attention.forward)
 FORWARD_PARAMS = ("self", "hidden_states", "position_embeddings", "attention_mask", "cache",
                   "kwargs")
@@ -76,6 +75,10 @@ def _attentions(model: nn.Module) -> List[nn.Module]:
                 raise ValueError(f"fuse_qk_rope: {type(attn).__name__}.{part} is a "
                                  f"{type(getattr(attn, part)).__name__}, not a norm that rounds "
                                  "as Qwen3RMSNorm (llama rounding, no offset)")
+        if _llama_eps(attn.q_norm) != _llama_eps(attn.k_norm):
+            raise ValueError(f"fuse_qk_rope: {type(attn).__name__}'s q_norm and k_norm have "
+                             f"different eps ({_llama_eps(attn.q_norm)}, "
+                             f"{_llama_eps(attn.k_norm)}); the fused op takes one")
         original = type(attn).forward
         params = tuple(inspect.signature(original).parameters)
         if params != FORWARD_PARAMS:

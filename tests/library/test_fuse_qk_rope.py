@@ -70,3 +70,14 @@ def test_models_without_per_head_norms_or_with_gemmas_are_refused():
     qwen3.model.layers[0].self_attn.q_norm = torch.nn.LayerNorm(16)
     with pytest.raises(ValueError, match="not a norm that rounds as Qwen3RMSNorm"):
         fuse_qk_rope(qwen3)
+
+
+def test_norms_of_different_eps_and_other_attention_classes_are_refused():
+    qwen3, _ = build("qwen3")
+    qwen3.model.layers[1].self_attn.k_norm.variance_epsilon = 0.5
+    with pytest.raises(ValueError, match="different eps"):
+        fuse_qk_rope(qwen3)
+    moe = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        **TINY, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2))
+    with pytest.raises(ValueError, match="Qwen3MoeAttention .* is not an attention whose"):
+        fuse_qk_rope(moe)

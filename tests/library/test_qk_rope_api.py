@@ -90,6 +90,8 @@ def test_fake_tensors_get_shapes_and_dtypes():
     (dict(k=lambda t: t.half()), TypeError, "q's dtype"),
     (dict(q=lambda t: t.to(torch.int32)), TypeError, "must be"),
     (dict(backend="cuda"), ValueError, "backend must be one of"),
+    (dict(backend="triton"), ValueError, "needs CUDA tensors"),
+    (dict(q=lambda t: t[0, 0], k=lambda t: t[0, 0]), ValueError, "at least 3-D"),
 ])
 def test_refusals(change, error, match):
     q, k, wq, wk, cos, sin = inputs(D=64)
@@ -108,3 +110,12 @@ def test_an_odd_head_dim_is_refused():
     q, k, wq, wk, cos, sin = inputs(D=64)
     with pytest.raises(ValueError, match="head_dim must be even"):
         qk_norm_rope(q[..., :63], k[..., :63], wq[:63], wk[:63], cos[..., :63], sin[..., :63])
+
+
+def test_no_double_backward():
+    """backward(create_graph=True) is refused where it runs, with the op's own message."""
+    q, k, wq, wk, cos, sin = (t.double() for t in inputs())
+    q = q.requires_grad_()
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(qk_norm_rope(q, k, wq, wk, cos, sin, EPS)[0].square().sum(), q,
+                            create_graph=True)

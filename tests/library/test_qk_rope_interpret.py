@@ -92,15 +92,16 @@ def test_refusals():
 
 
 def test_the_op_on_the_triton_backend():
-    """``qk_norm_rope(..., backend="triton")`` through its custom op: the kernels' outputs, and
-    through autograd their gradients, as the reference backend's."""
-    from rmsnorm_lab import qk_norm_rope
+    """The custom op behind ``qk_norm_rope`` on the Triton backend (on CPU tensors the public
+    call refuses it: CUDA only): the kernels' outputs, and through autograd their gradients, as
+    the reference backend's."""
+    from rmsnorm_lab.autograd import qk_norm_rope_op
     q, k, wq, wk, cos, sin = inputs(B=2, S=3, Hq=4, Hk=2, D=64, dtype=torch.float32)
     q, k = integer_rows(q, k)
     got_leaves = [t.clone().requires_grad_() for t in (q, k, wq, wk)]
     ref_leaves = [t.clone().requires_grad_() for t in (q, k, wq, wk)]
-    got = qk_norm_rope(*got_leaves, cos, sin, EPS, backend="triton")
-    expect = qk_norm_rope(*ref_leaves, cos, sin, EPS, backend="torch")
+    got = qk_norm_rope_op(*got_leaves, cos, sin, EPS, "llama", "triton")[:2]
+    expect = qk_norm_rope_op(*ref_leaves, cos, sin, EPS, "llama", "torch")[:2]
     assert all(torch.equal(a, b) for a, b in zip(got, expect))
     g = [torch.randn_like(t) for t in got]
     for a, b in zip(torch.autograd.grad(got, got_leaves, g),
