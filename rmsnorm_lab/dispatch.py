@@ -255,10 +255,9 @@ def native(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[t
 
 
 def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float, casting_mode: str,
-                         backend: str, need_rstd: bool = True):
+                         backend: str):
     """``(q_out, k_out, q_rstd, k_rstd)`` of ``qk_norm_rope`` (reference.qk_norm_rope_forward):
-    outputs contiguous in q's and k's shapes, rstd fp32 ``(..., H)`` (None unless
-    ``need_rstd``). The ``triton`` kernel serves ``cute`` too, until a CuTe kernel of this op
+    outputs contiguous in q's and k's shapes, rstd fp32 ``(..., H)``. The ``triton`` kernel serves ``cute`` too, until a CuTe kernel of this op
     exists; ``torch`` is the reference."""
     if backend == "torch":
         qo, ko, qr, kr = reference.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
@@ -267,7 +266,7 @@ def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float, casting
     from .triton.qk_rope import triton_qk_norm_rope_forward
     with nvtx.range("launch", "triton", q.shape, on=snapshot().nvtx):
         return triton_qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
-                                           casting_mode, need_rstd)
+                                           casting_mode, need_rstd=True)
 
 
 def qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd,

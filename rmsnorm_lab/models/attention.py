@@ -25,7 +25,7 @@ from typing import List, Optional, Union
 from torch import nn
 
 from ..api import qk_norm_rope
-from .patch import PatchedRMSNorm, family_of
+from .patch import PatchedRMSNorm, family_of, marked_forward, restore_forwards
 
 #: an attention this applies to holds these
 ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
@@ -122,7 +122,7 @@ def _fused_forward(attn: nn.Module):
 
 def fused(module: nn.Module) -> bool:
     """Whether ``fuse_qk_rope`` replaced this module's forward."""
-    return getattr(module.__dict__.get("forward"), FUSE_MARK, False)
+    return marked_forward(module, FUSE_MARK)
 
 
 def fuse_qk_rope(model: nn.Module) -> Fused:
@@ -141,10 +141,8 @@ def unfuse_qk_rope(model: Union[nn.Module, Fused]) -> None:
     if isinstance(model, Fused):
         modules = model.attentions
     elif isinstance(model, nn.Module):
-        modules = list(model.modules())
+        modules = model.modules()
     else:
         raise TypeError(f"unfuse_qk_rope takes the model (or what fuse_qk_rope returned), got "
                         f"{type(model).__name__}")
-    for module in modules:
-        if fused(module):
-            del module.__dict__["forward"]
+    restore_forwards(modules, FUSE_MARK)

@@ -174,9 +174,22 @@ def unpatch(model: nn.Module, replaced: Optional[List[Replaced]] = None) -> List
 CARRY_MARK = "_rmsnorm_lab_carry"
 
 
+def marked_forward(module: nn.Module, mark: str) -> bool:
+    """Whether the lab replaced this module's forward on the instance with one marked ``mark``
+    (an attribute of the function: ``carry_residual``'s, ``fuse_qk_rope``'s)."""
+    return getattr(module.__dict__.get("forward"), mark, None) is not None
+
+
+def restore_forwards(modules, mark: str) -> None:
+    """Give each of ``modules`` whose forward is marked ``mark`` its class's forward back."""
+    for module in modules:
+        if marked_forward(module, mark):
+            del module.__dict__["forward"]
+
+
 def carried(module: nn.Module) -> bool:
     """Whether ``carry_residual`` replaced this module's forward (on the instance)."""
-    return getattr(module.__dict__.get("forward"), CARRY_MARK, None) is not None
+    return marked_forward(module, CARRY_MARK)
 
 
 def carried_modules(model: nn.Module) -> List[nn.Module]:

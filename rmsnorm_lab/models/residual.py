@@ -33,7 +33,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from .patch import CARRY_MARK, PatchedRMSNorm, carried, carried_modules
+from .patch import CARRY_MARK, PatchedRMSNorm, carried_modules, restore_forwards
 
 #: what a decoder layer must hold, and nothing more in the way of norms
 LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
@@ -156,6 +156,4 @@ def uncarry_residual(model: Union[nn.Module, Carried]) -> None:
     else:
         raise TypeError(f"uncarry_residual takes the model (or what carry_residual returned), "
                         f"got {type(model).__name__}")
-    for module in modules:
-        if carried(module):
-            del module.__dict__["forward"]
+    restore_forwards(modules, CARRY_MARK)

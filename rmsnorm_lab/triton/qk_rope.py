@@ -32,6 +32,13 @@ def _rope_half(a, b, c, s, SIGN: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
+def _halves(P, cols, mask, D: tl.constexpr):
+    """A row of D at ``P`` as its two halves, the pair a rotation mixes (0 past the mask)."""
+    return (tl.load(P + cols, mask=mask, other=0.0),
+            tl.load(P + D // 2 + cols, mask=mask, other=0.0))
+
+
+@triton.jit
 def _qk_norm_rope_fwd(Q, K, WQ, WK, COS, SIN, QO, KO, QR, KR,
                       q_tok, q_head, k_tok, k_head, c_tok, s_tok, HQ, HK, eps,
                       D: tl.constexpr, HALF_BLOCK: tl.constexpr, CASTING_MODE: tl.constexpr,
@@ -48,8 +55,7 @@ def _qk_norm_rope_fwd(Q, K, WQ, WK, COS, SIN, QO, KO, QR, KR,
         x_row = K + t * k_tok + (h - HQ) * k_head
         w_row = WK
         o_row = KO + (t * HK + h - HQ) * D
-    x1 = tl.load(x_row + cols, mask=mask, other=0.0)
-    x2 = tl.load(x_row + D // 2 + cols, mask=mask, other=0.0)
+    x1, x2 = _halves(x_row, cols, mask, D)
     x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
     rstd = tl.rsqrt((tl.sum(x1f * x1f, axis=0) + tl.sum(x2f * x2f, axis=0)) / D + eps)
     if STORE_RSTD:
@@ -57,43 +63,51 @@ def _qk_norm_rope_fwd(Q, K, WQ, WK, COS, SIN, QO, KO, QR, KR,
             tl.store(QR + t * HQ + h, rstd)
         else:
             tl.store(KR + t * HK + h - HQ, rstd)
-    n1 = _normalize(x1, rstd, tl.load(w_row + cols, mask=mask, other=0.0), 0.0, CASTING_MODE,
-                    True)
-    n2 = _normalize(x2, rstd, tl.load(w_row + D // 2 + cols, mask=mask, other=0.0), 0.0,
-                    CASTING_MODE, True)
+    w1, w2 = _halves(w_row, cols, mask, D)
+    n1 = _normalize(x1, rstd, w1, 0.0, CASTING_MODE, True)
+    n2 = _normalize(x2, rstd, w2, 0.0, CASTING_MODE, True)
     dtype = x1.dtype
-    c1 = tl.load(COS + t * c_tok + cols, mask=mask, other=0.0).to(dtype)
-    c2 = tl.load(COS + t * c_tok + D // 2 + cols, mask=mask, other=0.0).to(dtype)
-    s1 = tl.load(SIN + t * s_tok + cols, mask=mask, other=0.0).to(dtype)
-    s2 = tl.load(SIN + t * s_tok + D // 2 + cols, mask=mask, other=0.0).to(dtype)
+    c1, c2 = _halves(COS + t * c_tok, cols, mask, D)
+    s1, s2 = _halves(SIN + t * s_tok, cols, mask, D)
+    c1, c2, s1, s2 = c1.to(dtype), c2.to(dtype), s1.to(dtype), s2.to(dtype)
     # rotate_half(n) = [-n2, n1]
     tl.store(o_row + cols, _rope_half(n1, n2, c1, s1, -1.0, dtype), mask=mask)
     tl.store(o_row + D // 2 + cols, _rope_half(n2, n1, c2, s2, 1.0, dtype), mask=mask)
 
 
 @triton.jit
-def _row_backward(DO, X, R, DX, do_at, x_at, dx_at, r_at, c1, c2, s1, s2, ws1, ws2, cols, mask,
-                  D: tl.constexpr, CASTING_MODE: tl.constexpr):
-    """dx of one row (stored) and its ``(dn * x_hat)`` halves for dW: rope's transpose, then
-    the norm's backward (reference.qk_norm_rope_backward)."""
+def _heads_backward(DO, X, R, DX, W, t, H, x_tok, x_head, c1, c2, s1, s2, cols, mask,
+                    D: tl.constexpr, CASTING_MODE: tl.constexpr):
+    """dx of token t's H heads of one tensor (stored; its output gradient and dx contiguous
+    (T, H, D), rstd (T, H)), and their ``(dn * x_hat)`` halves summed, for dW: for each row rope's
+    transpose, then the norm's backward (reference.qk_norm_rope_backward)."""
     dtype = X.dtype.element_ty
-    dy1 = tl.load(DO + do_at + cols, mask=mask, other=0.0).to(tl.float32)
-    dy2 = tl.load(DO + do_at + D // 2 + cols, mask=mask, other=0.0).to(tl.float32)
-    # rope's transpose: dy * cos + [g2, -g1] with g = dy * sin
-    dn1 = dy1 * c1 + dy2 * s2
-    dn2 = dy2 * c2 - dy1 * s1
-    rstd = tl.load(R + r_at)
-    x_hat1 = tl.load(X + x_at + cols, mask=mask, other=0.0).to(tl.float32) * rstd
-    x_hat2 = tl.load(X + x_at + D // 2 + cols, mask=mask, other=0.0).to(tl.float32) * rstd
-    m1, m2 = dn1 * ws1, dn2 * ws2
-    if CASTING_MODE == "none":
-        m1, m2 = m1.to(dtype).to(tl.float32), m2.to(dtype).to(tl.float32)
-    mean = (tl.sum(m1 * x_hat1, axis=0) + tl.sum(m2 * x_hat2, axis=0)) / D
-    tl.store(DX + dx_at + cols, (rstd * (m1 - x_hat1 * mean)).to(dtype), mask=mask)
-    tl.store(DX + dx_at + D // 2 + cols, (rstd * (m2 - x_hat2 * mean)).to(dtype), mask=mask)
-    if CASTING_MODE != "gemma":  # dW reads x_hat as the forward rounded it
-        x_hat1, x_hat2 = x_hat1.to(dtype).to(tl.float32), x_hat2.to(dtype).to(tl.float32)
-    return dn1 * x_hat1, dn2 * x_hat2
+    w1, w2 = _halves(W, cols, mask, D)
+    ws1 = shifted_weight(w1, 0.0, dtype, CASTING_MODE)
+    ws2 = shifted_weight(w2, 0.0, dtype, CASTING_MODE)
+    acc1 = tl.zeros_like(c1)
+    acc2 = tl.zeros_like(c1)
+    for h in range(H):
+        at = (t * H + h) * D
+        dy1, dy2 = _halves(DO + at, cols, mask, D)
+        dy1, dy2 = dy1.to(tl.float32), dy2.to(tl.float32)
+        # rope's transpose: dy * cos + [g2, -g1] with g = dy * sin
+        dn1 = dy1 * c1 + dy2 * s2
+        dn2 = dy2 * c2 - dy1 * s1
+        rstd = tl.load(R + t * H + h)
+        x1, x2 = _halves(X + t * x_tok + h * x_head, cols, mask, D)
+        x_hat1, x_hat2 = x1.to(tl.float32) * rstd, x2.to(tl.float32) * rstd
+        m1, m2 = dn1 * ws1, dn2 * ws2
+        if CASTING_MODE == "none":
+            m1, m2 = m1.to(dtype).to(tl.float32), m2.to(dtype).to(tl.float32)
+        mean = (tl.sum(m1 * x_hat1, axis=0) + tl.sum(m2 * x_hat2, axis=0)) / D
+        tl.store(DX + at + cols, (rstd * (m1 - x_hat1 * mean)).to(dtype), mask=mask)
+        tl.store(DX + at + D // 2 + cols, (rstd * (m2 - x_hat2 * mean)).to(dtype), mask=mask)
+        if CASTING_MODE != "gemma":  # dW reads x_hat as the forward rounded it
+            x_hat1, x_hat2 = x_hat1.to(dtype).to(tl.float32), x_hat2.to(dtype).to(tl.float32)
+        acc1 += dn1 * x_hat1
+        acc2 += dn2 * x_hat2
+    return acc1, acc2
 
 
 @triton.jit
@@ -106,36 +120,24 @@ def _qk_norm_rope_bwd(DQO, DKO, Q, K, WQ, WK, COS, SIN, QR, KR, DQ, DK, DWQ_P, D
     t_start = pid.to(tl.int64) * tokens_per_program
     t_end = tl.minimum(t_start + tokens_per_program, T)
     dtype = Q.dtype.element_ty
-    wq1 = shifted_weight(tl.load(WQ + cols, mask=mask, other=0.0), 0.0, dtype, CASTING_MODE)
-    wq2 = shifted_weight(tl.load(WQ + D // 2 + cols, mask=mask, other=0.0), 0.0, dtype,
-                         CASTING_MODE)
-    wk1 = shifted_weight(tl.load(WK + cols, mask=mask, other=0.0), 0.0, dtype, CASTING_MODE)
-    wk2 = shifted_weight(tl.load(WK + D // 2 + cols, mask=mask, other=0.0), 0.0, dtype,
-                         CASTING_MODE)
     dwq1 = tl.zeros([HALF_BLOCK], dtype=tl.float32)
     dwq2 = tl.zeros([HALF_BLOCK], dtype=tl.float32)
     dwk1 = tl.zeros([HALF_BLOCK], dtype=tl.float32)
     dwk2 = tl.zeros([HALF_BLOCK], dtype=tl.float32)
     for t in range(t_start, t_end):
         # cos and sin as the forward took them: in x's dtype
-        c1 = tl.load(COS + t * c_tok + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
-        c2 = tl.load(COS + t * c_tok + D // 2 + cols, mask=mask, other=0.0).to(dtype).to(
-            tl.float32)
-        s1 = tl.load(SIN + t * s_tok + cols, mask=mask, other=0.0).to(dtype).to(tl.float32)
-        s2 = tl.load(SIN + t * s_tok + D // 2 + cols, mask=mask, other=0.0).to(dtype).to(
-            tl.float32)
-        for h in range(HQ):
-            a1, a2 = _row_backward(DQO, Q, QR, DQ, (t * HQ + h) * D, t * q_tok + h * q_head,
-                                   (t * HQ + h) * D, t * HQ + h, c1, c2, s1, s2, wq1, wq2,
-                                   cols, mask, D, CASTING_MODE)
-            dwq1 += a1
-            dwq2 += a2
-        for h in range(HK):
-            a1, a2 = _row_backward(DKO, K, KR, DK, (t * HK + h) * D, t * k_tok + h * k_head,
-                                   (t * HK + h) * D, t * HK + h, c1, c2, s1, s2, wk1, wk2,
-                                   cols, mask, D, CASTING_MODE)
-            dwk1 += a1
-            dwk2 += a2
+        c1, c2 = _halves(COS + t * c_tok, cols, mask, D)
+        s1, s2 = _halves(SIN + t * s_tok, cols, mask, D)
+        c1, c2 = c1.to(dtype).to(tl.float32), c2.to(dtype).to(tl.float32)
+        s1, s2 = s1.to(dtype).to(tl.float32), s2.to(dtype).to(tl.float32)
+        a1, a2 = _heads_backward(DQO, Q, QR, DQ, WQ, t, HQ, q_tok, q_head, c1, c2, s1, s2, cols,
+                                 mask, D, CASTING_MODE)
+        dwq1 += a1
+        dwq2 += a2
+        a1, a2 = _heads_backward(DKO, K, KR, DK, WK, t, HK, k_tok, k_head, c1, c2, s1, s2, cols,
+                                 mask, D, CASTING_MODE)
+        dwk1 += a1
+        dwk2 += a2
     tl.store(DWQ_P + pid * D + cols, dwq1, mask=mask)
     tl.store(DWQ_P + pid * D + D // 2 + cols, dwq2, mask=mask)
     tl.store(DWK_P + pid * D + cols, dwk1, mask=mask)

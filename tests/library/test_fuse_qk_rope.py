@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from rmsnorm_lab import fuse_qk_rope, patch, unfuse_qk_rope, unpatch  # noqa: E402
 from rmsnorm_lab.models.attention import fused  # noqa: E402
-from test_patch import TINY, build, step  # noqa: E402
+from test_patch import TINY, assert_same_step, build, step  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -25,13 +25,8 @@ def test_the_models_own_logits_and_gradients(dtype, patched_first):
     done = fuse_qk_rope(model)
     assert len(done.attentions) == TINY["num_hidden_layers"]
     assert list(model.state_dict()) == keys
-    logits, grads = step(model, ids)
-    # the forward rounds as the model does: the same logits, bit for bit
-    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=0)
     # the backward runs rope's transpose in fp32 (the model: each op's gradient in its dtype)
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
-    for name, g in expected_grads.items():
-        torch.testing.assert_close(grads[name].float(), g.float(), **tol, msg=name)
+    assert_same_step(model, ids, expected_logits, expected_grads, dtype)
     unfuse_qk_rope(model)
     assert not any(fused(m) for m in model.modules())
     if replaced is not None:

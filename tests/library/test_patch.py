@@ -44,6 +44,17 @@ def step(model, ids):
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def assert_same_step(model, ids, expected_logits, expected_grads, dtype):
+    """A step of ``model`` gives the expected logits bit for bit (the forward rounds as the
+    model does) and its gradients within the tolerance of a backward that sums in fp32 where
+    the model rounds each op's gradient to ``dtype``."""
+    logits, grads = step(model, ids)
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=0)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    for name, g in expected_grads.items():
+        torch.testing.assert_close(grads[name].float(), g.float(), **tol, msg=name)
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
                                     "gemma3"])
 def test_patched_model_matches_its_own_norms(family):
@@ -151,14 +162,9 @@ def test_carried_residual_gives_the_models_own_logits_and_gradients(family, dtyp
     carried = carry_residual(model)
     assert len(carried.layers) == TINY["num_hidden_layers"]
     assert list(model.state_dict()) == keys
-    logits, grads = step(model, ids)
-    # the forward rounds as the model does, add by add: the same logits, bit for bit
-    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=0)
-    # the backward adds h's gradient to the norm's in fp32, before one rounding (the model: in
-    # the activations' dtype, after the norm's gradient was rounded)
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
-    for name, g in expected_grads.items():
-        torch.testing.assert_close(grads[name].float(), g.float(), **tol, msg=name)
+    # the forward rounds as the model does, add by add; the backward adds h's gradient to the
+    # norm's in fp32, before one rounding (the model: in the activations' dtype)
+    assert_same_step(model, ids, expected_logits, expected_grads, dtype)
     assert carried.carry.residual is None  # the final norm took it
     uncarry_residual(carried)
     assert all("forward" not in m.__dict__ for m in carried.layers + [carried.final_norm])

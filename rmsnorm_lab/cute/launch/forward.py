@@ -224,43 +224,15 @@ def fp8_forward(x2: torch.Tensor, r2: Optional[torch.Tensor], weight: Optional[t
     kernel = launch.kernel
     if kernel is None:
         kernel = launch.compiled()
+    h = torch.empty_like(x2, memory_format=torch.contiguous_format) if r2 is not None else None
     y_q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x2.device)
     scales = x2.new_empty((M,), dtype=torch.float32) if scale is None else None
-    h = torch.empty_like(x2, memory_format=torch.contiguous_format) if r2 is not None else None
-    w = weight if weight is not None else launch.no_weight
-    # absent tensors go as stand-ins the kernel never reads (its plan has none of them)
+    # absent tensors go as stand-ins the kernel never reads (its plan has none of them); the
+    # scales as the (S,) vectors the kernel was compiled for: a shape-() scale viewed
     with nvtx.range("launch", launch.plan.variant, x2.shape, on=snap.nvtx):
-        # the scales as the (S,) vectors the kernel was compiled for: a shape-() scale viewed
-        kernel(x2, r2 if r2 is not None else x2, w, y_q, h if h is not None else x2,
+        kernel(x2, r2 if r2 is not None else x2, weight if weight is not None else
+               launch.no_weight, y_q, h if h is not None else x2,
                scale.view(1) if scale is not None else scales,
                scale_ub.view(1) if scale_ub is not None else launch.no_rstd,
                launch.grid.of(M), eps, offset)
     return y_q, scales, h
-
-
-def nvfp4_forward(x2: torch.Tensor, r2: Optional[torch.Tensor], weight: Optional[torch.Tensor],
-                  eps: float, offset: float, casting_mode: str, global_scale: torch.Tensor,
-                  snap: Snapshot, sms: int):
-    """``(q, block_scales, h)`` of 2-D rows ``x2`` written as NVFP4 for a Blackwell GEMM
-    (reference.quantize_nvfp4): q uint8 (M, N/2), two e2m1 values a byte; block_scales
-    float8_e4m3fn in the swizzled layout, padding zero; h = x2 + r2 with a residual, else None.
-    ``global_scale``: one fp32 element on x's device. Blackwell only (the plan refuses others)."""
-    from ...reference import nvfp4_scales_size
-    M, N = x2.shape
-    for t in (x2, r2):
-        if t is not None and M * t.stride(0) >= INT32_LIMIT:
-            check_int32_addressable(M, t.stride(0), t.shape[1])
-    launch = forward_launch(x2, weight, casting_mode, False, snap, sms, residual=r2,
-                            quant="nvfp4")
-    kernel = launch.kernel
-    if kernel is None:
-        kernel = launch.compiled()
-    q = torch.empty((M, N // 2), dtype=torch.uint8, device=x2.device)
-    scales = torch.zeros(nvfp4_scales_size(M, N), dtype=torch.float8_e4m3fn, device=x2.device)
-    h = torch.empty_like(x2, memory_format=torch.contiguous_format) if r2 is not None else None
-    w = weight if weight is not None else launch.no_weight
-    with nvtx.range("launch", launch.plan.variant, x2.shape, on=snap.nvtx):
-        kernel(x2, r2 if r2 is not None else x2, w, q.view(torch.int32),
-               h if h is not None else x2, global_scale.view(1), scales,
-               launch.grid.of(M), eps, offset)
-    return q, scales, h
