@@ -4,7 +4,8 @@ per-head q/k norms (``q_norm``, ``k_norm``) normalize and rotate q and k in one 
 
 It replaces each such attention's ``forward`` on the instance (modules, parameters and state dict
 keys stay as they are) with one that is transformers' own (``Qwen3Attention.forward``, the
-signature ``(hidden_states, position_embeddings, attention_mask, cache, **kwargs)``) but for the
+signature ``(hidden_states, position_embeddings, attention_mask, cache, **kwargs)``, or
+``past_key_values`` for ``cache`` as before transformers 5.2x) but for the
 prologue: the projections, then ``qk_norm_rope`` on the (batch, tokens, heads, head_dim) views
 with the norms' weights and the model's cos and sin, then the heads moved ahead of the tokens,
 the cache update, the model's attention function and ``o_proj`` as before. The norms' rounding is
@@ -32,9 +33,14 @@ ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
 #: the attention classes whose forward it mirrors, by (module, class name): their RoPE is
 #: ``apply_rotary_pos_emb``'s half rotation (a family that rotates interleaved pairs is refused)
 ATTENTIONS = {("transformers.models.qwen3.modeling_qwen3", "Qwen3Attention")}
-#: the signature of the forward it mirrors (transformers' Qwen3Attention.forward)
-FORWARD_PARAMS = ("self", "hidden_states", "position_embeddings", "attention_mask", "cache",
-                  "kwargs")
+#: the signatures of the forward it mirrors (transformers' Qwen3Attention.forward): the cache
+#: argument is ``cache`` from transformers 5.2x (whose ``update`` takes the call's kwargs),
+#: ``past_key_values`` before
+FORWARD_PARAMS = {
+    ("self", "hidden_states", "position_embeddings", "attention_mask", "cache", "kwargs"),
+    ("self", "hidden_states", "position_embeddings", "attention_mask", "past_key_values",
+     "kwargs"),
+}
 FUSE_MARK = "_rmsnorm_lab_qk_rope"
 
 
@@ -81,19 +87,20 @@ def _attentions(model: nn.Module) -> List[nn.Module]:
                              f"{_llama_eps(attn.k_norm)}); the fused op takes one")
         original = type(attn).forward
         params = tuple(inspect.signature(original).parameters)
-        if params != FORWARD_PARAMS:
+        if params not in FORWARD_PARAMS:
             raise ValueError(f"fuse_qk_rope: {type(attn).__name__}.forward takes {params}; the "
                              f"fused forward mirrors transformers' Qwen3Attention.forward "
-                             f"{FORWARD_PARAMS}")
+                             f"{' or '.join(map(str, sorted(FORWARD_PARAMS)))}")
     return found
 
 
 def _fused_forward(attn: nn.Module):
     family = sys.modules[type(attn).__module__]  # the model's own attention functions
+    cache_takes_kwargs = "cache" in inspect.signature(type(attn).forward).parameters
 
     def forward(self, hidden_states, position_embeddings, attention_mask, cache=None,
                 **kwargs):
-        if cache is None:  # the name transformers still accepts for it
+        if cache is None:  # the name transformers still accepts for it (its only one before 5.2x)
             cache = kwargs.pop("past_key_values", None)
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
@@ -105,8 +112,9 @@ def _fused_forward(attn: nn.Module):
                             _llama_eps(self.q_norm))
         query_states, key_states = q.transpose(1, 2), k.transpose(1, 2)
         if cache is not None:
+            extra = {"kwargs": kwargs} if cache_takes_kwargs else {}
             key_states, value_states = cache.update(key_states, value_states, self.layer_idx,
-                                                    kwargs=kwargs)
+                                                    **extra)
         attention_interface = family.ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, family.eager_attention_forward)
         attn_output, attn_weights = attention_interface(

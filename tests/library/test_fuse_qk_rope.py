@@ -76,3 +76,44 @@ def test_norms_of_different_eps_and_other_attention_classes_are_refused():
         **TINY, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2))
     with pytest.raises(ValueError, match="Qwen3MoeAttention .* is not an attention whose"):
         fuse_qk_rope(moe)
+
+
+def _forward_before_5_2x(self, hidden_states, position_embeddings, attention_mask,
+                         past_key_values=None, **kwargs):
+    """Qwen3Attention.forward as transformers 5.1x writes it: the cache is ``past_key_values``
+    and its ``update`` takes no kwargs (this transformers' layers pass it as ``cache``)."""
+    mod = transformers.models.qwen3.modeling_qwen3
+    past_key_values = kwargs.pop("cache", past_key_values)
+    hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+    q = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    q, k = mod.apply_rotary_pos_emb(q, k, *position_embeddings)
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, v, self.layer_idx)
+    attention = mod.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                          mod.eager_attention_forward)
+    out, weights = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
+                             sliding_window=self.sliding_window, **kwargs)
+    return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+
+def test_the_forward_before_transformers_5_2x_is_mirrored_too(monkeypatch):
+    attention = transformers.models.qwen3.modeling_qwen3.Qwen3Attention
+    monkeypatch.setattr(attention, "forward", _forward_before_5_2x)
+    model, _ = build("qwen3")
+    ids = torch.randint(0, TINY["vocab_size"], (1, 5))
+    expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    update = transformers.cache_utils.Cache.update
+    monkeypatch.setattr(transformers.cache_utils.Cache, "update",
+                        lambda cache, k, v, layer_idx: update(cache, k, v, layer_idx))
+    fuse_qk_rope(model)
+    assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+
+
+def test_a_forward_of_another_signature_is_refused(monkeypatch):
+    attention = transformers.models.qwen3.modeling_qwen3.Qwen3Attention
+    monkeypatch.setattr(attention, "forward", lambda self, hidden_states, **kwargs: None)
+    model, _ = build("qwen3")
+    with pytest.raises(ValueError, match="forward takes .*'hidden_states', 'kwargs'"):
+        fuse_qk_rope(model)
