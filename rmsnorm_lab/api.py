@@ -282,9 +282,15 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
               and (residual is None or same_layout(x, residual))
               and dispatch.routed_to_native(backend, snap) and dispatch.native_node() is not None)
     path = choose_path(compiling=compiling, machinery=machinery, native=native,
-                       training=training, empty=x.numel() == 0)
+                       training=training, empty=x.numel() == 0, decompose=_decompose(compiling))
     return PATHS[path](Call(x, weight, residual, eps, offset, casting_mode, backend, in_place,
                             snap))
+
+
+def _decompose(compiling: bool) -> bool:
+    """Under torch.compile, whether the op steps aside for its math as torch ops
+    (``settings.under_compile == "decompose"``), which Inductor fuses with its neighbours."""
+    return compiling and settings.under_compile == "decompose"
 
 
 def _fast(x, weight, eps, offset, casting_mode, residual):
@@ -411,7 +417,7 @@ def rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
         torch_machinery(x, weight) or torch_machinery(scale, scale_ub)
         or (residual is not None and torch_machinery(residual, None)) or None)
     path = choose_path(compiling=compiling, machinery=machinery, native=False, training=False,
-                       empty=x.numel() == 0)
+                       empty=x.numel() == 0, decompose=_decompose(compiling))
     y_q, scales, h = FP8_PATHS[path](Fp8Call(x, weight, residual, scale, scale_ub, eps, offset,
                                              casting_mode, backend, snapshot()))
     if scales is None:
@@ -480,6 +486,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
         raise ValueError(f"cos and sin must be {tuple(tokens)} (one row a token) or broadcast "
                          f"to it, got {tuple(cos.shape)} and {tuple(sin.shape)}") from None
     eps = float(eps) if eps is not None else reference.default_eps(q.dtype)
+    if _decompose(torch.compiler.is_compiling()):
+        return reference.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, casting_mode)
     q_out, k_out, _, _ = qk_norm_rope_op(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
                                          backend)
     return q_out, k_out

@@ -67,11 +67,12 @@ def torch_machinery(x: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional
 
 
 def choose_path(*, compiling: bool, machinery: Optional[str], native: bool, training: bool,
-                empty: bool) -> str:
+                empty: bool, decompose: bool = False) -> str:
     """Which path serves a validated call:
 
-    ``reference``    a functorch transform or forward-mode AD (``torch_machinery``): the
-                     reference math as torch ops;
+    ``reference``    a functorch transform or forward-mode AD (``torch_machinery``), or under
+                     torch.compile with ``decompose`` (``settings.under_compile``): the
+                     reference math as torch ops, which Inductor fuses with its neighbours;
     ``custom_op``    under torch.compile, or when torch's dispatcher must see the call
                      (``torch_machinery``): the ``torch.library`` op, one opaque graph node;
     ``native``       the native node (``native``: the settings route this backend there, the call
@@ -81,7 +82,7 @@ def choose_path(*, compiling: bool, machinery: Optional[str], native: bool, trai
     ``kernels``      any other inference call: ``dispatch.forward`` (the backend's kernels, or
                      the reference for ``backend="torch"``).
     """
-    if machinery == "transform":
+    if machinery == "transform" or (compiling and decompose):
         return "reference"
     if compiling or machinery == "dispatcher":
         return "custom_op"

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple
 from .registry import BACKENDS, BACKWARD_MODES, FORWARD_VARIANTS
 
 AUTOGRAD_NODES = ("native", "python")
+UNDER_COMPILE = ("decompose", "kernel")
 FORWARD_CHOICES = ("auto",) + FORWARD_VARIANTS
 BACKWARD_CHOICES = ("auto",) + BACKWARD_MODES
 PREFIX = "RMSNORM_LAB_"
@@ -45,6 +46,7 @@ _CHOICES: Dict[str, tuple] = {
     "forward_variant": FORWARD_CHOICES,
     "backward": BACKWARD_CHOICES,
     "autograd_node": AUTOGRAD_NODES,
+    "under_compile": UNDER_COMPILE,
 }
 _MINIMUM: Dict[str, int] = {"fused_strips": 0}
 
@@ -94,6 +96,9 @@ class Settings(_Toggles):
     pdl: bool = True
     #: NVTX ranges (domain ``rmsnorm_lab``) around compile, marshal, launch and reduce
     nvtx: bool = False
+    #: under torch.compile: ``decompose`` (the ops' math as torch ops, which Inductor fuses with
+    #: the model's other ops) or ``kernel`` (the lab's kernels, one opaque graph node each)
+    under_compile: str = "decompose"
     experiments: Experiments = dataclasses.field(default_factory=Experiments)
 
     def _assign(self, name: str, value: Any) -> None:

@@ -22,6 +22,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def kernels_under_compile():
+    """The lab's ops as their own graph nodes under torch.compile (``settings.under_compile =
+    "kernel"``; the default steps aside for their math as torch ops), Dynamo's caches reset on
+    either side."""
+    import torch
+
+    from rmsnorm_lab import settings
+    torch._dynamo.reset()
+    with settings.override(under_compile="kernel"):
+        yield
+    torch._dynamo.reset()
+
+
 def capture(call):
     """``(graph, outputs)``: ``call()`` warmed up (compiled) and then captured in a CUDA graph, both
     on a side stream, as capture requires; ``outputs`` are what the captured call returned."""

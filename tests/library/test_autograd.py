@@ -218,6 +218,7 @@ def _names(targets):
 
 @pytest.mark.parametrize("with_weight", [True, False])
 @pytest.mark.parametrize("compile_backend", ["eager", "aot_eager"])
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_fullgraph_parity(compile_backend, with_weight):
     torch._dynamo.reset()
 
@@ -243,6 +244,7 @@ def test_compile_fullgraph_parity(compile_backend, with_weight):
         torch.testing.assert_close(compiled(x, w), f(x, w), rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_dynamic_shapes():
     torch._dynamo.reset()
     compiled = torch.compile(lambda a, b: rms_norm(a, b, EPS, backend="torch"),
@@ -256,6 +258,7 @@ def test_compile_dynamic_shapes():
         torch.testing.assert_close(wc.grad, dw, rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_records_the_custom_ops():
     torch._dynamo.reset()
     lin = torch.nn.Linear(32, 8)
@@ -270,6 +273,7 @@ def test_compile_records_the_custom_ops():
     assert "rmsnorm_lab.rms_norm_bwd.default" in _names(graphs["bw"])
 
 
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_module_in_a_model():
     torch._dynamo.reset()
     from rmsnorm_lab import RMSNorm
@@ -340,6 +344,7 @@ def test_in_place_without_grad_is_a_no_op():
                                reference.rms_norm(x, w), rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_in_place_under_compile():
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -395,3 +400,28 @@ def test_the_python_node_runs_its_backward_under_its_forwards_settings(monkeypat
     with settings.override(backward="fused"):
         y.sum().backward()
     assert seen == [("split", False)]
+
+
+# ------------------------------------------ torch.compile steps aside by default (CPU)
+
+def test_under_compile_the_op_decomposes_by_default_and_the_setting_recompiles():
+    """``settings.under_compile``: ``decompose`` (the default) leaves no lab op in the graph,
+    only torch ops Inductor can fuse, and trains as torch's autograd of the reference does;
+    ``kernel`` records the lab's op. Changing the setting recompiles (Dynamo guards on it)."""
+    from rmsnorm_lab import settings
+    torch._dynamo.reset()
+    assert settings.under_compile == "decompose"
+    lin = torch.nn.Linear(32, 8)
+    compiled, graphs = _compile_capture(lambda x, w: lin(rms_norm(x, w, EPS, residual=x * 2)[0]))
+    x, w = fresh((6, 32)), fresh((32,))
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    compiled(xc, wc).square().sum().backward()
+    assert not any("rmsnorm_lab" in n for n in _names(graphs["fw"]) | _names(graphs["bw"]))
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    lin(reference.rms_norm(xe + xe * 2, we, EPS)).square().sum().backward()
+    torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(wc.grad, we.grad, rtol=1e-6, atol=1e-6)
+    with settings.override(under_compile="kernel"):
+        compiled(x.clone().requires_grad_(), w.clone().requires_grad_()).sum().backward()
+    assert "rmsnorm_lab.fused_add_rms_norm_fwd.default" in _names(graphs["fw"])
+    torch._dynamo.reset()

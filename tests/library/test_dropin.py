@@ -15,13 +15,13 @@ EPS = 1e-6
 
 def test_choose_path_covers_every_combination():
     seen = set()
-    for compiling, machinery, native, training, empty in itertools.product(
+    for compiling, machinery, native, training, empty, decompose in itertools.product(
             (False, True), (None, "transform", "dispatcher"), (False, True), (False, True),
-            (False, True)):
+            (False, True), (False, True)):
         path = api.choose_path(compiling=compiling, machinery=machinery, native=native,
-                               training=training, empty=empty)
+                               training=training, empty=empty, decompose=decompose)
         seen.add(path)
-        if machinery == "transform":
+        if machinery == "transform" or (compiling and decompose):
             assert path == "reference"
         elif compiling or machinery == "dispatcher":
             assert path == "custom_op"

@@ -264,6 +264,7 @@ def _graph_ops(fn):
 
 @pytest.mark.parametrize("compile_backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("quant", ["per_token", "static", "float", "bounded"])
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_fullgraph_parity(compile_backend, quant):
     torch._dynamo.reset()
 
@@ -279,6 +280,7 @@ def test_compile_fullgraph_parity(compile_backend, quant):
     assert_same(compiled(x, w, r), f(x, w, r))
 
 
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_records_the_custom_op():
     torch._dynamo.reset()
     compiled, ops = _graph_ops(lambda x, w: rms_norm_fp8(x, w, scale=torch.tensor(0.1)))
@@ -287,6 +289,7 @@ def test_compile_records_the_custom_op():
     assert any("rms_norm_fp8" in op for op in ops), ops
 
 
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_dynamic_shapes():
     torch._dynamo.reset()
     compiled = torch.compile(lambda a: rms_norm_fp8(a), fullgraph=True, backend="aot_eager",
@@ -294,3 +297,14 @@ def test_compile_dynamic_shapes():
     for m in (3, 5, 9):
         x = fresh((m, 16), torch.float16)
         assert_same(compiled(x), chain(x, None))
+
+
+def test_under_compile_it_decomposes_by_default():
+    """The default ``settings.under_compile``: the norm and the quantization as torch ops in
+    the graph (no lab op), the reference's codes and scales."""
+    torch._dynamo.reset()
+    compiled, ops = _graph_ops(lambda x, w: rms_norm_fp8(x, w, 1e-6))
+    x, w = fresh((6, 32), torch.bfloat16), fresh((32,), torch.bfloat16)
+    assert_same(compiled(x, w), chain(x, w, 1e-6))
+    assert ops and not any("rmsnorm_lab" in op for op in ops), ops
+    torch._dynamo.reset()

@@ -75,6 +75,7 @@ def test_gpu_cute_backward_modes(mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_gpu_compile_fullgraph_parity(backend, compile_backend):
     torch._dynamo.reset()
     x, w, dy = cuda_case((64, 2048), torch.bfloat16, True)

@@ -253,6 +253,7 @@ def test_in_a_cuda_graph(backend, kind, with_residual, capture_on_side_stream):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_under_torch_compile(backend):
     x, r = fresh((32, 2048), torch.bfloat16), fresh((32, 2048), torch.bfloat16)
     w = fresh((2048,), torch.bfloat16)

@@ -73,6 +73,7 @@ def test_the_staged_backward(shape, dtype, with_weight):
 
 
 @pytest.mark.parametrize("backend", ["cute", "triton"])
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_in_a_cuda_graph_and_under_compile(backend, capture_on_side_stream):
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
     r, w = torch.randn_like(x), torch.randn(4096, device="cuda", dtype=torch.bfloat16)

@@ -74,6 +74,7 @@ def test_in_a_cuda_graph(capture_on_side_stream):
     assert all(torch.equal(a, b) for a, b in zip(out, expect))
 
 
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_the_op_trains_and_compiles():
     """``qk_norm_rope`` (the default backend on CUDA) through autograd and under
     torch.compile(fullgraph=True) with Inductor: the same outputs and gradients as eager."""

@@ -58,6 +58,7 @@ def test_opcheck(dtype):
 
 
 @pytest.mark.parametrize("compile_backend", ["eager", "aot_eager"])
+@pytest.mark.usefixtures("kernels_under_compile")
 def test_compile_fullgraph(compile_backend):
     torch._dynamo.reset()
     q, k, wq, wk, cos, sin = inputs(dtype=torch.float32)
@@ -119,3 +120,31 @@ def test_no_double_backward():
     with pytest.raises(RuntimeError, match="no double backward"):
         torch.autograd.grad(qk_norm_rope(q, k, wq, wk, cos, sin, EPS)[0].square().sum(), q,
                             create_graph=True)
+
+
+def test_under_compile_it_decomposes_by_default():
+    """The default ``settings.under_compile`` hands Dynamo the reference's math (Qwen3's own
+    ops, which Inductor fuses with the attention's): no lab op in the graph, the outputs the
+    reference's and the gradients torch's autograd of it."""
+    torch._dynamo.reset()
+    q, k, wq, wk, cos, sin = inputs(dtype=torch.float32)
+    ops = []
+
+    def keep(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def prologue(a, b):
+        qo, ko = qk_norm_rope(a, b, wq, wk, cos, sin, EPS)
+        return qo.square().sum() + ko.sum()
+
+    a, b = q.clone().requires_grad_(), k.clone().requires_grad_()
+    got = torch.compile(prologue, fullgraph=True, backend=keep)(a, b)
+    got.backward()
+    assert ops and not any("rmsnorm_lab" in op for op in ops), ops
+    a2, b2 = q.clone().requires_grad_(), k.clone().requires_grad_()
+    qo, ko = R.qk_norm_rope(a2, b2, wq, wk, cos, sin, EPS)
+    expect = qo.square().sum() + ko.sum()
+    expect.backward()
+    assert torch.equal(got, expect) and torch.equal(a.grad, a2.grad)
+    torch._dynamo.reset()

@@ -299,7 +299,9 @@ TINY_BUDGET = bench_model.Budget(event_samples=1, event_min_ms=1, wall_samples=2
 QK = {"llama": (), "qwen3": ("lab+qk",)}
 EAGER_IMPLS = [f"{a}.{c}" for a in mb.ARCHS
                for c in ("shipped", "torch", "lab", "lab+carry") + QK[a]]
-COMPILED_IMPLS = [f"{a}.compile.{c}" for a in mb.ARCHS for c in ("torch", "lab") + QK[a]]
+COMPILED_IMPLS = [f"{a}.compile.{c}" for a in mb.ARCHS
+                  for c in ("torch", "lab", "lab@kernel") + QK[a] + tuple(f"{q}@kernel"
+                                                                          for q in QK[a])]
 
 
 def _run(tmp_path, seen):
@@ -316,8 +318,8 @@ def test_the_whole_loop_makes_valid_rows_of_every_choice_and_workload(tmp_path, 
     run, path = _run(tmp_path, seen)
     assert run.out.failures == []
     why = {s.split(":")[0]: s for s in run.out.skipped}
-    assert sorted(why) == sorted([f"{a}.liger" for a in mb.ARCHS] + ["llama.lab+qk",
-                                                                     "llama.compile.lab+qk"])
+    assert sorted(why) == sorted([f"{a}.liger" for a in mb.ARCHS] + [
+        "llama.lab+qk", "llama.compile.lab+qk", "llama.compile.lab+qk@kernel"])
     assert all(("liger_kernel does not import here" if ".liger" in k else
                 "no attention with per-head q/k norms") in v for k, v in why.items())
     written = results.write(run.out.rows, path)
@@ -386,7 +388,7 @@ def test_a_choice_that_disagrees_is_a_failure_and_a_crashing_timer_costs_only_it
     impls = {r["impl"] for r in run.out.rows}
     assert impls == {f"{a}.{c}" for a in mb.ARCHS
                      for c in ("shipped", "lab", "lab+carry") + QK[a]} | {
-        f"{a}.compile.{c}" for a in mb.ARCHS for c in ("lab",) + QK[a]}  # torch's disagreed,
+        i for i in COMPILED_IMPLS if ".compile.torch" not in i}  # torch's disagreed,
     # eager and compiled: not timed
     disagree = [f for f in run.out.failures if "disagrees" in f]
     assert len(disagree) == 4 and all("torch" in f and "limit" in f for f in disagree)

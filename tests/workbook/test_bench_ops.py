@@ -37,7 +37,7 @@ def ref_impl(x, w):
 
 def test_ops_and_sweeps():
     assert set(runner.OPS) == {"fwd", "bwd", "full", "fwd-add", "bwd-add", "fwd-fp8",
-                               "fwd-fp8-static"}
+                               "fwd-fp8-static", "fwd-qk-rope", "bwd-qk-rope"}
     assert [runner.OPS[k].name for k in ("fwd-add", "bwd-add")] == ["fwd", "bwd"]
     assert (128, 4096) not in runner.OPS["fwd-add"].sweep
     assert (262144, 128) in runner.OPS["fwd-add"].sweep  # per-head rows

@@ -344,7 +344,7 @@ def test_fwd_sweep_is_the_design():
                                 (4096, 32768), (16384, 32768)]
     assert runner.BWD_SWEEP == runner.FWD_SWEEP[:-2]  # the wide rows: the forward's alone
     assert set(runner.OPS) == {"fwd", "bwd", "full", "fwd-add", "bwd-add", "fwd-fp8",
-                               "fwd-fp8-static"}
+                               "fwd-fp8-static", "fwd-qk-rope", "bwd-qk-rope"}
 
 
 def test_a_run_of_chosen_shapes_must_be_tagged():

@@ -63,8 +63,11 @@ def lab_impls(op: str) -> Dict[str, Callable]:
     if op in ("fwd-fp8", "fwd-fp8-static"):  # the fp8 output: fn(x, w[, scale])
         from .fp8 import lab_impls as fp8_impls
         return fp8_impls(static=op == "fwd-fp8-static")
+    if op in ("fwd-qk-rope", "bwd-qk-rope"):  # q/k norms + RoPE: fn(q, k, wq, wk, cos, sin)
+        from .qk_rope import lab_impls as qk_impls
+        return qk_impls()
     raise ValueError(f"no lab implementations for op {op!r}; ops: fwd, bwd, full, fwd-add, "
-                     "bwd-add, fwd-fp8, fwd-fp8-static")
+                     "bwd-add, fwd-fp8, fwd-fp8-static, fwd-qk-rope, bwd-qk-rope")
 
 
 def pinned_backward(mode: str, backend: str = "cute", **toggles) -> Callable:

@@ -327,6 +327,14 @@ def _built(run: _Run, impl: str, arch: str, choice: str, device: str, sizes: dic
 
 def run_compiled(run: _Run, arch: str, choice: str, reference: Optional[Reference],
                  device: str = "cuda", **sizes) -> None:
+    """``_run_compiled`` under the settings ``choice`` runs under (``model_build.under_compile``:
+    the ``@kernel`` choices keep the lab's ops as their own graph nodes)."""
+    with mb.under_compile(choice):
+        _run_compiled(run, arch, choice, reference, device, **sizes)
+
+
+def _run_compiled(run: _Run, arch: str, choice: str, reference: Optional[Reference],
+                  device: str, **sizes) -> None:
     """``arch`` with ``choice``'s norms under ``torch.compile``: the prefill compiled by its
     first call (time printed) and its last-position logits checked against ``shipped``'s on the
     same tokens, then timed; then the same for the train step."""
@@ -427,7 +435,12 @@ def capture(spec: str, quick: bool, warmup: int, steps: int) -> None:
     graph = workload == "decode-graph"
     if not graph and workload not in WORKLOADS:
         raise ValueError(f"{spec!r}: workload one of {WORKLOADS + ('decode-graph',)}")
-    sizes = QUICK if quick else FULL
+    with mb.under_compile(choice):
+        _capture(impl, arch, choice, compiled, workload, QUICK if quick else FULL, warmup, steps)
+
+
+def _capture(impl, arch, choice, compiled, workload, sizes, warmup, steps) -> None:
+    graph = workload == "decode-graph"
     model = mb.build_model(arch, sizes.layers)
     print(f"{impl}: {mb.apply_choice(model, choice)}", flush=True)
     step = make_step("decode" if graph else workload, model, sizes,

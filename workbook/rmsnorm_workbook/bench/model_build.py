@@ -21,6 +21,7 @@ freshly built model of the same seed, so all choices of one architecture hold th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import sys
@@ -29,12 +30,15 @@ from typing import Dict, List, Tuple, Union
 import torch
 from torch import nn
 
-from rmsnorm_lab import carry_residual, fuse_qk_rope, patch
+from rmsnorm_lab import carry_residual, fuse_qk_rope, patch, settings
 from rmsnorm_lab.lab import TRANSFORMERS
 
 CHOICES: Tuple[str, ...] = ("shipped", "torch", "lab", "lab+carry", "lab+qk", "liger")
-#: the choices timed under torch.compile (the lab's ops are torch.library custom ops there)
-COMPILE_CHOICES: Tuple[str, ...] = ("torch", "lab", "lab+qk")
+#: the choices timed under torch.compile: with the library's default ``settings.under_compile``
+#: (``decompose``: the lab's ops hand Inductor their math), and ``@kernel``: the lab's ops as
+#: their own graph nodes (torch.library custom ops), the other way, measured beside it
+COMPILE_CHOICES: Tuple[str, ...] = ("torch", "lab", "lab+qk", "lab@kernel", "lab+qk@kernel")
+KERNEL_SUFFIX = "@kernel"
 #: transformers config class and what differs from ``SIZES``, per architecture
 ARCHS: Dict[str, Tuple[str, dict]] = {
     "llama": ("LlamaConfig", {}),
@@ -155,9 +159,18 @@ def apply_liger(model: nn.Module) -> int:
     return patched
 
 
+def under_compile(choice: str):
+    """The settings a compiled ``choice`` runs under (its compile, its checks, its timing):
+    ``under_compile="kernel"`` for the ``@kernel`` choices, the library's default otherwise."""
+    kernel = choice.endswith(KERNEL_SUFFIX)
+    return settings.override(under_compile="kernel") if kernel else contextlib.nullcontext()
+
+
 def apply_choice(model: nn.Module, choice: str) -> str:
     """Make ``model`` run the norm of ``choice`` (see the module docstring), in place; returns
-    what changed, in words. ``ChoiceSkipped`` where the choice does not apply."""
+    what changed, in words. ``ChoiceSkipped`` where the choice does not apply. A compiled
+    choice's ``@kernel`` is the setting it runs under (``under_compile``), not a change here."""
+    choice = choice.removesuffix(KERNEL_SUFFIX)
     if choice == "shipped":
         return f"{len(transformers_norms(model))} transformers norms, as built"
     if choice == "torch":

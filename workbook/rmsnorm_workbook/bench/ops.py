@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from rmsnorm_lab import reference
-from . import fp8, fused_add
+from . import fp8, fused_add, qk_rope
 from .fused_add import PER_HEAD_SHAPES
 from . import peers as peers_mod
 
@@ -182,6 +182,17 @@ FWD_FP8 = Op(name="fwd", make_inputs=fp8.inputs, run=fp8.run, reference=fp8.refe
 FWD_FP8_STATIC = dataclasses.replace(FWD_FP8, make_inputs=fp8.static_inputs,
                                      peers=fp8.STATIC_PEERS)
 
+# q/k norms + RoPE (qk_rope.py): op fwd and bwd, rows in fwd-qk-rope.csv and bwd-qk-rope.csv
+FWD_QK_ROPE = Op(name="fwd", make_inputs=qk_rope.inputs, run=qk_rope.fwd_run,
+                 reference=qk_rope.fwd_reference, bytes_moved=qk_rope.fwd_bytes,
+                 peers=qk_rope.PEERS, sweep=qk_rope.SWEEP, quick_sweep=qk_rope.QUICK_SWEEP,
+                 same_shape="copy")
+BWD_QK_ROPE = Op(name="bwd", make_inputs=qk_rope.grad_inputs, run=qk_rope.bwd_run,
+                 reference=qk_rope.bwd_reference, bytes_moved=qk_rope.bwd_bytes,
+                 peers=qk_rope.PEERS, sweep=qk_rope.SWEEP, quick_sweep=qk_rope.QUICK_SWEEP,
+                 same_shape="copy2r1w", prepare=qk_rope.bwd_prepare)
+
 #: by the name ``bench --op`` takes (and its results file's)
 OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP, "fwd-add": FWD_ADD,
-                      "bwd-add": BWD_ADD, "fwd-fp8": FWD_FP8, "fwd-fp8-static": FWD_FP8_STATIC}
+                      "bwd-add": BWD_ADD, "fwd-fp8": FWD_FP8, "fwd-fp8-static": FWD_FP8_STATIC,
+                      "fwd-qk-rope": FWD_QK_ROPE, "bwd-qk-rope": BWD_QK_ROPE}
