@@ -2,8 +2,8 @@ r"""A small workload for ``compute-sanitizer``: every CuTe kernel at the shapes 
 names, each launch checked against the reference.
 
     compute-sanitizer --tool memcheck --report-api-errors no \
-        python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd|fp8]
-    compute-sanitizer --tool racecheck python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd|fp8]
+        python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd|fp8|qk]
+    compute-sanitizer --tool racecheck python -m rmsnorm_workbook.profiling.sanitize [fwd|bwd|fp8|qk]
 
 ``--report-api-errors no``: the CUDA driver bindings look up entry points with cuGetProcAddress
 while a kernel compiles, and memcheck counts each lookup the driver answers "invalid argument" as
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from rmsnorm_lab import reference, rms_norm, rms_norm_fp8, settings
+from rmsnorm_lab import qk_norm_rope, reference, rms_norm, rms_norm_fp8, settings
 from rmsnorm_lab.lab import kernel_backward as backward
 from rmsnorm_lab.lab import BACKWARD_MODES, FORWARD_VARIANTS
 
@@ -41,6 +41,10 @@ ADD_SHAPES = [(131, 4096), (5, 16384)]
 # the fp8 output: the fallback's odd width, warp-per-row tiles of per-head rows with the last
 # tile's second row missing, the row kernel at many rows, column chunks with the amax pass
 FP8_SHAPES = [(3, 1023), (1001, 128), (4099, 4096), (5, 32768)]
+# q/k norms + RoPE, (tokens, q heads, k heads, head dim): one token; an odd count whose last
+# CTA's second tile is short; 96, whose rows leave lanes idle; fp32 rows of 256, both halves in
+# one thread; and a token count the backward's programs split unevenly
+QK_SHAPES = [(1, 32, 8, 128), (61, 5, 3, 128), (7, 4, 2, 96), (33, 8, 2, 256), (1001, 16, 4, 64)]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -135,6 +139,28 @@ def fp8_cases() -> int:
     return failures
 
 
+def qk_cases() -> int:
+    """``qk_norm_rope`` at QK_SHAPES, bf16 (fp32 at 256): the forward on the CuTe and Triton
+    backends and the backward, each against the reference."""
+    failures = 0
+    for T, Hq, Hk, D in QK_SHAPES:
+        dtype = torch.float32 if D == 256 else torch.bfloat16
+        q = torch.randn(T, Hq, D, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(T, Hk, D, device="cuda", dtype=dtype, requires_grad=True)
+        wq, wk = (torch.randn(D, device="cuda", dtype=dtype) for _ in range(2))
+        cos, sin = (torch.rand(T, D, device="cuda", dtype=dtype) for _ in range(2))
+        expect = reference.qk_norm_rope(q.detach(), k.detach(), wq, wk, cos, sin, 1e-6)
+        for backend in ("cute", "triton"):
+            out = qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6, backend=backend)
+            grads = torch.autograd.grad(out, (q, k), [torch.ones_like(t) for t in out])
+            torch.cuda.synchronize()
+            ok = all(_close(a, b) for a, b in zip(out, expect))
+            ok = ok and all(bool(g.isfinite().all()) for g in grads)
+            failures += not ok
+            print(f"qk {backend:>6} {T}x{Hq}+{Hk}x{D}: {'ok' if ok else 'MISMATCH'}")
+    return failures
+
+
 COMMAND = "python -m rmsnorm_workbook.profiling.sanitize"
 
 
@@ -142,12 +168,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog=COMMAND, description="A workload for compute-sanitizer: every CuTe kernel at the "
         "shapes the GPU checklist names, each launch checked against the reference.")
-    ap.add_argument("ops", nargs="*", metavar="fwd|bwd|fp8",
+    ap.add_argument("ops", nargs="*", metavar="fwd|bwd|fp8|qk",
                     help="the ops to run (default: all)")
-    ops = ap.parse_args(argv).ops or ["fwd", "bwd", "fp8"]
-    unknown = sorted(set(ops) - {"fwd", "bwd", "fp8"})
+    ops = ap.parse_args(argv).ops or ["fwd", "bwd", "fp8", "qk"]
+    unknown = sorted(set(ops) - {"fwd", "bwd", "fp8", "qk"})
     if unknown:
-        ap.error(f"unknown op {', '.join(unknown)} (choose from fwd, bwd, fp8)")
+        ap.error(f"unknown op {', '.join(unknown)} (choose from fwd, bwd, fp8, qk)")
     if not torch.cuda.is_available():
         print(f"error: {COMMAND} needs a CUDA GPU (torch.cuda.is_available() is False here), and "
               "is meant to run under compute-sanitizer: compute-sanitizer --tool memcheck "
@@ -160,6 +186,8 @@ def main(argv=None) -> int:
         failures += backward_cases()
     if "fp8" in ops:
         failures += fp8_cases()
+    if "qk" in ops:
+        failures += qk_cases()
     return 1 if failures else 0
 
 
