@@ -299,8 +299,8 @@ TINY_BUDGET = bench_model.Budget(event_samples=1, event_min_ms=1, wall_samples=2
 QK = {"llama": (), "qwen3": ("lab+qk",)}
 EAGER_IMPLS = [f"{a}.{c}" for a in mb.ARCHS
                for c in ("shipped", "torch", "lab", "lab+carry") + QK[a]]
-COMPILED_IMPLS = [f"{a}.compile.{c}{k}" for a in mb.ARCHS for k in ("", "@kernel")
-                  for c in ("torch", "lab") + QK[a] if (c, k) != ("torch", "@kernel")]
+COMPILED_IMPLS = [f"{a}.compile.{c}{k}" for a in mb.ARCHS for k in ("", "@decompose")
+                  for c in ("torch", "lab") + QK[a] if (c, k) != ("torch", "@decompose")]
 
 
 def _run(tmp_path, seen):
@@ -318,7 +318,7 @@ def test_the_whole_loop_makes_valid_rows_of_every_choice_and_workload(tmp_path, 
     assert run.out.failures == []
     why = {s.split(":")[0]: s for s in run.out.skipped}
     assert sorted(why) == sorted([f"{a}.liger" for a in mb.ARCHS] + [
-        "llama.lab+qk", "llama.compile.lab+qk", "llama.compile.lab+qk@kernel"])
+        "llama.lab+qk", "llama.compile.lab+qk", "llama.compile.lab+qk@decompose"])
     assert all(("liger_kernel does not import here" if ".liger" in k else
                 "no attention with per-head q/k norms") in v for k, v in why.items())
     written = results.write(run.out.rows, path)

@@ -328,7 +328,7 @@ def _built(run: _Run, impl: str, arch: str, choice: str, device: str, sizes: dic
 def run_compiled(run: _Run, arch: str, choice: str, reference: Optional[Reference],
                  device: str = "cuda", **sizes) -> None:
     """``_run_compiled`` under the settings ``choice`` runs under (``model_build.under_compile``:
-    the ``@kernel`` choices keep the lab's ops as their own graph nodes)."""
+    the lab's ops as graph nodes of their own, or, ``@decompose``, their math for Inductor)."""
     with mb.under_compile(choice):
         _run_compiled(run, arch, choice, reference, device, **sizes)
 
