@@ -67,7 +67,7 @@ def torch_machinery(x: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional
 
 
 def choose_path(*, compiling: bool, machinery: Optional[str], native: bool, training: bool,
-                empty: bool, decompose: bool = False) -> str:
+                empty: bool, decompose: bool) -> str:
     """Which path serves a validated call:
 
     ``reference``    a functorch transform or forward-mode AD (``torch_machinery``), or under
