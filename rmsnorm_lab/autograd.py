@@ -355,9 +355,8 @@ def _qk_norm_rope_fake(q, k, q_weight, k_weight, cos, sin, eps, casting_mode, ba
 def qk_norm_rope_bwd(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Tensor,
                      k_weight: Tensor, cos: Tensor, sin: Tensor, q_rstd: Tensor, k_rstd: Tensor,
                      casting_mode: str, backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    return dispatch.qk_norm_rope_backward(dq_out.contiguous(), dk_out.contiguous(), q, k,
-                                          q_weight, k_weight, cos, sin, q_rstd, k_rstd,
-                                          casting_mode, backend)
+    return dispatch.qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
+                                          q_rstd, k_rstd, casting_mode, backend)
 
 
 @qk_norm_rope_bwd.register_fake
@@ -375,7 +374,10 @@ def _qk_setup_context(ctx, inputs, output):
     ctx.args = (casting_mode, backend)
 
 
-def _qk_op_backward(ctx, dq_out, dk_out, _dq_rstd, _dk_rstd):
+def _qk_backward(ctx, dq_out, dk_out, backward):
+    """Both tape nodes' backward: ``backward`` (the op's, or dispatch's) on the saved tensors;
+    gradients to q, k and the weights, none to cos and sin (the positions' embedding is not a
+    trained parameter) nor to the scalars."""
     if torch.is_grad_enabled():  # backward(create_graph=True): the kernels have no backward
         raise RuntimeError("qk_norm_rope has no double backward: its backward cannot run under "
                            "backward(create_graph=True)")
@@ -384,12 +386,33 @@ def _qk_op_backward(ctx, dq_out, dk_out, _dq_rstd, _dk_rstd):
         dq_out = torch.zeros_like(q)
     if dk_out is None:
         dk_out = torch.zeros_like(k)
-    dq, dk, dwq, dwk = qk_norm_rope_bwd(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
-                                        q_rstd, k_rstd, *ctx.args)
+    dq, dk, dwq, dwk = backward(dq_out.contiguous(), dk_out.contiguous(), q, k, q_weight,
+                                k_weight, cos, sin, q_rstd, k_rstd, *ctx.args)
     need = ctx.needs_input_grad
-    # no gradient to cos and sin: the positions' embedding is not a trained parameter
     return (dq if need[0] else None, dk if need[1] else None, dwq if need[2] else None,
             dwk if need[3] else None, None, None, None, None, None)
 
 
+def _qk_op_backward(ctx, dq_out, dk_out, _dq_rstd, _dk_rstd):
+    return _qk_backward(ctx, dq_out, dk_out, qk_norm_rope_bwd)
+
+
 qk_norm_rope_op.register_autograd(_qk_op_backward, setup_context=_qk_setup_context)
+
+
+class QkNormRopeFunction(torch.autograd.Function):
+    """``qk_norm_rope``'s eager tape node: the op's kernels (dispatch) and backward, without the
+    custom op's dispatcher layers, which cost a training call several times the Python of this
+    node; torch.compile, fake tensors and dispatch modes take the op."""
+
+    @staticmethod
+    def forward(ctx, q, k, q_weight, k_weight, cos, sin, eps, casting_mode, backend):
+        q_out, k_out, q_rstd, k_rstd = dispatch.qk_norm_rope_forward(
+            q, k, q_weight, k_weight, cos, sin, eps, casting_mode, backend)
+        ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd)
+        ctx.args = (casting_mode, backend)
+        return q_out, k_out
+
+    @staticmethod
+    def backward(ctx, dq_out, dk_out):
+        return _qk_backward(ctx, dq_out, dk_out, dispatch.qk_norm_rope_backward)

@@ -148,3 +148,35 @@ def test_under_compile_it_decomposes_by_default():
     expect.backward()
     assert torch.equal(got, expect) and torch.equal(a.grad, a2.grad)
     torch._dynamo.reset()
+
+
+def test_eager_calls_take_no_custom_op_and_transforms_the_reference(monkeypatch):
+    """Eager: a training call records ``QkNormRopeFunction`` (not the custom op's node), an
+    inference call no node; vmap and forward-mode AD run the reference math; a dispatch mode
+    (fake tensors) still sees the op."""
+    from rmsnorm_lab import api
+
+    def refuse(*args):
+        raise AssertionError("the custom op ran on an eager call")
+
+    q, k, wq, wk, cos, sin = inputs(dtype=torch.float32)
+    with monkeypatch.context() as m:
+        m.setattr(api, "qk_norm_rope_op", refuse)
+        q_out, _ = qk_norm_rope(q.clone().requires_grad_(), k, wq, wk, cos, sin, EPS)
+        assert type(q_out.grad_fn).__name__ == "QkNormRopeFunctionBackward"
+        with torch.no_grad():
+            out = qk_norm_rope(q, k, wq, wk, cos, sin, EPS)
+        assert out[0].grad_fn is None
+        assert torch.equal(out[0], R.qk_norm_rope(q, k, wq, wk, cos, sin, EPS)[0])
+        batched = torch.func.vmap(lambda a: qk_norm_rope(a, k, wq, wk, cos, sin, EPS)[0])(
+            torch.stack([q, 2 * q]))
+        torch.testing.assert_close(batched[1], qk_norm_rope(2 * q, k, wq, wk, cos, sin, EPS)[0])
+        tangent = torch.randn_like(q)
+        _, jvp = torch.func.jvp(lambda a: qk_norm_rope(a, k, wq, wk, cos, sin, EPS)[0], (q,),
+                                (tangent,))
+        _, expect = torch.func.jvp(lambda a: R.qk_norm_rope(a, k, wq, wk, cos, sin, EPS)[0],
+                                   (q,), (tangent,))
+        torch.testing.assert_close(jvp, expect)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in (q, k, wq, wk, cos, sin)]
+        assert qk_norm_rope(*fake, EPS)[0].shape == q.shape
