@@ -24,10 +24,10 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from . import dispatch, reference
-from .autograd import QkNormRopeFunction, qk_norm_rope_op
 from .common.rows import rows_without_copy, same_layout
 from .registry import BACKENDS
-from .route import FP8_PATHS, PATHS, Call, Fp8Call, choose_path, torch_machinery
+from .route import (FP8_PATHS, PATHS, Call, Fp8Call, choose_path, qk_norm_rope_path,
+                    torch_machinery)
 from .settings import settings, snapshot
 
 #: what the kernels take; the ``torch`` backend (CPU tensors, or ``backend="torch"``) takes
@@ -446,10 +446,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     both weights (dW deterministic; no double backward), not in cos and sin (their gradient is
     None). ``backend``: ``"torch"`` (the reference, the default off CUDA) or ``"triton"``;
     ``"cute"`` (the default on CUDA) runs the Triton kernel until a CuTe kernel of this op
-    exists. Eager calls run the kernels (a training call on an ``autograd.Function``); under
-    torch.compile it hands Inductor its math (``settings.under_compile``), or is the custom op
-    ``rmsnorm_lab::qk_norm_rope``, as it is for fake tensors and dispatch modes; functorch
-    transforms and forward-mode AD get the reference math."""
+    exists. Its paths: ``route.qk_norm_rope_path``."""
     backend = backend if backend is not None else default_backend(q)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -489,16 +486,5 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                          f"to it, got {tuple(cos.shape)} and {tuple(sin.shape)}") from None
     eps = float(eps) if eps is not None else reference.default_eps(q.dtype)
     compiling = torch.compiler.is_compiling()
-    machinery = None if compiling else (torch_machinery(q, k) or torch_machinery(cos, sin)
-                                        or torch_machinery(q_weight, k_weight))
-    if machinery == "transform" or _decompose(compiling):
-        return reference.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, casting_mode)
-    if compiling or machinery == "dispatcher":
-        q_out, k_out, _, _ = qk_norm_rope_op(q, k, q_weight, k_weight, cos, sin, eps,
-                                             casting_mode, backend)
-        return q_out, k_out
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, q_weight, k_weight)):
-        return QkNormRopeFunction.apply(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
-                                        backend)
-    return dispatch.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
-                                         backend)[:2]
+    return qk_norm_rope_path(q, k, q_weight, k_weight, cos, sin, eps, casting_mode, backend,
+                             compiling, _decompose(compiling))

@@ -5,7 +5,8 @@ kernels see them (the casting mode's alias resolved, eps and the backend chosen)
 as one ``Snapshot``. ``choose_path`` decides, from a few facts about the call, which path serves
 it, and ``PATHS[path](call)`` runs it: y, or ``(y, h)`` for the fused residual add, one table for
 both. ``api.rms_norm_fp8`` (the norm written as fp8, inference only) builds an ``Fp8Call``; the
-same ``choose_path`` picks its path, and ``FP8_PATHS`` runs it.
+same ``choose_path`` picks its path, and ``FP8_PATHS`` runs it. ``qk_norm_rope_path`` takes a
+validated ``qk_norm_rope`` call on its path.
 """
 
 from __future__ import annotations
@@ -148,3 +149,25 @@ FP8_PATHS: Dict[str, Callable[[Fp8Call], tuple]] = {
     "empty": _fp8_kernels,
     "kernels": _fp8_kernels,
 }
+
+
+def qk_norm_rope_path(q, k, q_weight, k_weight, cos, sin, eps: float, casting_mode: str,
+                      backend: str, compiling: bool, decompose: bool):
+    """A validated ``qk_norm_rope`` call on its path: the reference math for functorch
+    transforms and forward-mode AD, and under torch.compile with ``decompose``; the custom op
+    ``rmsnorm_lab::qk_norm_rope`` under torch.compile otherwise and for fake tensors and
+    dispatch modes; else the kernels, a training call on ``autograd.QkNormRopeFunction`` (the
+    custom op's dispatcher and autograd layers cost tens of microseconds a call)."""
+    machinery = None if compiling else (torch_machinery(q, k) or torch_machinery(cos, sin)
+                                        or torch_machinery(q_weight, k_weight))
+    if machinery == "transform" or (compiling and decompose):
+        return reference.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, casting_mode)
+    if compiling or machinery == "dispatcher":
+        q_out, k_out, _, _ = autograd.qk_norm_rope_op(q, k, q_weight, k_weight, cos, sin, eps,
+                                                      casting_mode, backend)
+        return q_out, k_out
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, q_weight, k_weight)):
+        return autograd.QkNormRopeFunction.apply(q, k, q_weight, k_weight, cos, sin, eps,
+                                                 casting_mode, backend)
+    return dispatch.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
+                                         backend)[:2]

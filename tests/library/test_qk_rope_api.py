@@ -154,14 +154,14 @@ def test_eager_calls_take_no_custom_op_and_transforms_the_reference(monkeypatch)
     """Eager: a training call records ``QkNormRopeFunction`` (not the custom op's node), an
     inference call no node; vmap and forward-mode AD run the reference math; a dispatch mode
     (fake tensors) still sees the op."""
-    from rmsnorm_lab import api
+    from rmsnorm_lab import autograd
 
     def refuse(*args):
         raise AssertionError("the custom op ran on an eager call")
 
     q, k, wq, wk, cos, sin = inputs(dtype=torch.float32)
     with monkeypatch.context() as m:
-        m.setattr(api, "qk_norm_rope_op", refuse)
+        m.setattr(autograd, "qk_norm_rope_op", refuse)
         q_out, _ = qk_norm_rope(q.clone().requires_grad_(), k, wq, wk, cos, sin, EPS)
         assert type(q_out.grad_fn).__name__ == "QkNormRopeFunctionBackward"
         with torch.no_grad():
