@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
