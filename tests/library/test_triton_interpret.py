@@ -87,18 +87,20 @@ def assert_no_new_nan(got, expect, what):
 
 
 def assert_bits_close(got, expect, what):
-    """A 16-bit result against the reference, element by element: at least 99.9% of the elements
-    bit-exact or 1 ulp away, and all but 1% (at least one element allowed) bit-exact.
+    """A 16-bit result against the reference, element by element: all but 0.1% of the elements
+    bit-exact or 1 ulp away, and all but 1% bit-exact (each bound allowing at least one element).
 
     The kernels round at the reference's points, so they differ only where a last-bit difference
-    in an fp32 sum (another summation order) tips a rounding: a few elements in 10**4. A rounding
+    in an fp32 sum (another summation order) tips a rounding: a few elements in 10**4, and where
+    a difference cancels (dx's ``m - x_hat * mean``) such a tip can reach 2 ulps. A rounding
     point missed or added moves many more elements by 1 ulp, which the second bound catches.
     """
     assert got.dtype == expect.dtype and got.shape == expect.shape
     ulps = (ordered_bits(got) - ordered_bits(expect)).abs()
-    within_one = (ulps <= 1).float().mean().item()
-    assert within_one >= 0.999, (f"{what}: only {within_one:.4%} of elements within 1 ulp "
-                                 f"(worst {int(ulps.max())} ulps)")
+    beyond_one = int((ulps > 1).sum())
+    assert beyond_one <= max(1, got.numel() // 1000), (
+        f"{what}: {beyond_one} of {got.numel()} elements more than 1 ulp away (worst "
+        f"{int(ulps.max())} ulps)")
     inexact = int((ulps != 0).sum())
     assert inexact <= max(1, got.numel() // 100), (f"{what}: {inexact} of {got.numel()} "
                                                    "elements not bit-exact")
