@@ -257,8 +257,8 @@ def native(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[t
 def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float, casting_mode: str,
                          backend: str):
     """``(q_out, k_out, q_rstd, k_rstd)`` of ``qk_norm_rope`` (reference.qk_norm_rope_forward):
-    outputs contiguous in q's and k's shapes, rstd fp32 ``(..., H)``. The ``triton`` kernel serves ``cute`` too, until a CuTe kernel of this op
-    exists; ``torch`` is the reference."""
+    outputs contiguous in q's and k's shapes, rstd fp32 ``(..., H)``. The ``triton`` kernel
+    serves ``cute`` too, until a CuTe kernel of this op exists; ``torch`` is the reference."""
     if backend == "torch":
         qo, ko, qr, kr = reference.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
                                                         casting_mode)

@@ -47,20 +47,20 @@ class Fp8Call(NamedTuple):
     snap: Snapshot
 
 
-def torch_machinery(x: torch.Tensor, weight: Optional[torch.Tensor]) -> Optional[str]:
-    """What torch must see of this call, if anything. ``"transform"``: a tensor a functorch
+def torch_machinery(*tensors: Optional[torch.Tensor]) -> Optional[str]:
+    """What torch must see of a call on ``tensors`` (None: absent), if anything. ``"transform"``: a tensor a functorch
     transform (vmap, grad, jvp) wrapped, or a forward-mode dual; the reference math then runs as
     torch ops, which every transform and forward-mode AD understand. ``"dispatcher"``: a tensor
     subclass (a FakeTensor, say), a meta tensor or an active dispatch mode; the custom op then
     runs, so a mode sees one op and a fake tensor gets the op's fake implementation. None: a
     plain call, for the kernels."""
-    for t in (x, weight):
+    for t in tensors:
         if t is not None and (torch._C._functorch.is_functorch_wrapped_tensor(t)
                               or forward_ad.unpack_dual(t).tangent is not None):
             return "transform"
     if torch._C._len_torch_dispatch_stack() > 0:
         return "dispatcher"
-    for t in (x, weight):
+    for t in tensors:
         if t is not None and (type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta
                               or torch._is_functional_tensor(t)):
             return "dispatcher"
@@ -158,8 +158,7 @@ def qk_norm_rope_path(q, k, q_weight, k_weight, cos, sin, eps: float, casting_mo
     ``rmsnorm_lab::qk_norm_rope`` under torch.compile otherwise and for fake tensors and
     dispatch modes; else the kernels, a training call on ``autograd.QkNormRopeFunction`` (the
     custom op's dispatcher and autograd layers cost tens of microseconds a call)."""
-    machinery = None if compiling else (torch_machinery(q, k) or torch_machinery(cos, sin)
-                                        or torch_machinery(q_weight, k_weight))
+    machinery = None if compiling else torch_machinery(q, k, cos, sin, q_weight, k_weight)
     if machinery == "transform" or (compiling and decompose):
         return reference.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, casting_mode)
     if compiling or machinery == "dispatcher":

@@ -432,8 +432,7 @@ def capture(spec: str, quick: bool, warmup: int, steps: int) -> None:
     to steps by time)."""
     impl, _, workload = spec.partition(":")
     arch, choice, compiled = mb.parse_impl(impl)
-    graph = workload == "decode-graph"
-    if not graph and workload not in WORKLOADS:
+    if workload not in WORKLOADS + ("decode-graph",):
         raise ValueError(f"{spec!r}: workload one of {WORKLOADS + ('decode-graph',)}")
     with mb.under_compile(choice):
         _capture(impl, arch, choice, compiled, workload, QUICK if quick else FULL, warmup, steps)

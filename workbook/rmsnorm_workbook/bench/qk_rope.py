@@ -86,21 +86,21 @@ def bwd_reference(args: tuple) -> tuple:
     return reference.qk_norm_rope_backward(dq, dk, q, k, wq, wk, cos, sin, rq, rk, MODE)
 
 
-def _tokens_and_size(args: tuple) -> Tuple[int, int, int]:
+def _sizes(args: tuple) -> Tuple[int, int, int, int]:
+    """``(T, rows, D, s)``: tokens, head rows of q and k together, head dim, element size."""
     q, k = args[0], args[1]
-    return q.shape[1], q.numel() + k.numel(), q.element_size()
+    D = q.shape[-1]
+    return q.shape[1], (q.numel() + k.numel()) // D, D, q.element_size()
 
 
 def fwd_bytes(args: tuple) -> int:
-    T, rows_elems, s = _tokens_and_size(args)
-    N = args[0].shape[-1]
-    return 2 * rows_elems * s + 2 * T * N * s + 2 * N * s
+    T, rows, D, s = _sizes(args)
+    return 2 * rows * D * s + 2 * T * D * s + 2 * D * s
 
 
 def bwd_bytes(args: tuple) -> int:
-    T, rows_elems, s = _tokens_and_size(args)
-    N = args[0].shape[-1]
-    return 3 * rows_elems * s + 2 * T * N * s + 4 * (rows_elems // N) + 4 * N * s
+    T, rows, D, s = _sizes(args)
+    return 3 * rows * D * s + 2 * T * D * s + 4 * rows + 4 * D * s
 
 
 def fwd_run(impl: QkFn, args: tuple):
@@ -130,10 +130,19 @@ def _apply_rotary_pos_emb() -> Optional[Callable]:
     return apply_rotary_pos_emb
 
 
-def _heads_first_rope(rotate: Callable, q, k, cos, sin):
-    """The model's order: heads ahead of the tokens, rotated, handed back as (tokens, heads)."""
-    q_out, k_out = rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-    return q_out.transpose(1, 2), k_out.transpose(1, 2)
+def _norms_then_rope(norm: Callable, rotate: Callable) -> QkFn:
+    """The chain a model runs without the fusion: ``norm(x, w)`` on q and on k (tokens, heads),
+    then ``rotate`` in the model's order, heads ahead of the tokens, handed back as (tokens,
+    heads)."""
+    def run(q, k, wq, wk, cos, sin):
+        q_out, k_out = rotate(norm(q, wq).transpose(1, 2), norm(k, wk).transpose(1, 2), cos,
+                              sin)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return run
+
+
+def _lab_norm(eps: float) -> Callable:
+    return lambda x, w: rms_norm(x, w, eps, casting_mode=MODE)
 
 
 def lab_impls() -> Dict[str, QkFn]:
@@ -144,11 +153,7 @@ def lab_impls() -> Dict[str, QkFn]:
             q, k, wq, wk, c, s, EPS, casting_mode=MODE, backend="triton")}
     rotate = _apply_rotary_pos_emb()
     if rotate is not None:
-        def lab_norms_then_rope(q, k, wq, wk, c, s):
-            qn = rms_norm(q, wq, EPS, casting_mode=MODE)
-            kn = rms_norm(k, wk, EPS, casting_mode=MODE)
-            return _heads_first_rope(rotate, qn, kn, c, s)
-        impls["cute.auto+rope.eager"] = lab_norms_then_rope
+        impls["cute.auto+rope.eager"] = _norms_then_rope(_lab_norm(EPS), rotate)
     return impls
 
 
@@ -158,12 +163,7 @@ def torch_eager(eps: float) -> Optional[QkFn]:
     rotate = _apply_rotary_pos_emb()
     if rotate is None:
         return None
-
-    def run(q, k, wq, wk, c, s):
-        qn = reference.rms_norm(q, wq, eps, 0.0, MODE)
-        kn = reference.rms_norm(k, wk, eps, 0.0, MODE)
-        return _heads_first_rope(rotate, qn, kn, c, s)
-    return run
+    return _norms_then_rope(lambda x, w: reference.rms_norm(x, w, eps, 0.0, MODE), rotate)
 
 
 def torch_compile(eps: float) -> Optional[QkFn]:
@@ -182,11 +182,7 @@ def liger_rope(eps: float) -> Optional[QkFn]:
     except Exception:  # noqa: BLE001 - not installed, or broken here: not a peer
         return None
 
-    def run(q, k, wq, wk, c, s):
-        qn = rms_norm(q, wq, eps, casting_mode=MODE)
-        kn = rms_norm(k, wk, eps, casting_mode=MODE)
-        return _heads_first_rope(LigerRopeFunction.apply, qn, kn, c, s)
-    return run
+    return _norms_then_rope(_lab_norm(eps), LigerRopeFunction.apply)
 
 
 PEERS: Dict[str, Callable[[float], Optional[QkFn]]] = {
