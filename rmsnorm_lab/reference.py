@@ -246,8 +246,9 @@ def quantize_fp8(y: torch.Tensor, scale: Optional[torch.Tensor] = None,
     if scale_ub is not None:
         amax = torch.fmin(amax, _one_element(scale_ub))
     # amax over a tensor, not a Python float: on CUDA torch divides by a scalar as a product
-    # with its reciprocal, which is not the division (an ulp off for some amax)
-    scales = (amax / amax.new_tensor(FP8_MAX)).clamp_min(FP8_MIN_SCALE)
+    # with its reciprocal, which is not the division (an ulp off for some amax); full_like, not
+    # new_tensor, so no host-to-device copy breaks a CUDA-graph capture
+    scales = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(FP8_MIN_SCALE)
     return saturate_fp8(yf / scales.unsqueeze(-1)), scales
 
 

@@ -69,3 +69,19 @@ def test_the_unfused_chain_is_the_reference_on_the_cpu():
     expect = fp8.reference_out((x, w))
     assert torch.equal(got[0].view(torch.uint8), expect[0].view(torch.uint8))
     assert torch.equal(got[1], expect[1])
+
+
+def test_codes_a_step_apart_pass_and_a_wrong_scale_fails():
+    """The fp8 ops' tolerance: a tenth of the codes one step off (an fp32 sum or a rounding of y
+    taken otherwise) is the same answer; codes of y over twice the scale are not."""
+    torch.manual_seed(0)
+    y = torch.randn(256, 512)
+    codes, scales = reference.quantize_fp8(y)
+    bits = codes.view(torch.uint8).clone()
+    step = (torch.rand(bits.shape) < 0.1) & ((bits & 0x7F) < 0x7E)  # 0x7F is NaN
+    bits[step] ^= 1  # the neighbouring code, in magnitude
+    apart = bits.view(torch.float8_e4m3fn)
+    tol = runner.OPS["fwd-fp8"].rel_tol
+    assert runner.rel_error((apart, scales), (codes, scales)) < tol
+    halved, _ = reference.quantize_fp8(y, torch.tensor(2 * scales.max().item()))
+    assert runner.rel_error((halved, scales), (codes, scales)) > tol

@@ -23,6 +23,10 @@ def test_the_ops_their_shapes_and_implementations():
     assert list(qk_rope.PEERS)[-1] == "liger.rope"  # it turns the gradients in place
     with pytest.raises(ValueError, match="tokens x 40"):
         qk_rope.inputs(41, 128, torch.bfloat16, "cpu")
+    for op in (fwd, bwd):  # host time is taken on one decode token's heads
+        assert op.host_shape == (40, 128)
+        q, k = qk_rope.inputs(*op.host_shape, torch.bfloat16, "cpu")[:2]
+        assert (q.shape, k.shape) == ((1, 1, 32, 128), (1, 1, 8, 128))
 
 
 @pytest.mark.parametrize("opname", ["fwd-qk-rope", "bwd-qk-rope"])

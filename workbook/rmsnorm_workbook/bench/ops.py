@@ -66,6 +66,10 @@ class Op:
     #: per implementation and input set, untimed: turns ``make_inputs``' tuple into what ``run``
     #: takes (``bwd``: runs the forward and keeps its graph). None: ``run`` takes the inputs.
     prepare: Optional[Callable[[Impl, tuple], tuple]] = None
+    #: where host time per call is measured
+    host_shape: Tuple[int, int] = HOST_SHAPE
+    #: the largest ``||out - expected|| / ||expected||`` that still counts as the same answer
+    rel_tol: float = REL_TOL
 
     def bind(self, impl: Impl, inputs: tuple) -> tuple:
         """What ``run`` takes for ``impl`` on ``inputs`` (``prepare``, when the op has one)."""
@@ -178,7 +182,7 @@ BWD_ADD = Op(name="bwd", make_inputs=fused_add.grad_inputs, run=fused_add.bwd_ru
 # the fp8 output (fp8.py): op fwd, rows in fwd-fp8.csv and fwd-fp8-static.csv
 FWD_FP8 = Op(name="fwd", make_inputs=fp8.inputs, run=fp8.run, reference=fp8.reference_out,
              bytes_moved=fp8.bytes_moved, peers=fp8.PEERS, sweep=fp8.SWEEP,
-             quick_sweep=fp8.QUICK_SWEEP, same_shape="copy.fp8")
+             quick_sweep=fp8.QUICK_SWEEP, same_shape="copy.fp8", rel_tol=fp8.REL_TOL)
 FWD_FP8_STATIC = dataclasses.replace(FWD_FP8, make_inputs=fp8.static_inputs,
                                      peers=fp8.STATIC_PEERS)
 
@@ -186,11 +190,12 @@ FWD_FP8_STATIC = dataclasses.replace(FWD_FP8, make_inputs=fp8.static_inputs,
 FWD_QK_ROPE = Op(name="fwd", make_inputs=qk_rope.inputs, run=qk_rope.fwd_run,
                  reference=qk_rope.fwd_reference, bytes_moved=qk_rope.fwd_bytes,
                  peers=qk_rope.PEERS, sweep=qk_rope.SWEEP, quick_sweep=qk_rope.QUICK_SWEEP,
-                 same_shape="copy")
+                 same_shape="copy", host_shape=qk_rope.HOST_SHAPE)
 BWD_QK_ROPE = Op(name="bwd", make_inputs=qk_rope.grad_inputs, run=qk_rope.bwd_run,
                  reference=qk_rope.bwd_reference, bytes_moved=qk_rope.bwd_bytes,
                  peers=qk_rope.PEERS, sweep=qk_rope.SWEEP, quick_sweep=qk_rope.QUICK_SWEEP,
-                 same_shape="copy2r1w", prepare=qk_rope.bwd_prepare)
+                 same_shape="copy2r1w", prepare=qk_rope.bwd_prepare,
+                 host_shape=qk_rope.HOST_SHAPE)
 
 #: by the name ``bench --op`` takes (and its results file's)
 OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP, "fwd-add": FWD_ADD,

@@ -45,6 +45,8 @@ SWEEP: List[Tuple[int, int]] = (
     [(T * ROWS_PER_TOKEN, 128) for T in (8, 16, 32, 64, 1024, 4096, 16384)]
     + [(16384 * ROWS_PER_TOKEN, N) for N in (64, 256)]
 )
+#: host time per call: one decode token's heads
+HOST_SHAPE = (ROWS_PER_TOKEN, 128)
 QUICK_SWEEP: List[Tuple[int, int]] = [(8 * ROWS_PER_TOKEN, 128), (16384 * ROWS_PER_TOKEN, 128)]
 QkFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 

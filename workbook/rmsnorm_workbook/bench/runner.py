@@ -17,7 +17,7 @@ what is timed:
 The sweep is the same for every op:
 
 1. per shape, check each implementation once against ``reference`` (relative error of the norm
-   below ``REL_TOL``); a wrong answer is reported and not timed, and an implementation that
+   below the op's ``rel_tol``); a wrong answer is reported and not timed, and an implementation that
    refuses a shape (``NotImplementedError`` / ``ValueError``) is skipped;
 2. eager time, graph time (L2-cold: the graph cycles through enough input sets to exceed twice
    the L2), peak memory; bandwidth = bytes moved / time. Each is tried on its own: a CUDA-graph
@@ -26,7 +26,7 @@ The sweep is the same for every op:
    move at its size (``copy.shape``: read x, write y, for ``fwd``; ``copy2r1w.shape``: read two,
    write one, for ``bwd``), same rotation, same graph replay, so each kernel is judged against a
    copy of its own size, fixed costs included;
-4. host enqueue µs per call at ``HOST_SHAPE``;
+4. host enqueue µs per call at the op's ``host_shape``;
 5. the copy ceilings on 1 GiB tensors (``copy``, ``copy2r1w``), in the same run.
 
 Lab implementations come from ``rmsnorm_workbook.bench.impls.lab_impls(op)`` (imported lazily, so this
@@ -112,8 +112,8 @@ def check(op: Op, impl: Impl, inputs: tuple, expected: object) -> Tuple[str, str
         err = rel_error(out, expected)
     except (WrongOutput, AttributeError) as e:  # AttributeError: not tensors at all
         return "fail", f"wrong output: {e}"
-    if not err < REL_TOL:
-        return "fail", f"relative error {err:.3g} >= {REL_TOL}"
+    if not err < op.rel_tol:
+        return "fail", f"relative error {err:.3g} >= {op.rel_tol}"
     return "ok", ""
 
 
@@ -379,7 +379,7 @@ def bench(op: str = "fwd", *, quick: bool = False, out: Optional[Path] = None,
         for M, N in shapes:
             sweep.shape(M, N)
             _checkpoint(sweep.out.rows, path)
-        sweep.host(*HOST_SHAPE)
+        sweep.host(*spec.host_shape)
         for name in peers_mod.CEILING_READS:
             sweep.ceiling(name)
     outcome = sweep.out
