@@ -257,14 +257,25 @@ def native(x: torch.Tensor, residual: Optional[torch.Tensor], weight: Optional[t
 def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float, casting_mode: str,
                          backend: str):
     """``(q_out, k_out, q_rstd, k_rstd)`` of ``qk_norm_rope`` (reference.qk_norm_rope_forward):
-    outputs contiguous in q's and k's shapes, rstd fp32 ``(..., H)``. The ``triton`` kernel
-    serves ``cute`` too, until a CuTe kernel of this op exists; ``torch`` is the reference."""
+    outputs contiguous in q's and k's shapes, rstd fp32 ``(..., H)``. ``cute``: the CuTe kernel
+    where its plan takes the rows (q's and k's heads rows of one stride, 16-byte aligned, half a
+    head whole copies), else the ``triton`` kernel; ``torch`` is the reference."""
     if backend == "torch":
         qo, ko, qr, kr = reference.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
                                                         casting_mode)
         return qo.contiguous(), ko.contiguous(), qr, kr
+    snap = snapshot()
+    if backend == "cute":
+        from .cute.launch.qk_rope import qk_norm_rope_forward as cute_forward
+        from .cute.plan.forward import NotEligible
+        try:
+            with nvtx.range("launch", "qk_rope", q.shape, on=snap.nvtx):
+                return cute_forward(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
+                                    snap.pdl, sm_count(q.get_device()))
+        except NotEligible:
+            pass
     from .triton.qk_rope import triton_qk_norm_rope_forward
-    with nvtx.range("launch", "triton", q.shape, on=snapshot().nvtx):
+    with nvtx.range("launch", "triton", q.shape, on=snap.nvtx):
         return triton_qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
                                            casting_mode, need_rstd=True)
 

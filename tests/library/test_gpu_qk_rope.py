@@ -98,3 +98,55 @@ def test_the_op_trains_and_compiles():
     torch.testing.assert_close(loss2, loss, rtol=1e-5, atol=1e-3)
     for a, b in zip(grads2, grads):
         assert torch.equal(a, b)  # the same kernels on the same inputs
+
+
+# ---------------------------------------------------------------- the CuTe forward
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("T,Hq,Hk,D", [(1, 32, 8, 128), (61, 32, 8, 128), (257, 16, 2, 64),
+                                       (33, 8, 8, 256), (5, 4, 2, 96), (4096, 32, 8, 128)])
+def test_cute_forward_equals_transformers_arithmetic(dtype, T, Hq, Hk, D):
+    """The CuTe kernel (dispatch's ``cute``: it serves these rows) bit for bit on integer rows,
+    and within a rounding here and there on random ones, rstd included."""
+    from rmsnorm_lab import dispatch
+    from rmsnorm_lab.cute.launch import qk_rope as cute_qk
+    q, k, wq, wk, cos, sin = inputs(T, Hq, Hk, D, dtype)
+    qi = torch.randint(-4, 5, q.shape, device="cuda").to(dtype)
+    ki = torch.randint(-4, 5, k.shape, device="cuda").to(dtype)
+    got = cute_qk.qk_norm_rope_forward(qi, ki, wq, wk, cos, sin, EPS, "llama", True, 132)
+    expect = R.qk_norm_rope_forward(qi, ki, wq, wk, cos, sin, EPS, "llama")
+    for g, e in zip(got, expect):
+        assert torch.equal(g, e)
+    got = dispatch.qk_norm_rope_forward(q, k, wq, wk, cos, sin, EPS, "llama", "cute")
+    expect = R.qk_norm_rope_forward(q, k, wq, wk, cos, sin, EPS, "llama")
+    for g, e in zip(got[:2], expect[:2]):
+        same = (g == e).float().mean().item()
+        assert same > 0.98, same
+    torch.testing.assert_close(got[2], expect[2], rtol=1e-5, atol=0)
+
+
+def test_cute_forward_takes_batches_and_hands_views_to_triton(capture_on_side_stream):
+    """(B, S, H, D) heads with cos and sin broadcast over the batch; q and k as views of a fused
+    qkv projection (not rows of one stride) go to the Triton kernel, with the same values; the
+    CuTe launch replays from a CUDA graph."""
+    from rmsnorm_lab import qk_norm_rope
+    q, k, wq, wk, cos, sin = inputs(128, 16, 4, 128, torch.bfloat16)
+    q4, k4 = q.view(2, 64, 16, 128), k.view(2, 64, 4, 128)
+    c3, s3 = cos[:64].unsqueeze(0), sin[:64].unsqueeze(0)  # one table for both sequences
+    got = qk_norm_rope(q4, k4, wq, wk, c3, s3, EPS, backend="cute")
+    expect = R.qk_norm_rope(q4, k4, wq, wk, c3.expand(2, 64, 128), s3.expand(2, 64, 128), EPS)
+    for g, e in zip(got, expect):
+        assert (g == e).float().mean().item() > 0.98
+    qkv = torch.cat([q4.reshape(2, 64, -1), k4.reshape(2, 64, -1),
+                     k4.reshape(2, 64, -1)], dim=-1)
+    qv, kv = qkv[..., :2048].view(2, 64, 16, 128), qkv[..., 2048:2560].view(2, 64, 4, 128)
+    views = qk_norm_rope(qv, kv, wq, wk, c3, s3, EPS, backend="cute")
+    assert all(torch.equal(a, b) for a, b in zip(views, qk_norm_rope(
+        qv.contiguous(), kv.contiguous(), wq, wk, c3, s3, EPS, backend="triton")))
+    graph, out = capture_on_side_stream(
+        lambda: qk_norm_rope(q4, k4, wq, wk, c3, s3, EPS, backend="cute"))
+    for t in out:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(out, got))

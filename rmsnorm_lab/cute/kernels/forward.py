@@ -28,7 +28,7 @@ thread's slice of it, ``tXrX`` its registers, ``tXcX`` the coordinates of those 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -50,7 +50,7 @@ class ForwardArgs:
     ``Params`` a launch fills): x, w, y, rstd, eps, the weight's offset, the fused add's
     residual and h, and the quantizing stores' scales (forward_quant.py): fp8's scale (static:
     read, one element; per token: written, one a row) and its amax bound, NVFP4's global scale
-    and block scales (each tensor None where the plan has none)."""
+    and block scales (each tensor None where the plan has none); q/k-norm's rotary embedding."""
 
     mX: cute.Tensor
     mW: Optional[cute.Tensor]
@@ -63,6 +63,8 @@ class ForwardArgs:
     mScale: Optional[cute.Tensor] = None
     mScaleUb: Optional[cute.Tensor] = None
     mBlockScales: Optional[cute.Tensor] = None
+    #: the rotary embedding applied before the store (qk_rope.py's ``Rope``), or None
+    rope: Any = None
 
 
 class RMSNormForward(RowTiles):
@@ -183,7 +185,7 @@ class RMSNormForward(RowTiles):
         grid): the sum of squares over the row's chunks, the row sum, then the chunks again,
         normalized and stored (``chunk_steps``: the order of their loads)."""
         p = self.plan
-        mX, mW, mY, mRstd, mR, mH = a.mX, a.mW, a.mY, a.mRstd, a.mR, a.mH
+        mX, mW, mRstd, mR, mH = a.mX, a.mW, a.mRstd, a.mR, a.mH
         num_tiles = cute.ceil_div(M, p.rows_per_cta)
         # Pipelined chunks: a second register copy takes chunk c+1's loads while chunk c is
         # used; chunk c lives in regs[c % len(regs)].
@@ -249,9 +251,8 @@ class RMSNormForward(RowTiles):
                 if cutlass.const_expr(load is not None):
                     self.load_chunk(cp, mH if p.residual else mX, tile, load,
                                     regs[load % len(regs)], row_ok, "first")
-                self.store_chunk(cp, mY, tile, use, regs[use % len(regs)], rstd,
-                                 self.chunk_weight(cp, mW, tWrW, use), a.offset, row_ok, scale,
-                                 a.mBlockScales)
+                self.store_chunk(cp, a, tile, use, regs[use % len(regs)], rstd,
+                                 self.chunk_weight(cp, mW, tWrW, use), row_ok, scale)
 
     def chunk_weight(self, cp: RowCopy, mW, tWrW, c: int):
         """w's registers for column chunk c: those loaded up front (``tWrW``), else chunk c's
@@ -308,8 +309,7 @@ class RMSNormForward(RowTiles):
                 amax = row_max(self.chunk_amax(bufs[j], rstd, tWrW, a.offset), None, 0, t.row,
                                0, t.lane, 1, p.threads_per_row)
                 scale = self.token_scale(a, amax, row, writer)
-            self.store_chunk(cp, a.mY, first + j, 0, bufs[j], rstd, tWrW, a.offset, row < M,
-                             scale, a.mBlockScales)
+            self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
@@ -348,14 +348,15 @@ class RMSNormForward(RowTiles):
         return (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
     @cute.jit
-    def store_chunk(self, cp: RowCopy, mY, tile, c: cutlass.Constexpr[int], tXrX, rstd: Float32,
-                    tWrW, offset: Float32, row_ok, scale=None, mBlockScales=None):
+    def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
+                    rstd: Float32, tWrW, row_ok, scale=None):
         """Column chunk c of y <- normalize(registers); as fp8 (``plan.quant``), y times the
         static scale's inverse or over the row's scale (``scale``); as NVFP4, ``scale`` is the
         global scale (``store_nvfp4``)."""
-        y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+        mY = a.mY
+        y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, a.offset)
         if cutlass.const_expr(self.plan.quant == "nvfp4"):
-            self.store_nvfp4(cp, mY, mBlockScales, tile, c, tXrX, y, scale, row_ok)
+            self.store_nvfp4(cp, mY, a.mBlockScales, tile, c, tXrX, y, scale, row_ok)
         else:
             tXrY = cute.make_fragment_like(tXrX, self.y_type)
             if cutlass.const_expr(self.plan.quant):

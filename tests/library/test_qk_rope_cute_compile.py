@@ -1,0 +1,51 @@
+"""The CuTe q/k-norm + RoPE forward compiled without a GPU (sm_90a and sm_100a): its plan for each
+dtype and head size, the rows it refuses, and its code: 16-byte loads and stores only (the rstd
+words aside), no local memory, one rsqrt a row, and the halves met by one shuffle a value where
+they sit in other lanes."""
+
+import glob
+import re
+import tempfile
+
+import pytest
+import torch
+
+from rmsnorm_lab.cute.launch.qk_rope import compile_qk_rope, qk_rope_plan
+from rmsnorm_lab.cute.plan.forward import NotEligible
+
+CASES = [(torch.bfloat16, 128), (torch.bfloat16, 64), (torch.float16, 256), (torch.float32, 128),
+         (torch.float32, 256), (torch.bfloat16, 96)]
+
+
+def ptx_of(plan, arch):
+    with tempfile.TemporaryDirectory() as d:
+        compile_qk_rope(plan, arch, keep_ptx_dir=d)
+        (path,) = glob.glob(f"{d}/*.ptx")
+        return open(path).read()
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype,D", CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_compiles_with_wide_copies_and_shuffles_where_the_halves_are_apart(arch, dtype, D):
+    plan = qk_rope_plan(D, dtype, dtype, "llama", True, arch, pdl=arch == "sm_90a")
+    ptx = ptx_of(plan, arch)
+    assert ".local" not in ptx
+    wide = {"v4.b32", "v2.b64"}  # 16 bytes a copy (sm_100a moves fp32 as two 64-bit words)
+    assert set(re.findall(r"\bld\.global\.(\S*)", ptx)) <= wide
+    assert set(re.findall(r"\bst\.global\.(\S*)", ptx)) - wide == {"b32"}  # rstd
+    # q's branch and k's each: a shuffle a value of each tile's copy, or none (fp32 rows of
+    # 256: both halves in one thread)
+    shuffles = len(re.findall(r"shfl\.sync\.idx", ptx))
+    assert shuffles == (0 if plan.vecs_per_thread > 1 else 2 * plan.tiles_per_cta * plan.vec)
+    assert len(re.findall(r"\brsqrt\.approx", ptx)) == 2 * plan.tiles_per_cta
+
+
+def test_rows_it_refuses():
+    with pytest.raises(NotEligible, match="16-byte aligned"):
+        qk_rope_plan(128, torch.bfloat16, torch.bfloat16, "llama", False, "sm_90a", True)
+    with pytest.raises(NotEligible, match="whole 16-byte copies"):
+        qk_rope_plan(72, torch.bfloat16, torch.bfloat16, "llama", True, "sm_90a", True)
+    with pytest.raises(NotEligible, match="second copies"):  # 3 copies a lane: halves apart
+        qk_rope_plan(768, torch.bfloat16, torch.bfloat16, "llama", True, "sm_90a", True)
+    with pytest.raises(NotEligible, match="one warp's registers"):
+        qk_rope_plan(8192, torch.bfloat16, torch.bfloat16, "llama", True, "sm_90a", True)
