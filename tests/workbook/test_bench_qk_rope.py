@@ -19,7 +19,8 @@ def test_the_ops_their_shapes_and_implementations():
     assert (fwd.same_shape, bwd.same_shape) == ("copy", "copy2r1w")
     assert (8 * 40, 128) in fwd.sweep and (16384 * 40, 128) in fwd.sweep  # decode, prefill
     assert fwd.sweep == bwd.sweep and bwd.prepare is not None
-    assert set(impls.lab_impls("bwd-qk-rope")) == {"triton.qk+rope", "cute.auto+rope.eager"}
+    assert set(impls.lab_impls("bwd-qk-rope")) == {"cute.qk+rope", "triton.qk+rope",
+                                                   "cute.auto+rope.eager"}
     assert list(qk_rope.PEERS)[-1] == "liger.rope"  # it turns the gradients in place
     with pytest.raises(ValueError, match="tokens x 40"):
         qk_rope.inputs(41, 128, torch.bfloat16, "cpu")

@@ -10,7 +10,8 @@ N), k (1, T, 8, N), cos and sin (1, T, N), all bf16, outputs in q's and k's (tok
 tensor's transpose: a view). Rows go to ``results/<gpu>/fwd-qk-rope.csv`` and ``bwd-qk-rope.csv``
 with op ``fwd`` and ``bwd``:
 
-* ``triton.qk+rope``: the lab's fused op on its Triton kernels (``qk_norm_rope``);
+* ``cute.qk+rope``, ``triton.qk+rope``: the lab's fused op (``qk_norm_rope``) on its backends
+  (``cute``: the CuTe forward, the Triton backward);
 * ``cute.auto+rope.eager``: the lab's norms (``rms_norm``, the CuTe kernel), then transformers'
   ``apply_rotary_pos_emb`` (the model's own code with ``patch`` and without the fusion);
 * ``torch.eager+rope.eager``: transformers' ``Qwen3RMSNorm`` arithmetic and RoPE, eager (the model
@@ -148,11 +149,12 @@ def _lab_norm(eps: float) -> Callable:
 
 
 def lab_impls() -> Dict[str, QkFn]:
-    """The lab's fused op and its norms before transformers' RoPE (that chain only where
-    transformers imports)."""
+    """The lab's fused op on each backend, and its norms before transformers' RoPE (that chain
+    only where transformers imports)."""
     impls: Dict[str, QkFn] = {
-        "triton.qk+rope": lambda q, k, wq, wk, c, s: qk_norm_rope(
-            q, k, wq, wk, c, s, EPS, casting_mode=MODE, backend="triton")}
+        f"{backend}.qk+rope": (lambda b: lambda q, k, wq, wk, c, s: qk_norm_rope(
+            q, k, wq, wk, c, s, EPS, casting_mode=MODE, backend=b))(backend)
+        for backend in ("cute", "triton")}
     rotate = _apply_rotary_pos_emb()
     if rotate is not None:
         impls["cute.auto+rope.eager"] = _norms_then_rope(_lab_norm(EPS), rotate)
