@@ -445,9 +445,9 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     ``rms_norm``); Qwen3 passes its config's ``rms_norm_eps``. Differentiable once in q, k and
     both weights (dW deterministic; no double backward), not in cos and sin (their gradient is
     None). ``backend``: ``"torch"`` (the reference, the default off CUDA), ``"triton"``, or
-    ``"cute"`` (the default on CUDA): the CuTe forward where it takes the rows (q's and k's
-    heads rows of one stride, 16-byte aligned; else the Triton kernel), the Triton backward.
-    Its paths: ``route.qk_norm_rope_path``."""
+    ``"cute"`` (the default on CUDA): the CuTe kernels where they take the rows (q's and k's
+    heads rows of one stride, 16-byte aligned; else the Triton kernels). Its paths:
+    ``route.qk_norm_rope_path``."""
     backend = backend if backend is not None else default_backend(q)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -283,10 +283,22 @@ def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float, casting
 def qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin, q_rstd, k_rstd,
                           casting_mode: str, backend: str):
     """``(dq, dk, dq_weight, dk_weight)`` of ``qk_norm_rope`` (reference.qk_norm_rope_backward),
-    deterministic on every backend."""
+    deterministic on every backend; ``cute`` as the forward: the CuTe kernel where it takes the
+    rows, else the Triton kernel."""
     if backend == "torch":
         return reference.qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos,
                                                sin, q_rstd, k_rstd, casting_mode)
+    if backend == "cute":
+        from .cute.launch.qk_rope import qk_norm_rope_backward as cute_backward
+        from .cute.plan.forward import NotEligible
+        snap = snapshot()
+        try:
+            with nvtx.range("launch", "qk_rope_backward", q.shape, on=snap.nvtx):
+                return cute_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
+                                     q_rstd, k_rstd, casting_mode, snap.pdl,
+                                     sm_count(q.get_device()))
+        except NotEligible:
+            pass
     from .triton.qk_rope import triton_qk_norm_rope_backward
     return triton_qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
                                         q_rstd, k_rstd, casting_mode)

@@ -150,3 +150,45 @@ def test_cute_forward_takes_batches_and_hands_views_to_triton(capture_on_side_st
     graph.replay()
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(out, got))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("T,Hq,Hk,D", [(1024, 32, 8, 128), (7, 5, 3, 96), (33, 8, 2, 256),
+                                       (1, 32, 8, 64)])
+def test_cute_backward_against_float64_and_triton(dtype, T, Hq, Hk, D):
+    """The CuTe backward (dx of q and k, both dW) within float64's tolerance, bitwise
+    repeatable, and close to the Triton kernel's."""
+    from rmsnorm_lab.cute.launch import qk_rope as cute_qk
+    q, k, wq, wk, cos, sin = inputs(T, Hq, Hk, D, dtype)
+    _, _, qr, kr = triton_qk_norm_rope_forward(q, k, wq, wk, cos, sin, EPS, "llama", True)
+    dqo, dko = torch.randn_like(q), torch.randn_like(k)
+    got = cute_qk.qk_norm_rope_backward(dqo, dko, q, k, wq, wk, cos, sin, qr, kr, "llama",
+                                        True, 132)
+    again = cute_qk.qk_norm_rope_backward(dqo, dko, q, k, wq, wk, cos, sin, qr, kr, "llama",
+                                          True, 132)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    d64 = [t.double() for t in (dqo, dko, q, k, wq, wk)]
+    _, _, qr64, kr64 = R.qk_norm_rope_forward(d64[2], d64[3], d64[4], d64[5], cos, sin, EPS,
+                                              "llama")
+    expect = R.qk_norm_rope_backward(*d64, cos.double(), sin.double(), qr64, kr64, "llama")
+    triton = triton_qk_norm_rope_backward(dqo, dko, q, k, wq, wk, cos, sin, qr, kr, "llama")
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    for name, a, e, t in zip(("dq", "dk", "dwq", "dwk"), got, expect, triton):
+        assert a.dtype == t.dtype and a.shape == t.shape, name
+        assert float((a.double() - e).norm() / e.norm()) < tol, name
+        assert float((a.double() - t.double()).norm() / e.norm()) < tol, name
+
+
+def test_cute_training_step_through_the_op():
+    """``qk_norm_rope`` on the cute backend trains (eager tape node) with the gradients of the
+    triton backend's, within bf16's rounding."""
+    from rmsnorm_lab import qk_norm_rope
+    q, k, wq, wk, cos, sin = inputs(256, 16, 4, 128, torch.bfloat16)
+    grads = {}
+    for backend in ("cute", "triton"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, wq, wk)]
+        qo, ko = qk_norm_rope(*leaves, cos, sin, EPS, backend=backend)
+        (qo.float().square().sum() + ko.float().sum()).backward()
+        grads[backend] = [t.grad for t in leaves]
+    for a, b in zip(grads["cute"], grads["triton"]):
+        assert float((a.double() - b.double()).norm() / b.double().norm()) < 1e-2

@@ -49,3 +49,27 @@ def test_rows_it_refuses():
         qk_rope_plan(768, torch.bfloat16, torch.bfloat16, "llama", True, "sm_90a", True)
     with pytest.raises(NotEligible, match="one warp's registers"):
         qk_rope_plan(8192, torch.bfloat16, torch.bfloat16, "llama", True, "sm_90a", True)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype,D", CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_the_backward_compiles_without_atomics_or_local_memory(arch, dtype, D):
+    """16-byte loads of the rows (rstd's words aside) and stores, no local memory, no atomics
+    (dW as partial rows), and shuffles for the other half of ``dy * sin`` where the halves are
+    in other lanes."""
+    plan = qk_rope_plan(D, dtype, dtype, "llama", True, arch, pdl=arch == "sm_90a")
+    with tempfile.TemporaryDirectory() as d:
+        compile_qk_rope(plan, arch, keep_ptx_dir=d, backward=True)
+        (path,) = glob.glob(f"{d}/*.ptx")
+        ptx = open(path).read()
+    wide = {"v4.b32", "v2.b64"}
+    assert ".local" not in ptx and not re.search(r"\b(atom|red)\.", ptx)
+    assert set(re.findall(r"\bld\.global\.(\S*)", ptx)) - wide == {"b32"}  # rstd
+    assert set(re.findall(r"\bst\.global\.(\S*)", ptx)) <= wide | {"b32", "f32"}
+    # one broadcast from lane 0 (the shared memory's base), then a shuffle a value of the other
+    # half for q's rows and k's (the compiler may copy a loop's body: a multiple of them)
+    idx = len(re.findall(r"shfl\.sync\.idx", ptx)) - 1
+    if plan.vecs_per_thread > 1:
+        assert idx == 0
+    else:
+        assert idx >= 2 * plan.vec and idx % plan.vec == 0

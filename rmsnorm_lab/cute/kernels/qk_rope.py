@@ -20,8 +20,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from cutlass.memory import SmemAllocator
+
 from ..device.pdl import wait_for_previous_grid
-from ..device.tiles import RowCopy, RowThread
+from ..device.reduce import row_sum
+from ..device.tiles import RowCopy, RowThread, RowTiles, strip_rows
+from ..dtypes import TORCH_TO_CUTE
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
 
@@ -35,7 +39,54 @@ class Rope:
     heads: Int32
 
 
-class RMSNormQkRopeForward(RMSNormForward):
+class RowHalves:
+    """Mixin of the q/k-rope kernels (a ``RowTiles`` plan of one chunk): a thread's copies of
+    its token's cos and sin, and the other half of a row for each of its copies."""
+
+    def block(self, cp: RowCopy, k: int):
+        """The place in the row, in copies, of this thread's copy k."""
+        return cp.tXcX[(0, k), 0, 0][1] // self.plan.vec
+
+    @cute.jit
+    def tables(self, cp: RowCopy, rope: Rope, token, row_ok, like):
+        """``(cos, sin)``: registers shaped like ``like`` holding the token's cos and sin at this
+        thread's columns (16-byte copies; zeros where the row or the column is out)."""
+        p = self.plan
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
+                                   num_bits_per_copy=p.vec * self.x_type.width)
+        tCr, tSr = cute.make_fragment_like(like, self.x_type), cute.make_fragment_like(
+            like, self.x_type)
+        tCr.fill(0)
+        tSr.fill(0)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            block = self.block(cp, k)
+            if row_ok and block < p.N // p.vec:
+                gC = cute.zipped_divide(rope.mCos[token, None], (p.vec,))
+                gS = cute.zipped_divide(rope.mSin[token, None], (p.vec,))
+                cute.copy(atom, gC[None, block], tCr[(None, k), 0, 0])
+                cute.copy(atom, gS[None, block], tSr[(None, k), 0, 0])
+        return tCr, tSr
+
+    @cute.jit
+    def other_half(self, tVr, tPr, cp: RowCopy, k: cutlass.Constexpr[int]):
+        """The values D/2 columns away from copy k of ``tVr`` (fp32): in this thread (two copies
+        a lane, ``D / 2`` a multiple of a row's lanes' copies), or one shuffle a value from the
+        lane ``D / (2 * vec)`` away in the row, staged in ``tPr``."""
+        p = self.plan
+        half = p.N // (2 * p.vec)  # copies in half a row
+        if cutlass.const_expr(half % p.threads_per_row == 0 and p.vecs_per_thread > 1):
+            kk = (k + half // p.threads_per_row) % p.vecs_per_thread
+            other = tVr[(None, kk), 0, 0].load()
+        else:
+            lane = cute.arch.lane_idx()
+            src = cutlass.select_(self.block(cp, k) < half, lane + half, lane - half)
+            for i in cutlass.range_constexpr(p.vec):
+                tPr[(i, k), 0, 0] = cute.arch.shuffle_sync(tVr[(i, k), 0, 0], src)
+            other = tPr[(None, k), 0, 0].load()
+        return other
+
+
+class RMSNormQkRopeForward(RowHalves, RMSNormForward):
     """q's and k's head rows normalized and rotated in one launch (module docstring)."""
 
     def __init__(self, plan: ForwardPlan):
@@ -112,41 +163,183 @@ class RMSNormQkRopeForward(RMSNormForward):
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, a.offset)
         tYr = cute.make_fragment_like(tXrX, Float32)
         tYr.store(y.to(self.x_type).to(Float32))
-        tCr, tSr = cute.make_fragment_like(tXrX), cute.make_fragment_like(tXrX)
-        tCr.fill(0)
-        tSr.fill(0)
-        half = p.N // (2 * p.vec)  # copies in half a row
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
-                                   num_bits_per_copy=p.vec * self.x_type.width)
+        row = cp.tXcX[(0, 0), 0, 0][0] + tile * p.rows_per_cta
+        tCr, tSr = self.tables(cp, rope, row // rope.heads, row_ok, tXrX)
         tOr = cute.make_fragment_like(tXrX)
-        tPr = cute.make_fragment_like(tYr)  # the other half's values, from the lane that has them
+        tPr = cute.make_fragment_like(tYr)
         for k in cutlass.range_constexpr(p.vecs_per_thread):
-            row, col = cp.tXcX[(0, k), 0, 0]
-            row = row + tile * p.rows_per_cta
-            block = col // p.vec  # this copy's place in the row
-            if row_ok and block < p.N // p.vec:
-                token = row // rope.heads
-                gC = cute.zipped_divide(rope.mCos[token, None], (p.vec,))
-                gS = cute.zipped_divide(rope.mSin[token, None], (p.vec,))
-                cute.copy(atom, gC[None, block], tCr[(None, k), 0, 0])
-                cute.copy(atom, gS[None, block], tSr[(None, k), 0, 0])
-            yk = tYr[(None, k), 0, 0].load()
-            if cutlass.const_expr(half % p.threads_per_row == 0 and p.vecs_per_thread > 1):
-                # the other half is this thread's copy half / threads_per_row blocks away
-                kk = (k + half // p.threads_per_row) % p.vecs_per_thread
-                other = tYr[(None, kk), 0, 0].load()
-            else:  # one copy a lane: the lane ``half`` away in the row holds the other half
-                lane = cute.arch.lane_idx()
-                src = cutlass.select_(block < half, lane + half, lane - half)
-                for i in cutlass.range_constexpr(p.vec):
-                    tPr[(i, k), 0, 0] = cute.arch.shuffle_sync(tYr[(i, k), 0, 0], src)
-                other = tPr[(None, k), 0, 0].load()
+            first = self.block(cp, k) < p.N // (2 * p.vec)
+            other = self.other_half(tYr, tPr, cp, k)
             # rotate_half: -y of the second half for the first, y of the first for the second
-            sign = cutlass.select_(block < half, Float32(-1.0), Float32(1.0))
+            sign = cutlass.select_(first, Float32(-1.0), Float32(1.0))
             cos = tCr[(None, k), 0, 0].load().to(Float32)
             sin = tSr[(None, k), 0, 0].load().to(Float32)
-            out = ((yk * cos).to(self.x_type).to(Float32)
+            out = ((tYr[(None, k), 0, 0].load() * cos).to(self.x_type).to(Float32)
                    + (other * sign * sin).to(self.x_type).to(Float32))
             tOr[(None, k), 0, 0].store(out.to(self.x_type))
         if row_ok:
             cute.copy(cp.tiled, tOr, cp.dst(a.mY, tile, c), pred=cp.column_predicate(c))
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadRows:
+    """One tensor's part of the backward, at trace time: the gradient at its output, its input,
+    rstd, the gradient at its input (written), its weight's registers, its dW accumulator and
+    the heads a token."""
+    mDy: cute.Tensor
+    mX: cute.Tensor
+    mRstd: cute.Tensor
+    mDx: cute.Tensor
+    tWrW: cute.Tensor
+    tAcc: cute.Tensor
+    heads: Int32
+
+
+class RMSNormQkRopeBackward(RowHalves, RowTiles):
+    """The backward of q's and k's rows in one launch: a persistent grid, CTA g walking strip g
+    of the tokens and, for each, q's heads then k's, ``rows_per_cta`` at a time. A row's
+    gradient goes back through the rotation first, in fp32 (reference.rope_backward: ``dy·cos``
+    plus the other half's ``dy·sin``, added in the first half and subtracted in the second),
+    then through the norm (reference.rms_norm_backward); dW of q and of k stay in registers for
+    the whole strip, are summed over the CTA's rows in a fixed order and written as row g of
+    each partial (``dw_reduce`` sums the rows: dW is bitwise reproducible)."""
+
+    def __init__(self, plan: ForwardPlan):
+        assert plan.chunks == 1 and plan.threads_per_row <= 32
+        self.plan = plan
+        self.x_type = TORCH_TO_CUTE[plan.x_dtype]
+        self.w_type = TORCH_TO_CUTE[plan.w_dtype]
+
+    @cute.jit
+    def __call__(self, gDq: cute.Tensor, gDk: cute.Tensor, gQ: cute.Tensor, gK: cute.Tensor,
+                 gWq: cute.Tensor, gWk: cute.Tensor, gCos: cute.Tensor, gSin: cute.Tensor,
+                 gRq: cute.Tensor, gRk: cute.Tensor, gDqx: cute.Tensor, gDkx: cute.Tensor,
+                 gPq: cute.Tensor, gPk: cute.Tensor, heads_q: Int32, heads_k: Int32,
+                 grid: Int32, stream: cuda.CUstream):
+        """Host side: the outputs' gradients, q, k and the inputs' gradients as (rows, D)
+        head rows, cos and sin (T, D), rstd (rows,), the partial rows (grid, D) fp32."""
+        p = self.plan
+        Mq, Mk = Int32(gQ.shape[0]), Int32(gK.shape[0])
+        T = Int32(gCos.shape[0])
+        rows = [self.row_tensor(g, M) for g, M in ((gDq, Mq), (gDk, Mk), (gQ, Mq), (gK, Mk),
+                                                   (gDqx, Mq), (gDkx, Mk))]
+        weights = [cute.make_tensor(g.iterator, cute.make_layout((p.rows_per_cta, p.N),
+                                                                 stride=(0, 1)))
+                   for g in (gWq, gWk)]
+        rstd = [cute.make_tensor(g.iterator, cute.make_layout((M,)))
+                for g, M in ((gRq, Mq), (gRk, Mk))]
+        partial = [cute.make_tensor(g.iterator, cute.make_layout((grid, p.N), stride=(p.N, 1)))
+                   for g in (gPq, gPk)]
+        warps = p.threads // 32
+        self.kernel(*rows, *weights, self.row_tensor(gCos, T), self.row_tensor(gSin, T), *rstd,
+                    *partial, heads_q, heads_k).launch(
+            grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=warps * p.N * 4, stream=stream,
+            use_pdl=p.pdl)
+
+    @cute.kernel
+    def kernel(self, mDq: cute.Tensor, mDk: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor,
+               mDqx: cute.Tensor, mDkx: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor,
+               mCos: cute.Tensor, mSin: cute.Tensor, mRq: cute.Tensor, mRk: cute.Tensor,
+               mPq: cute.Tensor, mPk: cute.Tensor, heads_q: Int32, heads_k: Int32):
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(p.pdl):
+            wait_for_previous_grid()  # before any global access (device/pdl.py)
+        cp = self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mQ)
+        rope = Rope(mCos, mSin, heads_q)
+        parts = []
+        for mDy, mX, mR, mDx, mW, heads in ((mDq, mQ, mRq, mDqx, mWq, heads_q),
+                                           (mDk, mK, mRk, mDkx, mWk, heads_k)):
+            tAcc = cp.fragment(mX, Float32)
+            tAcc.fill(0.0)
+            parts.append(HeadRows(mDy, mX, mR, mDx, cp.weight(mW, 0), tAcc, heads))
+        start, end = strip_rows(mCos.shape[0], bidx, gdim)
+        for token in cutlass.range(start, end):
+            tCr, tSr = self.tables(cp, rope, token, token < end, cp.fragment(mQ))
+            for part in parts:
+                for h0 in cutlass.range(0, part.heads, p.rows_per_cta):
+                    self.head_rows(cp, part, tCr, tSr, token, h0, tidx)
+        smem = SmemAllocator()
+        sDw = smem.allocate_tensor(Float32, cute.make_layout((p.threads // 32, p.N)),
+                                   byte_alignment=16)
+        for part, mP in zip(parts, (mPq, mPk)):
+            self.write_partial(cp, part.tAcc, sDw, mP, bidx, tidx)
+
+    @cute.jit
+    def head_rows(self, cp: RowCopy, part: HeadRows, tCr, tSr, token, h0, tidx):
+        """Heads ``h0`` .. ``h0 + rows_per_cta`` of ``token``: rope's transpose, then the norm's
+        backward; dx stored, dW accumulated."""
+        p = self.plan
+        h = h0 + tidx // p.threads_per_row
+        row_ok = h < part.heads
+        row0 = token * part.heads + h0
+        pred = cp.column_predicate(0, row_ok)
+        tDyr, tXr = cp.fragment(part.mX), cp.fragment(part.mX)
+        tDyr.fill(0)
+        tXr.fill(0)
+        cute.copy(cp.tiled, cp.thr.partition_S(cp.tile_at(part.mDy, row0, 0)), tDyr, pred=pred)
+        cute.copy(cp.tiled, cp.thr.partition_S(cp.tile_at(part.mX, row0, 0)), tXr, pred=pred)
+        rstd = Float32(0.0)
+        if row_ok:
+            rstd = part.mRstd[row0 + tidx // p.threads_per_row]
+        dy = tDyr.load().to(Float32)
+        tGs = cute.make_fragment_like(tXr, Float32)  # dy * sin, whose other half each copy takes
+        tGs.store(dy * tSr.load().to(Float32))
+        tPr = cute.make_fragment_like(tGs)
+        tG = cute.make_fragment_like(tGs)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            first = self.block(cp, k) < p.N // (2 * p.vec)
+            other = self.other_half(tGs, tPr, cp, k)
+            sign = cutlass.select_(first, Float32(1.0), Float32(-1.0))
+            tG[(None, k), 0, 0].store(tDyr[(None, k), 0, 0].load().to(Float32)
+                                      * tCr[(None, k), 0, 0].load().to(Float32) + sign * other)
+        g = tG.load()
+        w = part.tWrW.load().to(Float32)
+        mode = p.casting_mode
+        m = g * w
+        if cutlass.const_expr(mode == "none"):
+            m = (g * w.to(self.x_type).to(Float32)).to(self.x_type).to(Float32)
+        x_hat = tXr.load().to(Float32) * rstd
+        dot = row_sum((m * x_hat).reduce(cute.ReductionOp.ADD, Float32(0.0),
+                                         reduction_profile=0),
+                      None, 0, tidx // p.threads_per_row, 0, tidx % 32, 1, p.threads_per_row)
+        tDxr = cute.make_fragment_like(tXr)
+        tDxr.store((rstd * (m - x_hat * (dot / Float32(p.N)))).to(self.x_type))
+        cute.copy(cp.tiled, tDxr, cp.thr.partition_D(cp.tile_at(part.mDx, row0, 0)), pred=pred)
+        x_hat_w = x_hat
+        if cutlass.const_expr(mode != "gemma"):
+            x_hat_w = x_hat.to(self.x_type).to(Float32)
+        part.tAcc.store(part.tAcc.load() + g * x_hat_w)
+
+    @cute.jit
+    def write_partial(self, cp: RowCopy, tAcc, sDw, mP, bidx, tidx):
+        """Row ``bidx`` of the partial ``mP`` <- the sum of the CTA's rows' accumulators: the row
+        groups of a warp by shuffles, then the warps through shared memory, in a fixed order."""
+        p = self.plan
+        tpr = p.threads_per_row
+        for i in cutlass.range_constexpr(cute.size(tAcc)):
+            total = tAcc[i]
+            for s in cutlass.range_constexpr(5):
+                if cutlass.const_expr((16 >> s) >= tpr):
+                    total = total + cute.arch.shuffle_sync_bfly(total, offset=16 >> s)
+            tAcc[i] = total
+        warp, lane = tidx // 32, tidx % 32
+        if lane < tpr:
+            for k in cutlass.range_constexpr(p.vecs_per_thread):
+                col = cp.tXcX[(0, k), 0, 0][1]
+                if col < p.N:
+                    for e in cutlass.range_constexpr(p.vec):
+                        sDw[warp, col + e] = tAcc[(e, k), 0, 0]
+        cute.arch.sync_threads()
+        if warp == 0 and lane < tpr:
+            for k in cutlass.range_constexpr(p.vecs_per_thread):
+                col = cp.tXcX[(0, k), 0, 0][1]
+                if col < p.N:
+                    for e in cutlass.range_constexpr(p.vec):
+                        dw = Float32(0.0)
+                        for w in cutlass.range_constexpr(p.threads // 32):
+                            dw = dw + sDw[w, col + e]
+                        mP[bidx, col + e] = dw
+        cute.arch.sync_threads()

@@ -1,5 +1,6 @@
-"""Launching the CuTe q/k-norm + RoPE forward (kernels/qk_rope.py): its plan, its compile cache,
-one launch for q's and k's head rows.
+"""Launching the CuTe q/k-norm + RoPE kernels (kernels/qk_rope.py): their plan, their compile
+cache, one launch for q's and k's head rows each way (and, backward, the partial rows of dW of
+each weight summed by ``dw_reduce``).
 
 The plan is the forward's per-head tile (``plan_forward("warp", D, ...)``, rstd kept for the
 backward); ``qk_rope_plan`` raises ``NotEligible`` where the kernel cannot take the rows (a
@@ -16,8 +17,9 @@ import torch
 from cutlass.cute.runtime import make_fake_stream
 
 from ..dtypes import TORCH_TO_CUTE
-from ..kernels.qk_rope import RMSNormQkRopeForward
+from ..kernels.qk_rope import RMSNormQkRopeBackward, RMSNormQkRopeForward
 from ..plan.forward import ForwardPlan, NotEligible, check_int32_addressable, plan_forward
+from .backward import compile_dw_reduce
 from .compile import assumed_align, compile_tvm_ffi, fake_rows, fake_rstd, fake_vector, target_arch
 
 _COMPILED: Dict[Tuple, object] = {}
@@ -56,8 +58,33 @@ def fake_args(plan: ForwardPlan):
             make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
-def compile_qk_rope(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None):
-    """The TVM-FFI compilation of ``plan`` for ``arch`` (cached)."""
+#: the backward's CTAs an SM (a persistent grid over the tokens, capped by their count)
+BACKWARD_CTAS_PER_SM = 4
+
+
+def fake_backward_args(plan: ForwardPlan):
+    """Typed stand-ins for the backward: the outputs' gradients, q and k, the weights, cos and
+    sin, rstd, the inputs' gradients, the two (G, D) partials, the heads and the grid."""
+    x_type = TORCH_TO_CUTE[plan.x_dtype]
+    align = assumed_align(plan.vec, plan.x_dtype)
+    rows = [fake_rows(x_type, m, ld, align, plan.N)
+            for m, ld in (("Mq", "ld1"), ("Mk", "ld2"), ("Mq", "ld3"), ("Mk", "ld4"))]
+    w = [fake_vector(TORCH_TO_CUTE[plan.w_dtype], "Nw", assumed_align(plan.vec, plan.w_dtype))
+         for _ in range(2)]
+    tables = [fake_rows(x_type, "T", ld, align, plan.N) for ld in ("ldc", "lds")]
+    grads = [fake_rows(x_type, m, ld, align, plan.N) for m, ld in (("Mq", "ld5"), ("Mk", "ld6"))]
+    partials = [fake_rows(cutlass.Float32, "G", ld, 16, plan.N) for ld in ("ldp", "ldr")]
+    return (*rows, *w, *tables, fake_rstd(), fake_rstd(), *grads, *partials, cutlass.Int32(1),
+            cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def compile_qk_rope(plan: ForwardPlan, arch: str, keep_ptx_dir: Optional[str] = None,
+                    backward: bool = False):
+    """The TVM-FFI compilation of ``plan``'s forward (or ``backward``) for ``arch`` (cached)."""
+    if backward:
+        return compile_tvm_ffi(_COMPILED, (plan, arch, "backward"), arch, "qk_rope_backward",
+                               lambda: (RMSNormQkRopeBackward(plan), fake_backward_args(plan)),
+                               keep_ptx_dir)
     return compile_tvm_ffi(_COMPILED, (plan, arch), arch, "qk_rope",
                            lambda: (RMSNormQkRopeForward(plan), fake_args(plan)), keep_ptx_dir)
 
@@ -79,6 +106,29 @@ def _head_rows(name: str, t: torch.Tensor, D: int) -> torch.Tensor:
     return rows
 
 
+def _tables(cos: torch.Tensor, sin: torch.Tensor, D: int):
+    """cos and sin as (T, D) rows of unit column stride (a copy where broadcast)."""
+    rows = (t.reshape(-1, D) for t in (cos, sin))
+    return tuple(t if t.stride(1) == 1 else t.contiguous() for t in rows)
+
+
+def _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode: str, pdl: bool) -> ForwardPlan:
+    """The plan of these rows (cached by what decides it), or ``NotEligible``."""
+    D = q2.shape[1]
+    for t in (q2, k2, cos2, sin2):
+        check_int32_addressable(t.shape[0], t.stride(0), D)
+    if k_weight.dtype != q_weight.dtype or q_weight.stride(0) != 1 or k_weight.stride(0) != 1:
+        raise NotEligible("the weights are not contiguous vectors of one dtype")
+    aligned = (_aligned(q2, k2, cos2, sin2)
+               and (q_weight.data_ptr() | k_weight.data_ptr()) % 16 == 0)
+    key = (D, q2.dtype, q_weight.dtype, casting_mode, aligned, q2.get_device(), pdl)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = qk_rope_plan(D, q2.dtype, q_weight.dtype, casting_mode, aligned,
+                                          target_arch(q2.device), pdl)
+    return plan
+
+
 def qk_norm_rope_forward(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                          k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          eps: float, casting_mode: str, pdl: bool, sms: int):
@@ -87,19 +137,8 @@ def qk_norm_rope_forward(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     rstd fp32 (..., H). ``NotEligible`` where the kernel cannot take them."""
     D, heads_q, heads_k = q.shape[-1], q.shape[-2], k.shape[-2]
     q2, k2 = _head_rows("q", q, D), _head_rows("k", k, D)
-    cos2, sin2 = (t.reshape(-1, D) for t in (cos, sin))
-    cos2, sin2 = (t if t.stride(1) == 1 else t.contiguous() for t in (cos2, sin2))
-    for t in (q2, k2, cos2, sin2):
-        check_int32_addressable(t.shape[0], t.stride(0), D)
-    if k_weight.dtype != q_weight.dtype or q_weight.stride(0) != 1 or k_weight.stride(0) != 1:
-        raise NotEligible("the weights are not contiguous vectors of one dtype")
-    aligned = (_aligned(q2, k2, cos2, sin2)
-               and (q_weight.data_ptr() | k_weight.data_ptr()) % 16 == 0)
-    key = (D, q.dtype, q_weight.dtype, casting_mode, aligned, q.get_device(), pdl)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = qk_rope_plan(D, q.dtype, q_weight.dtype, casting_mode, aligned,
-                                          target_arch(q.device), pdl)
+    cos2, sin2 = _tables(cos, sin, D)
+    plan = _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode, pdl)
     kernel = compile_qk_rope(plan, target_arch(q.device))
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -112,3 +151,38 @@ def qk_norm_rope_forward(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
                q_rstd.view(-1), k_rstd.view(-1), heads_q, heads_k, q_ctas,
                q_ctas + rule.of(k2.shape[0]), eps)
     return q_out, k_out, q_rstd, k_rstd
+
+
+def qk_norm_rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, q: torch.Tensor,
+                          k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                          cos: torch.Tensor, sin: torch.Tensor, q_rstd: torch.Tensor,
+                          k_rstd: torch.Tensor, casting_mode: str, pdl: bool, sms: int):
+    """``(dq, dk, dq_weight, dk_weight)`` (reference.qk_norm_rope_backward) of the forward's
+    saved tensors and the outputs' gradients (contiguous, q's and k's shapes): dq and dk in q's
+    and k's shapes, the weights' gradients in their dtype, deterministic. ``NotEligible`` where
+    the kernel cannot take the rows."""
+    D = q.shape[-1]
+    q2, k2 = _head_rows("q", q, D), _head_rows("k", k, D)
+    dq2, dk2 = _head_rows("dq", dq_out, D), _head_rows("dk", dk_out, D)
+    cos2, sin2 = _tables(cos, sin, D)
+    plan = _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode, pdl)
+    if not _aligned(dq2, dk2):
+        raise NotEligible("the outputs' gradients are not 16-byte aligned rows")
+    arch = target_arch(q.device)
+    kernel = compile_qk_rope(plan, arch, backward=True)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    T = cos2.shape[0]
+    grid = max(1, min(T, sms * BACKWARD_CTAS_PER_SM))
+    partials = torch.empty((2, grid, D), dtype=torch.float32, device=q.device)
+    if T:
+        kernel(dq2, dk2, q2, k2, q_weight, k_weight, cos2, sin2, q_rstd.view(-1),
+               k_rstd.view(-1), dq.view(-1, D), dk.view(-1, D), partials[0], partials[1],
+               q.shape[-2], k.shape[-2], grid)
+    else:
+        partials.zero_()
+    reduce = compile_dw_reduce(D, q_weight.dtype, arch, pdl=plan.pdl)
+    dwq, dwk = torch.empty_like(q_weight), torch.empty_like(k_weight)
+    reduce(partials[0], dwq)
+    reduce(partials[1], dwk)
+    return dq, dk, dwq, dwk
