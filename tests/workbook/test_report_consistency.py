@@ -275,7 +275,11 @@ def test_the_reports_count_says_what_it_counts(df):
     files = [p for p in RESULTS.glob("*/*.csv") if p.parent.name != "reported"]
     steps = len(results.load_all(RESULTS, model_steps=True))
     assert teach > 0 and steps > 0
-    assert line.startswith(f"{len(df)} measurements from {len(files)} files of 1 GPU(s) (H200)")
+    from rmsnorm_workbook.results.provenance import gpu_title
+    gpus = sorted(df["gpu"].unique())
+    assert "h200" in gpus
+    assert line.startswith(f"{len(df)} measurements from {len(files)} files of {len(gpus)} "
+                           f"GPU(s) ({', '.join(gpu_title(g) for g in gpus)})")
     assert f"of which {teach} are the lessons' teaching kernels" in line
     assert f"{len(df) - teach} without them" in line  # notebook 04's count
     assert f"the {steps} rows of model steps (notebook 05) are read apart" in line
@@ -314,4 +318,4 @@ def test_the_summarys_headline_rows_are_cells_of_the_bandwidth_tables(df):
             f"{h.lab_gbps:.0f}"
     md = "\n".join(markdown_lines(df, 80, findings))
     assert f"| H200 | fwd | 16384x4096 | `cute.auto` | {findings.ops[0].lab_gbps:.0f} GB/s (" in md
-    assert "runs: H200: " in md and md.startswith("## Summary")
+    assert "H200: " in md.split("runs: ", 1)[1] and md.startswith("## Summary")

@@ -47,9 +47,10 @@ def one_gpu(df: pd.DataFrame, gpu: Optional[str]) -> Tuple[pd.DataFrame, str]:
 
 
 #: impl names of rows that share an op with the sweeps but are not one of their series: the
-#: fused residual add's (``...+add``, its own sweep: ``bench --op fwd-add/bwd-add``) and the host
-#: benchmark's launch paths and cache caps (``...@path``)
-OTHER_BENCHMARKS = r"\+add$|@"
+#: fused residual add's (``...+add``, its own sweep: ``bench --op fwd-add/bwd-add``), the fp8
+#: output's and the q/k-rope prologue's (``+fp8``, ``+rope``, ``liger.rope``: ``--op fwd-fp8``,
+#: ``fwd-qk-rope``...) and the host benchmark's launch paths and cache caps (``...@path``)
+OTHER_BENCHMARKS = r"\+add$|@|\+fp8|\.fp8\.|\+rope|^liger\.rope$|\+bf16\+mm$"
 
 
 def library_rows(d: pd.DataFrame) -> pd.DataFrame:

@@ -149,7 +149,7 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     timed = tables.library_rows(d[(d["metric"] == "time") & (d["N"] == 4096)
                                   & ~d["impl"].isin(results_io.CEILINGS)])
     both = timed.groupby("impl")["path"].agg(lambda p: {"eager", "graph"} <= set(p))
-    impls = impl_order(both.index[both])  # measured both ways: what the figure compares
+    impls = impl_order(both.index[both.astype(bool)])  # measured both ways: the figure's
     if impls:
         cols = min(3, len(impls))
         rows = -(-len(impls) // cols)
@@ -343,13 +343,14 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     gpus = sorted(df["gpu"].unique())
     # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU
     # comparison, the model step
-    total = sum(len(set(df[df["gpu"] == gpu]["op"]) & set(results_io.OPS)) + 1
-                for gpu in gpus) + 3
+    swept = {gpu: [op for op in results_io.OPS  # ops whose sweep ran there, not only others'
+                   if not tables.bandwidth_table(df, op, gpu).empty] for gpu in gpus}
+    total = sum(len(ops) + 1 for ops in swept.values()) + 3
     step = iter(range(1, total + 1))
     for gpu in gpus:
         g = df[df["gpu"] == gpu]
         md += [f"## {gpu_title(gpu)}", "", _provenance(g), ""]
-        for op in [o for o in results_io.OPS if o in set(g["op"])]:
+        for op in swept[gpu]:
             progress(f"[{next(step)}/{total}] {gpu} {op}: tables, bandwidth and "
                      "eager-vs-graph figures")
             md += [f"### {op}", ""]
