@@ -22,10 +22,17 @@ from .backward import _num_programs
 from .forward import FLOAT_DTYPES, _normalize, shifted_weight
 
 
+#: the forward's compile options: no fp fusion, so ``_rope_half``'s products stay apart
+FORWARD_OPTIONS = {"enable_fp_fusion": False}
+
+
 @triton.jit
 def _rope_half(a, b, c, s, SIGN: tl.constexpr, dtype: tl.constexpr):
     """``a * c + SIGN * b * s`` in ``dtype`` as eager torch rounds it: each product, then the
-    sum (a sign flipped after its rounding is the same value)."""
+    sum (a sign flipped after its rounding is the same value). The kernel is compiled without
+    fp fusion: the compiler would fold a product into the sum (an FMA for fp32; for 16-bit, a
+    bf16/fp16 ``fma.rn``, once it narrows the fp32 product and sum to x's dtype), one rounding
+    fewer than eager torch's."""
     p = (a.to(tl.float32) * c.to(tl.float32)).to(dtype)
     r = (b.to(tl.float32) * s.to(tl.float32)).to(dtype)
     return (p.to(tl.float32) + SIGN * r.to(tl.float32)).to(dtype)
@@ -202,7 +209,7 @@ def triton_qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float,
             q3, k3, q_weight, k_weight, c2, s2, qo, ko, qr, kr,
             q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), c2.stride(0), s2.stride(0),
             HQ, HK, eps, D=D, HALF_BLOCK=half, CASTING_MODE=casting_mode,
-            STORE_RSTD=need_rstd, num_warps=1 if half <= 64 else 2)
+            STORE_RSTD=need_rstd, num_warps=1 if half <= 64 else 2, **FORWARD_OPTIONS)
     lead = q.shape[:-2]
     return (qo.view(q.shape), ko.view(k.shape), qr.view(*lead, HQ) if need_rstd else None,
             kr.view(*lead, HK) if need_rstd else None)
