@@ -56,19 +56,23 @@ def test_the_ops_and_their_implementations():
         assert op.sweep == fp8.SWEEP and (65536, 4096) in op.sweep and (262144, 128) in op.sweep
         suffix = "+fp8.static" if static else "+fp8"
         assert set(impls.lab_impls(name)) == {f"cute.auto{suffix}", f"triton.row{suffix}",
-                                              f"cute.auto{suffix}.unfused"}
+                                              f"cute.auto{suffix}.unfused",
+                                              f"cute.auto{suffix}.unfused.inductor"}
         assert all(p.endswith(suffix) for p in op.peers)
     assert "flashinfer+fp8.static" in fp8.STATIC_PEERS and "copy.fp8.shape" in CEILINGS
 
 
-def test_the_unfused_chain_is_the_reference_on_the_cpu():
-    """The lab's unfused chain (its norm, then torch's quantization) returns what the
-    reference does; on the CPU its norm is the reference's."""
+def test_the_unfused_chains_are_the_reference_on_the_cpu():
+    """The lab's unfused chains (its norm, then torch's quantization, eager or compiled by
+    Inductor) return what the reference does; on the CPU its norm is the reference's."""
     x, w = cpu_inputs(False)(8, 64, None)
-    got = impls.lab_impls("fwd-fp8")["cute.auto+fp8.unfused"](x, w)
+    chains = impls.lab_impls("fwd-fp8")
     expect = fp8.reference_out((x, w))
+    got = chains["cute.auto+fp8.unfused"](x, w)
     assert torch.equal(got[0].view(torch.uint8), expect[0].view(torch.uint8))
     assert torch.equal(got[1], expect[1])
+    got = chains["cute.auto+fp8.unfused.inductor"](x, w)
+    assert runner.rel_error(got, expect) < runner.OPS["fwd-fp8"].rel_tol
 
 
 def test_codes_a_step_apart_pass_and_a_wrong_scale_fails():

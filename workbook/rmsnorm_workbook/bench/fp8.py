@@ -7,6 +7,7 @@ scale)`` with the static scale. Rows go to ``results/<gpu>/fwd-fp8.csv`` and
 ``fwd-fp8-static.csv`` with op ``fwd`` and impl names ending in ``+fp8`` and ``+fp8.static``:
 ``cute.auto+fp8`` (the lab's CuTe kernel), ``triton.row+fp8`` (its Triton kernel),
 ``cute.auto+fp8.unfused`` (the lab's bf16 norm, then the quantization in torch's eager ops),
+``cute.auto+fp8.unfused.inductor`` (the same norm, then the quantization as one Inductor kernel),
 ``torch.compile+fp8`` (Inductor on the reference's norm and quantization) and, static only,
 ``flashinfer+fp8.static`` (FlashInfer's ``rmsnorm_quant``; its arithmetic differs in the last
 step, docs/design-record.md, 'Forward: fp8 output').
@@ -73,8 +74,11 @@ def bytes_moved(args: tuple) -> int:
 # ------------------------------------------------------------------------- the lab's and peers
 
 def lab_impls(static: bool) -> Dict[str, Callable]:
-    """The lab's kernels and its unfused chain (its bf16 norm, then torch's quantization)."""
+    """The lab's kernels and its unfused chains: its bf16 norm, then the quantization in torch's
+    eager ops (``.unfused``) or as one Inductor kernel (``.unfused.inductor``: y read once, the
+    bytes an unfused pipeline cannot avoid)."""
     suffix = "+fp8.static" if static else "+fp8"
+    quantize = None
 
     def fused(backend: str) -> Callable:
         if static:
@@ -86,8 +90,15 @@ def lab_impls(static: bool) -> Dict[str, Callable]:
         y = rms_norm(x, w, EPS, casting_mode=MODE)
         return reference.quantize_fp8(y, s)
 
+    def unfused_inductor(x, w, s=None):
+        nonlocal quantize
+        if quantize is None:  # compiled on first use: building the table compiles nothing
+            quantize = torch.compile(reference.quantize_fp8, dynamic=False)
+        return quantize(rms_norm(x, w, EPS, casting_mode=MODE), s)
+
     return {f"cute.auto{suffix}": fused("cute"), f"triton.row{suffix}": fused("triton"),
-            f"cute.auto{suffix}.unfused": unfused}
+            f"cute.auto{suffix}.unfused": unfused,
+            f"cute.auto{suffix}.unfused.inductor": unfused_inductor}
 
 
 def torch_compile(eps: float) -> Optional[Callable]:
