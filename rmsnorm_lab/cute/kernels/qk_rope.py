@@ -173,18 +173,17 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
             other = self.other_half(tYr, tPr, cp, k)
             # rotate_half: -y of the second half for the first, y of the first for the second
             sign = cutlass.select_(first, Float32(-1.0), Float32(1.0))
-            if cutlass.const_expr(self.x_type == Float32):
-                # the products as mul.rn: the compiler would fuse one into the sum (device/arith)
-                tPr[(None, k), 0, 0].store(other * sign)
-                for i in cutlass.range_constexpr(p.vec):
-                    tOr[(i, k), 0, 0] = (mul_rn(tYr[(i, k), 0, 0], tCr[(i, k), 0, 0])
-                                         + mul_rn(tPr[(i, k), 0, 0], tSr[(i, k), 0, 0]))
-            else:  # 16-bit rows: the roundings to x's dtype keep the products apart
+            if cutlass.const_expr(self.x_type != Float32):  # each product rounded, then the sum
                 cos = tCr[(None, k), 0, 0].load().to(Float32)
                 sin = tSr[(None, k), 0, 0].load().to(Float32)
                 out = ((tYr[(None, k), 0, 0].load() * cos).to(self.x_type).to(Float32)
                        + (other * sign * sin).to(self.x_type).to(Float32))
                 tOr[(None, k), 0, 0].store(out.to(self.x_type))
+            else:  # fp32: the products as mul.rn, which the compiler never fuses into the sum
+                tPr[(None, k), 0, 0].store(other * sign)
+                for i in cutlass.range_constexpr(p.vec):
+                    tOr[(i, k), 0, 0] = (mul_rn(tYr[(i, k), 0, 0], tCr[(i, k), 0, 0])
+                                         + mul_rn(tPr[(i, k), 0, 0], tSr[(i, k), 0, 0]))
         if row_ok:
             cute.copy(cp.tiled, tOr, cp.dst(a.mY, tile, c), pred=cp.column_predicate(c))
 
