@@ -2,13 +2,14 @@
 
 Two transformers models (``model_build``: Llama and Qwen3, 8 layers, hidden 4096, random weights,
 bf16, SDPA attention), each with every norm choice (``shipped``, ``torch``, ``lab``,
-``lab+carry``, ``liger``), each checked against ``shipped`` on the same tokens (logits within
-``model_build.AGREE_REL``; a choice that disagrees is a failure and is not timed), then three
-workloads (``model_steps``: ``train``, ``prefill``, ``decode``). Then, in the full run
-(``--no-compile`` leaves it out, ``--quick`` too unless ``--compile``), each model under
-``torch.compile`` (default mode) with ``torch`` and with ``lab`` norms, prefill and train: the
-lab's norm is a ``torch.library`` custom op there, opaque to Inductor, which fuses torch's norm
-into its neighbours. Each model is freed before the next is built.
+``lab+carry``, ``liger``; Qwen3 also ``lab+qk``), each checked against ``shipped`` on the same
+tokens (logits within ``model_build.AGREE_REL``; a choice that disagrees is a failure and is not
+timed), then three workloads (``model_steps``: ``train``, ``prefill``, ``decode``). Then, in the
+full run (``--no-compile`` leaves it out, ``--quick`` too unless ``--compile``), each model under
+``torch.compile`` (default mode), prefill and train, with ``model_build.COMPILE_CHOICES``: torch's
+norms, the lab's ops as ``torch.library`` nodes opaque to Inductor (``lab``, ``lab+qk``), and the
+lab stepping aside as it does by default (``lab@decompose``, ``lab+qk@decompose``: Inductor gets
+the math). Each model is freed before the next is built.
 
 Rows (``results/<gpu>/model.csv``): impl ``<arch>.<choice>`` (``llama.lab+carry``) or
 ``<arch>.compile.<choice>``; op ``full`` (train) or ``fwd`` (prefill, decode); M the tokens of one

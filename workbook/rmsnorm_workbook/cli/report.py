@@ -345,7 +345,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     # comparison, the model step
     swept = {gpu: [op for op in results_io.OPS  # ops whose sweep ran there, not only others'
                    if not tables.bandwidth_table(df, op, gpu).empty] for gpu in gpus}
-    total = sum(len(ops) + 1 for ops in swept.values()) + 3
+    gpus = [gpu for gpu in gpus if swept[gpu]]  # a GPU with other benchmarks' rows only: no section
+    total = sum(len(swept[gpu]) + 1 for gpu in gpus) + 3
     step = iter(range(1, total + 1))
     for gpu in gpus:
         g = df[df["gpu"] == gpu]

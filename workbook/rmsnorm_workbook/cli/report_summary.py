@@ -168,7 +168,8 @@ def markdown_lines(df: pd.DataFrame, files: int, findings: Findings) -> List[str
     findings as small tables."""
     peers = impl_order(p for h in findings.ops for p in h.peers)
     ops = [OP_WORDS[o] for o in OP_WORDS if o in {h.op for h in findings.ops}]
-    gpus = ", ".join(gpu_title(g) for g in sorted(df["gpu"].unique()))
+    swept = {h.gpu for h in findings.ops} or set(df["gpu"].unique())  # GPUs the sections cover
+    gpus = ", ".join(gpu_title(g) for g in sorted(swept))
     modelled = [gpu_title(g) for g in findings.verdict if g != "overall"]
     also = [f"a model of the same calls on other GPUs ({', '.join(modelled)})"] if modelled else []
     if findings.model:

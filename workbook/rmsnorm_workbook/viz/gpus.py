@@ -361,7 +361,7 @@ def plot_crossover(df: pd.DataFrame, impls: Sequence[str] = CROSSOVER_IMPLS, op:
         if curves:
             _unmeasured_span(a, Ms, min(float(c.index.min()) for c in curves.values()))
             _coincide_note(a, curves)
-        a.set_title(gpu_title(g) + (f" ({MEASURED})" if not here.empty else f" ({MODELLED})"),
+        a.set_title(gpu_title(g) + (f" ({MEASURED})" if curves else f" ({MODELLED})"),
                     fontsize="medium", color=_color(g))
         a.set_xlabel(f"M (rows), N={N}")
         a.grid(True, which="major", alpha=0.3)
