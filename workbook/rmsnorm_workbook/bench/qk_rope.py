@@ -11,7 +11,7 @@ tensor's transpose: a view). Rows go to ``results/<gpu>/fwd-qk-rope.csv`` and ``
 with op ``fwd`` and ``bwd``:
 
 * ``cute.qk+rope``, ``triton.qk+rope``: the lab's fused op (``qk_norm_rope``) on its backends
-  (``cute``: the CuTe forward, the Triton backward);
+  (``cute``: the CuTe kernels, forward and backward, where their plan takes the rows);
 * ``cute.auto+rope.eager``: the lab's norms (``rms_norm``, the CuTe kernel), then transformers'
   ``apply_rotary_pos_emb`` (the model's own code with ``patch`` and without the fusion);
 * ``torch.eager+rope.eager``: transformers' ``Qwen3RMSNorm`` arithmetic and RoPE, eager (the model
