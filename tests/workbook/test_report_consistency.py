@@ -319,3 +319,19 @@ def test_the_summarys_headline_rows_are_cells_of_the_bandwidth_tables(df):
     md = "\n".join(markdown_lines(df, 80, findings))
     assert f"| H200 | fwd | 16384x4096 | `cute.auto` | {findings.ops[0].lab_gbps:.0f} GB/s (" in md
     assert "H200: " in md.split("runs: ", 1)[1] and md.startswith("## Summary")
+
+
+# --- the fused ops' sweeps: their own tables, out of the norm's ------------------------------
+
+def test_a_fused_ops_table_is_its_newest_run_with_its_ceiling_and_best_peer():
+    """The q/k-rope forward recorded on the H100 SXM: its implementations and the run's
+    same-shape copy, and the lab's fused kernel over the fastest non-lab chain; none of its
+    rows in the norm's forward table."""
+    df = results.load_all(RESULTS)
+    t = tables.fusion_table(df, "fwd-qk-rope", "h100_sxm")
+    assert {"cute.qk+rope", "torch.compile+rope", "liger.rope", "copy.shape"} <= set(t.columns)
+    row = t.loc[(16384 * 40, 128)]
+    peers = row[["torch.eager+rope.eager", "torch.compile+rope", "liger.rope"]]
+    assert row["lab / best peer"] == pytest.approx(row["cute.qk+rope"] / peers.min())
+    assert tables.bandwidth_table(df, "fwd", "h100_sxm").empty
+    assert tables.fusion_table(df, "fwd-qk-rope", "h200").empty

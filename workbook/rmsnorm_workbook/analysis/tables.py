@@ -186,6 +186,40 @@ def fused_add_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.
     return t.sort_index(level=["N", "M"])
 
 
+#: the fused ops' sweeps, beside the norm's: ``bench --op`` name -> (op, its rows' impl names,
+#: its same-shape ceiling, the lab's fused kernel)
+FUSIONS = {
+    "fwd-fp8": ("fwd", r"\+fp8(\.unfused(\.inductor)?)?$", "copy.fp8.shape", "cute.auto+fp8"),
+    "fwd-fp8-static": ("fwd", r"\+fp8\.static(\.unfused(\.inductor)?)?$", "copy.fp8.shape",
+                       "cute.auto+fp8.static"),
+    "fwd-qk-rope": ("fwd", r"\+rope(\.eager)?$|^liger\.rope$", "copy.shape", "cute.qk+rope"),
+    "bwd-qk-rope": ("bwd", r"\+rope(\.eager)?$|^liger\.rope$", "copy2r1w.shape", "cute.qk+rope"),
+}
+
+
+def fusion_table(df: pd.DataFrame, name: str, gpu: Optional[str] = None) -> pd.DataFrame:
+    """A fused op's sweep (``FUSIONS[name]``) from its newest run: median µs per shape by
+    CUDA-graph replay of every implementation and the run's same-shape ceiling, then ``lab /
+    best peer`` (the lab's fused kernel over the fastest implementation that is not the lab's;
+    below 1: the lab is faster). Empty when the results hold no such run."""
+    op, pattern, ceiling, lab = FUSIONS[name]
+    d, gpu = every_run(df, gpu)
+    d = d[(d["op"] == op) & (d["path"] == "graph") & (d["metric"] == "time")]
+    ours = d[d["impl"].astype(str).str.contains(pattern)]
+    if ours.empty:
+        return pd.DataFrame()
+    run = d[d["timestamp"] == ours["timestamp"].max()]
+    run = run[run["impl"].astype(str).str.contains(pattern) | (run["impl"] == ceiling)]
+    t = run.pivot_table(index=["M", "N"], columns="impl", values="p50", aggfunc="last")
+    impls = [c for c in impl_order(t.columns) if c != ceiling]
+    t = t.reindex(columns=impls + ([ceiling] if ceiling in t.columns else []))
+    peers = [c for c in impls if not c.startswith(("cute.", "triton."))]
+    if lab in t.columns and peers:
+        t["lab / best peer"] = t[lab] / t[peers].min(axis=1)
+    t.columns.name = None
+    return t.sort_index(level=["N", "M"])
+
+
 def host_benchmark_run(d: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``d`` from the newest run of the host benchmark (``bench --op host``: the one
     that times the lab's launch paths, ``cute.auto@tvm_ffi``...), where every implementation was

@@ -345,7 +345,9 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     # comparison, the model step
     swept = {gpu: [op for op in results_io.OPS  # ops whose sweep ran there, not only others'
                    if not tables.bandwidth_table(df, op, gpu).empty] for gpu in gpus}
-    gpus = [gpu for gpu in gpus if swept[gpu]]  # a GPU with other benchmarks' rows only: no section
+    fusions = {gpu: {name: t for name in tables.FUSIONS
+                     if not (t := tables.fusion_table(df, name, gpu)).empty} for gpu in gpus}
+    gpus = [gpu for gpu in gpus if swept[gpu] or fusions[gpu]]  # a section: something to show
     total = sum(len(swept[gpu]) + 1 for gpu in gpus) + 3
     step = iter(range(1, total + 1))
     for gpu in gpus:
@@ -382,8 +384,13 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        "shape from the newest run that measured it; "
                        f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes:", "",
                        tables.markdown_table(add, 2, right_align=True), ""]
-        progress(f"[{next(step)}/{total}] {gpu}: backward and host figures "
-                 "(notebooks 02 and 03)")
+        for name, t in fusions[gpu].items():
+            md += [f"### {name}", "",
+                   f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest "
+                   f"run; {tables.FUSIONS[name][2]} moves the same bytes:", "",
+                   tables.markdown_table(t, 2, right_align=True), ""]
+        progress(f"[{next(step)}/{total}] {gpu}: the fused ops' sweeps, backward and host "
+                 "figures (notebooks 02 and 03)")
         extra = _notebook_figures(df, gpu, out, root)
         if extra:
             md += ["### backward and host figures (notebooks 02 and 03)", ""]

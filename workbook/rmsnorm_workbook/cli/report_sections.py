@@ -194,7 +194,8 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
           "4096, random weights), a training step and a prefill of 8×2048 tokens and a decode "
           "step of batch 8, per norm choice: `shipped` (transformers' own), `torch` "
           "(`torch.nn.RMSNorm`), `lab` (`rmsnorm_lab.patch`), `lab+carry` (the residual add "
-          "fused into the next norm), `liger`. ms per step, median; `wall` a back-to-back loop, "
+          "fused into the next norm), `lab+qk` (also Qwen3's q/k norms and RoPE as one op, "
+          "`fuse_qk_rope`), `liger`. ms per step, median; `wall` a back-to-back loop, "
           "`events` CUDA events around `triton.testing.do_bench`'s loop (for the eager decode "
           "step, which the host paces, they time the host's enqueue, not the GPU: notebook 05), "
           "`graph` replayed from a CUDA graph. Ratios are against "
@@ -204,7 +205,9 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
         return md + ["No model-step results.", ""], headline
     for gpu in sorted(steps["gpu"].unique()):
         g = steps[steps["gpu"] == gpu]
+        # the newest run of both models, else of Qwen3 alone (a run of its prologue's choices)
         run = model_step.one_run(g, "llama.lab")
+        run = run if not run.empty else model_step.one_run(g, "qwen3.lab")
         if run.empty:
             continue
         table = model_step.step_table(run)
@@ -228,12 +231,16 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
         name = _save(fig, out / f"{gpu}-model-vs-torch.png")
         md += [f"![{name}]({name})", ""]
         compiled_run = model_step.one_run(g, "llama.compile.lab")
+        if compiled_run.empty:
+            compiled_run = model_step.one_run(g, "qwen3.compile.lab")
         if not compiled_run.empty:
             ct = model_step.step_table(compiled_run, {
                 "train wall": ("train", "eager", "wall"),
                 "prefill wall": ("prefill", "eager", "wall")})
             md += ["Under `torch.compile` (its own run): `compile.torch` is the model with "
-                   "torch's norm compiled, `compile.lab` with the lab's op (opaque to Inductor):",
+                   "torch's norm compiled, `compile.lab` (`compile.lab+qk`) with the lab's ops "
+                   "as graph nodes, opaque to Inductor; `@decompose`: the lab stepping aside, "
+                   "as it does by default (Inductor compiles its math):",
                    "", markdown_table(ct.reset_index(), 2), ""]
         for arch in archs:
             if (arch, "lab") in ratios.index:

@@ -9,15 +9,17 @@ import numpy as np
 import pandas as pd
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
-from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, _axes
+from .gpus import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILLION, _axes
 from ..results.provenance import gpu_title
 
-NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "liger": ORANGE, "shipped": PURPLE,
-               "torch": GREY}
+NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "lab+qk": VERMILLION, "liger": ORANGE,
+               "shipped": PURPLE, "torch": GREY}
+#: the choices the figures draw (each where the run has it), in their order
+NORMS = ("shipped", "lab", "lab+carry", "lab+qk", "liger")
 
 
 def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
-                  norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"), ax=None,
+                  norms: Sequence[str] = NORMS, ax=None,
                   xlim: Optional[tuple] = None, gpu: Optional[str] = None,
                   spread: Optional[tuple] = None):
     """Horizontal bars: each norm's time over torch's norm's in the same model, per workload
@@ -110,7 +112,7 @@ def _ratio_label(ax, v: float, y: float, low: float, high: float, lo: float, hi:
 
 
 def fitted_range(ratios: pd.DataFrame, columns: Sequence[str],
-                 norms: Sequence[str] = ("shipped", "lab", "lab+carry", "liger"),
+                 norms: Sequence[str] = NORMS,
                  spread: Optional[tuple] = None, room: float = 0.14) -> tuple:
     """One x range for compared panels of ``plot_vs_torch`` that holds every ratio of
     ``columns`` of the ``norms`` drawn and, with ``spread``, every whisker: nothing is drawn past
