@@ -44,6 +44,19 @@ class RowHalves:
     """Mixin of the q/k-rope kernels (a ``RowTiles`` plan of one chunk): a thread's copies of
     its token's cos and sin, and the other half of a row for each of its copies."""
 
+    @cute.jit
+    def start(self, mX: cute.Tensor):
+        """A kernel's first steps: ``(tidx, bidx, gdim, cp)``, the thread's and CTA's indices, the
+        grid's size and the register copy of a tile of ``mX``'s rows, after the previous grid's
+        writes (PDL: before any global access, device/pdl.py)."""
+        p = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(p.pdl):
+            wait_for_previous_grid()
+        return tidx, bidx, gdim, self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mX)
+
     def block(self, cp: RowCopy, k: int):
         """The place in the row, in copies, of this thread's copy k."""
         return cp.tXcX[(0, k), 0, 0][1] // self.plan.vec
@@ -118,13 +131,7 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
                mK: cute.Tensor, mWk: cute.Tensor, mKo: cute.Tensor, mRk: cute.Tensor,
                mCos: cute.Tensor, mSin: cute.Tensor, heads_q: Int32, heads_k: Int32,
                q_ctas: Int32, eps: Float32):
-        p = self.plan
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        if cutlass.const_expr(p.pdl):
-            wait_for_previous_grid()  # before any global access (device/pdl.py)
-        cp = self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mQ)
+        tidx, bidx, gdim, cp = self.start(mQ)
         tXrX = cp.fragment(mQ)
         zero = Float32(0.0)
         if bidx < q_ctas:
@@ -249,12 +256,7 @@ class RMSNormQkRopeBackward(RowHalves, RowTiles):
                mCos: cute.Tensor, mSin: cute.Tensor, mRq: cute.Tensor, mRk: cute.Tensor,
                mPq: cute.Tensor, mPk: cute.Tensor, heads_q: Int32, heads_k: Int32):
         p = self.plan
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        if cutlass.const_expr(p.pdl):
-            wait_for_previous_grid()  # before any global access (device/pdl.py)
-        cp = self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mQ)
+        tidx, bidx, gdim, cp = self.start(mQ)
         rope = Rope(mCos, mSin, heads_q)
         parts = []
         for mDy, mX, mR, mDx, mW, heads in ((mDq, mQ, mRq, mDqx, mWq, heads_q),
