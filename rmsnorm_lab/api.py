@@ -26,7 +26,7 @@ import torch
 from . import dispatch, reference
 from .common.rows import rows_without_copy, same_layout
 from .registry import BACKENDS
-from .route import (FP8_PATHS, PATHS, Call, Fp8Call, choose_path, qk_norm_rope_path,
+from .route import (FP8_PATHS, PATHS, QK_PATHS, Call, Fp8Call, QkCall, choose_path,
                     torch_machinery)
 from .settings import settings, snapshot
 
@@ -447,7 +447,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     None). ``backend``: ``"torch"`` (the reference, the default off CUDA), ``"triton"``, or
     ``"cute"`` (the default on CUDA): the CuTe kernels where they take the rows (q's and k's
     heads rows of one stride, 16-byte aligned; else the Triton kernels). Its paths:
-    ``route.qk_norm_rope_path``."""
+    ``route.QK_PATHS``."""
     backend = backend if backend is not None else default_backend(q)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -487,5 +487,9 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                          f"to it, got {tuple(cos.shape)} and {tuple(sin.shape)}") from None
     eps = float(eps) if eps is not None else reference.default_eps(q.dtype)
     compiling = torch.compiler.is_compiling()
-    return qk_norm_rope_path(q, k, q_weight, k_weight, cos, sin, eps, casting_mode, backend,
-                             compiling, _decompose(compiling))
+    machinery = None if compiling else torch_machinery(q, k, cos, sin, q_weight, k_weight)
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                            or q_weight.requires_grad or k_weight.requires_grad)
+    path = choose_path(compiling=compiling, machinery=machinery, native=False, training=training,
+                       empty=False, decompose=_decompose(compiling))
+    return QK_PATHS[path](QkCall(q, k, q_weight, k_weight, cos, sin, eps, casting_mode, backend))

@@ -5,8 +5,8 @@ kernels see them (the casting mode's alias resolved, eps and the backend chosen)
 as one ``Snapshot``. ``choose_path`` decides, from a few facts about the call, which path serves
 it, and ``PATHS[path](call)`` runs it: y, or ``(y, h)`` for the fused residual add, one table for
 both. ``api.rms_norm_fp8`` (the norm written as fp8, inference only) builds an ``Fp8Call``; the
-same ``choose_path`` picks its path, and ``FP8_PATHS`` runs it. ``qk_norm_rope_path`` takes a
-validated ``qk_norm_rope`` call on its path.
+same ``choose_path`` picks its path, and ``FP8_PATHS`` runs it; ``api.qk_norm_rope`` likewise
+builds a ``QkCall`` for ``QK_PATHS``.
 """
 
 from __future__ import annotations
@@ -151,22 +151,41 @@ FP8_PATHS: Dict[str, Callable[[Fp8Call], tuple]] = {
 }
 
 
-def qk_norm_rope_path(q, k, q_weight, k_weight, cos, sin, eps: float, casting_mode: str,
-                      backend: str, compiling: bool, decompose: bool):
-    """A validated ``qk_norm_rope`` call on its path: the reference math for functorch
-    transforms and forward-mode AD, and under torch.compile with ``decompose``; the custom op
-    ``rmsnorm_lab::qk_norm_rope`` under torch.compile otherwise and for fake tensors and
-    dispatch modes; else the kernels, a training call on ``autograd.QkNormRopeFunction`` (the
-    custom op's dispatcher and autograd layers cost tens of microseconds a call)."""
-    machinery = None if compiling else torch_machinery(q, k, cos, sin, q_weight, k_weight)
-    if machinery == "transform" or (compiling and decompose):
-        return reference.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, casting_mode)
-    if compiling or machinery == "dispatcher":
-        q_out, k_out, _, _ = autograd.qk_norm_rope_op(q, k, q_weight, k_weight, cos, sin, eps,
-                                                      casting_mode, backend)
-        return q_out, k_out
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, q_weight, k_weight)):
-        return autograd.QkNormRopeFunction.apply(q, k, q_weight, k_weight, cos, sin, eps,
-                                                 casting_mode, backend)
-    return dispatch.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
-                                         backend)[:2]
+class QkCall(NamedTuple):
+    """One validated call of ``qk_norm_rope``."""
+    q: torch.Tensor
+    k: torch.Tensor
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    eps: float
+    casting_mode: str
+    backend: str
+
+
+def _qk_reference(c: QkCall):
+    return reference.qk_norm_rope(*c[:8])
+
+
+def _qk_custom_op(c: QkCall):
+    return autograd.qk_norm_rope_op(*c)[:2]
+
+
+def _qk_python_node(c: QkCall):
+    return autograd.QkNormRopeFunction.apply(*c)
+
+
+def _qk_kernels(c: QkCall):
+    return dispatch.qk_norm_rope_forward(*c)[:2]
+
+
+#: ``choose_path``'s paths (no native node; an empty call runs the kernels, which take it) ->
+#: their work on a ``QkCall``: ``(q_out, k_out)``. The python node is the eager training call's:
+#: the custom op's dispatcher and autograd layers cost tens of microseconds a call.
+QK_PATHS: Dict[str, Callable[[QkCall], tuple]] = {
+    "reference": _qk_reference,
+    "custom_op": _qk_custom_op,
+    "python_node": _qk_python_node,
+    "kernels": _qk_kernels,
+}
