@@ -191,11 +191,10 @@ FWD_QK_ROPE = Op(name="fwd", make_inputs=qk_rope.inputs, run=qk_rope.fwd_run,
                  reference=qk_rope.fwd_reference, bytes_moved=qk_rope.fwd_bytes,
                  peers=qk_rope.PEERS, sweep=qk_rope.SWEEP, quick_sweep=qk_rope.QUICK_SWEEP,
                  same_shape="copy", host_shape=qk_rope.HOST_SHAPE)
-BWD_QK_ROPE = Op(name="bwd", make_inputs=qk_rope.grad_inputs, run=qk_rope.bwd_run,
-                 reference=qk_rope.bwd_reference, bytes_moved=qk_rope.bwd_bytes,
-                 peers=qk_rope.PEERS, sweep=qk_rope.SWEEP, quick_sweep=qk_rope.QUICK_SWEEP,
-                 same_shape="copy2r1w", prepare=qk_rope.bwd_prepare,
-                 host_shape=qk_rope.HOST_SHAPE)
+BWD_QK_ROPE = dataclasses.replace(FWD_QK_ROPE, name="bwd", make_inputs=qk_rope.grad_inputs,
+                                  run=qk_rope.bwd_run, reference=qk_rope.bwd_reference,
+                                  bytes_moved=qk_rope.bwd_bytes, same_shape="copy2r1w",
+                                  prepare=qk_rope.bwd_prepare)
 
 #: by the name ``bench --op`` takes (and its results file's)
 OPS: Dict[str, Op] = {"fwd": FWD, "bwd": BWD, "full": FULL_OP, "fwd-add": FWD_ADD,

@@ -162,32 +162,26 @@ def qk_cases() -> int:
 
 
 COMMAND = "python -m rmsnorm_workbook.profiling.sanitize"
+#: the workload's parts, by the name the command takes, in the order they run
+CASES = {"fwd": forward_cases, "bwd": backward_cases, "fp8": fp8_cases, "qk": qk_cases}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog=COMMAND, description="A workload for compute-sanitizer: every CuTe kernel at the "
         "shapes the GPU checklist names, each launch checked against the reference.")
-    ap.add_argument("ops", nargs="*", metavar="fwd|bwd|fp8|qk",
+    ap.add_argument("ops", nargs="*", metavar="|".join(CASES),
                     help="the ops to run (default: all)")
-    ops = ap.parse_args(argv).ops or ["fwd", "bwd", "fp8", "qk"]
-    unknown = sorted(set(ops) - {"fwd", "bwd", "fp8", "qk"})
+    ops = ap.parse_args(argv).ops or list(CASES)
+    unknown = sorted(set(ops) - set(CASES))
     if unknown:
-        ap.error(f"unknown op {', '.join(unknown)} (choose from fwd, bwd, fp8, qk)")
+        ap.error(f"unknown op {', '.join(unknown)} (choose from {', '.join(CASES)})")
     if not torch.cuda.is_available():
         print(f"error: {COMMAND} needs a CUDA GPU (torch.cuda.is_available() is False here), and "
               "is meant to run under compute-sanitizer: compute-sanitizer --tool memcheck "
               f"--report-api-errors no {COMMAND}", file=sys.stderr)
         return 2
-    failures = 0
-    if "fwd" in ops:
-        failures += forward_cases()
-    if "bwd" in ops:
-        failures += backward_cases()
-    if "fp8" in ops:
-        failures += fp8_cases()
-    if "qk" in ops:
-        failures += qk_cases()
+    failures = sum(cases() for name, cases in CASES.items() if name in ops)
     return 1 if failures else 0
 
 
