@@ -203,7 +203,6 @@ class RMSNormForward(RowTiles):
         for tile in cutlass.range(t.bidx, num_tiles, t.gdim):
             row = tile * p.rows_per_cta + t.row
             row_ok = row < M
-            pre = self.epilogue_loads(cp, a, tile, row_ok, tXrX)
             if cutlass.const_expr(p.prefetch):
                 tXrX.store(tXrXn.load())
                 self.load_chunk(cp, mX, tile + t.gdim, 0, tXrXn, tile + t.gdim < num_tiles)
@@ -253,7 +252,7 @@ class RMSNormForward(RowTiles):
                     self.load_chunk(cp, mH if p.residual else mX, tile, load,
                                     regs[load % len(regs)], row_ok, "first")
                 self.store_chunk(cp, a, tile, use, regs[use % len(regs)], rstd,
-                                 self.chunk_weight(cp, mW, tWrW, use), row_ok, scale, pre)
+                                 self.chunk_weight(cp, mW, tWrW, use), row_ok, scale)
 
     def chunk_weight(self, cp: RowCopy, mW, tWrW, c: int):
         """w's registers for column chunk c: those loaded up front (``tWrW``), else chunk c's
@@ -293,8 +292,6 @@ class RMSNormForward(RowTiles):
             for j in cutlass.range_constexpr(len(regs)):
                 self.load_chunk(cp, m, first + j, 0, regs[j],
                                 (first + j) * p.rows_per_cta + t.row < M)
-        pre = [self.epilogue_loads(cp, a, first + j, (first + j) * p.rows_per_cta + t.row < M,
-                                   tXrX) for j in range(tiles)]
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
             tWrW = cp.weight(a.mW, 0)
@@ -312,7 +309,7 @@ class RMSNormForward(RowTiles):
                 amax = row_max(self.chunk_amax(bufs[j], rstd, tWrW, a.offset), None, 0, t.row,
                                0, t.lane, 1, p.threads_per_row)
                 scale = self.token_scale(a, amax, row, writer)
-            self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale, pre[j])
+            self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
@@ -350,15 +347,9 @@ class RMSNormForward(RowTiles):
         xf = tXrX.load().to(Float32)
         return (xf * xf).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
 
-    def epilogue_loads(self, cp: RowCopy, a: ForwardArgs, tile, row_ok, like):
-        """The registers an epilogue reads besides the row (``store_chunk``'s ``pre``), loaded
-        with the tile's row so their latency hides behind it: none here (q/k-rope's cos and
-        sin, qk_rope.py)."""
-        return None
-
     @cute.jit
     def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
-                    rstd: Float32, tWrW, row_ok, scale=None, pre=None):
+                    rstd: Float32, tWrW, row_ok, scale=None):
         """Column chunk c of y <- normalize(registers); as fp8 (``plan.quant``), y times the
         static scale's inverse or over the row's scale (``scale``); as NVFP4, ``scale`` is the
         global scale (``store_nvfp4``)."""

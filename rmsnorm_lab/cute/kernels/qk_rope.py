@@ -162,23 +162,17 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
             self.tile_loop(a, t, cp, tXrX, tWrW, a.mX.shape[0], None)
 
     @cute.jit
-    def epilogue_loads(self, cp: RowCopy, a: ForwardArgs, tile, row_ok, like):
-        """The row's token's cos and sin, loaded beside the row: loaded after its reduction, a
-        tile's store would wait for them."""
-        row = cp.tXcX[(0, 0), 0, 0][0] + tile * self.plan.rows_per_cta
-        return self.tables(cp, a.rope, row // a.rope.heads, row_ok, like)
-
-    @cute.jit
     def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
-                    rstd: Float32, tWrW, row_ok, scale=None, pre=None):
+                    rstd: Float32, tWrW, row_ok, scale=None):
         """The row's normalized values rounded to x's dtype (the norm's output), rotated with
-        its token's cos and sin (``pre``, from ``epilogue_loads``; each product and the sum
-        rounded to x's dtype), stored."""
+        its token's cos and sin (each product and the sum rounded to x's dtype), stored."""
         p = self.plan
+        rope = a.rope
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, a.offset)
         tYr = cute.make_fragment_like(tXrX, Float32)
         tYr.store(y.to(self.x_type).to(Float32))
-        tCr, tSr = pre
+        row = cp.tXcX[(0, 0), 0, 0][0] + tile * p.rows_per_cta
+        tCr, tSr = self.tables(cp, rope, row // rope.heads, row_ok, tXrX)
         tOr = cute.make_fragment_like(tXrX)
         tPr = cute.make_fragment_like(tYr)
         for k in cutlass.range_constexpr(p.vecs_per_thread):
