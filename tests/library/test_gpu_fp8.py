@@ -2,17 +2,21 @@
 
 Bit for bit against the unfused chain: the same backend's norm in x's dtype (``rms_norm``),
 then ``reference.quantize_fp8`` on the GPU. The CuTe kernel is the CuTe forward's tile with an
-fp8 epilogue, so its chain holds bit for bit on random rows too. The Triton kernel computes y
-with the forward's statistics and ``_normalize``, but its fp32 sum of squares runs in another
-order (the fp8 store gives the row another layout), so the exact comparison takes rows of small
-integers, whose sums are exact in any order; the weights stay random. Random rows are held to
-one fp8 step of the reference (torch's sum, another order again).
+fp8 epilogue, so its chain holds bit for bit on random rows too, where both plans take the same
+tile. The Triton kernel computes y with the forward's statistics and ``_normalize``, but its
+fp32 sum of squares runs in another order (the fp8 store gives the row another layout), so the
+exact comparison takes rows of small integers, whose sums are exact in any order; the weights
+stay random. Random rows are held to one fp8 step of the reference (torch's sum, another order
+again).
 """
 
 import pytest
 import torch
 
 from rmsnorm_lab import reference, rms_norm, rms_norm_fp8, settings
+from rmsnorm_lab.common.device import sm_count
+from rmsnorm_lab.cute.launch.forward import forward_launch
+from rmsnorm_lab.settings import snapshot
 
 pytestmark = pytest.mark.gpu
 
@@ -68,11 +72,11 @@ def quant_args(kind):
     return {}
 
 
-def chain(x, w, backend, mode, offset, residual=None, scale=None, scale_ub=None):
+def chain(x, w, backend, mode, offset, residual=None, scale=None, scale_ub=None, eps=EPS):
     if residual is None:
-        y, h = rms_norm(x, w, EPS, offset=offset, casting_mode=mode, backend=backend), None
+        y, h = rms_norm(x, w, eps, offset=offset, casting_mode=mode, backend=backend), None
     else:
-        y, h = rms_norm(x, w, EPS, residual=residual, offset=offset, casting_mode=mode,
+        y, h = rms_norm(x, w, eps, residual=residual, offset=offset, casting_mode=mode,
                         backend=backend)
     y_q, scales = reference.quantize_fp8(y, scale, scale_ub)
     return (y_q, scales) if h is None else (y_q, scales, h)
@@ -129,6 +133,14 @@ def test_weight_dtype_may_differ_from_x(backend, x_dtype, w_dtype):
             assert_same(got, chain(x, w, backend, mode, 1.0, **kw))
 
 
+def row_order(x, w, residual, quant):
+    """What fixes the order of a row's sums in the CuTe forward's plan for these rows: the
+    variant, the threads a row, the copies a thread, the chunks."""
+    plan = forward_launch(x, w, "llama", False, snapshot(), sm_count(x.get_device()),
+                          residual=residual, quant=quant).plan
+    return plan.variant, plan.threads_per_row, plan.vecs_per_thread, plan.chunks
+
+
 @pytest.mark.parametrize("kind", ["per_token", "static", "bounded"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (3000, 1024), (64, 8192),
@@ -142,7 +154,11 @@ def test_cute_equals_its_chain_on_random_rows(shape, dtype, kind):
     x, r = fresh(shape, dtype), fresh(shape, dtype)
     w = fresh(shape[-1:], dtype)
     kw = quant_args(kind)
-    for res in (None, r):
+    quant = "token" if kind != "static" else "static"
+    same = [res for res in (None, r) if row_order(x, w, res, "") == row_order(x, w, res, quant)]
+    if not same:  # the sums run in another order: test_random_rows_within_one_fp8_step
+        pytest.skip("the fp8 plan takes another tile than the forward's at these rows")
+    for res in same:
         poison_allocator()
         got = rms_norm_fp8(x, w, EPS, residual=res, casting_mode="llama", backend="cute", **kw)
         check_no_poison(got)
@@ -220,7 +236,7 @@ def test_the_default_backend_on_cuda():
     with settings.override(backend="cute"):
         got = rms_norm_fp8(x, w)
     assert_same(got, rms_norm_fp8(x, w, backend="cute"))
-    assert_same(got, chain(x, w, "cute", "torch", 0.0))
+    assert_same(got, chain(x, w, "cute", "torch", 0.0, eps=None))  # both torch's default eps
 
 
 def test_a_variant_without_an_fp8_kernel_is_refused():
