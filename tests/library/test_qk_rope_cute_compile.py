@@ -1,7 +1,8 @@
 """The CuTe q/k-norm + RoPE forward compiled without a GPU (sm_90a and sm_100a): its plan for each
 dtype and head size, the rows it refuses, and its code: 16-byte loads and stores only (the rstd
-words aside), no local memory, one rsqrt a row, the halves met by one shuffle a value where
-they sit in other lanes, and the rotation's products rounded apart from its sum."""
+words aside), no local memory, one rsqrt a row, the halves met by one shuffle a register where
+they sit in other lanes, and the rotation's products rounded apart from its sum (16-bit rows
+two values at a time)."""
 
 import glob
 import re
@@ -33,14 +34,20 @@ def test_compiles_with_wide_copies_and_shuffles_where_the_halves_are_apart(arch,
     wide = {"v4.b32", "v2.b64"}  # 16 bytes a copy (sm_100a moves fp32 as two 64-bit words)
     assert set(re.findall(r"\bld\.global\.(\S*)", ptx)) <= wide
     assert set(re.findall(r"\bst\.global\.(\S*)", ptx)) - wide == {"b32"}  # rstd
-    # q's branch and k's each: a shuffle a value of each tile's copy, or none (fp32 rows of
-    # 256: both halves in one thread)
+    # q's branch and k's each: a shuffle a 32-bit register of each tile's copy (two 16-bit
+    # values, or one fp32), or none (fp32 rows of 256: both halves in one thread)
+    words = plan.vec // (2 if dtype != torch.float32 else 1)
     shuffles = len(re.findall(r"shfl\.sync\.idx", ptx))
-    assert shuffles == (0 if plan.vecs_per_thread > 1 else 2 * plan.tiles_per_cta * plan.vec)
+    assert shuffles == (0 if plan.vecs_per_thread > 1 else 2 * plan.tiles_per_cta * words)
     assert len(re.findall(r"\brsqrt\.approx", ptx)) == 2 * plan.tiles_per_cta
     # the rotation's products rounded apart from its sum, as eager torch rounds them: 16-bit
     # rows by their roundings to x's dtype (no half-precision fma), fp32 rows as mul.rn
     assert not re.search(r"\bfma\.rn\.(bf16|f16)", ptx)
+    if dtype != torch.float32:  # two packed products and their sum a word
+        kind = "bf16x2" if dtype == torch.bfloat16 else "f16x2"
+        pairs = 2 * plan.tiles_per_cta * words * plan.vecs_per_thread  # q's branch and k's
+        assert len(re.findall(rf"\bmul\.rn\.{kind}\b", ptx)) == 2 * pairs
+        assert len(re.findall(rf"\badd\.rn\.{kind}\b", ptx)) == pairs
     if dtype == torch.float32:
         values = 2 * plan.tiles_per_cta * plan.vec * plan.vecs_per_thread  # q's branch and k's
         assert len(re.findall(r"\bmul\.rn\.f32\b", ptx)) == 2 * values

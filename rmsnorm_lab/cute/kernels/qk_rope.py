@@ -18,11 +18,11 @@ import dataclasses
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint32
 
 from cutlass.memory import SmemAllocator
 
-from ..device.arith import mul_rn
+from ..device.arith import mul_rn, sum_of_products_x2
 from ..device.pdl import wait_for_previous_grid
 from ..device.reduce import row_sum
 from ..device.tiles import RowCopy, RowThread, RowTiles, strip_rows
@@ -83,9 +83,10 @@ class RowHalves:
 
     @cute.jit
     def other_half(self, tVr, tPr, cp: RowCopy, k: cutlass.Constexpr[int]):
-        """The values D/2 columns away from copy k of ``tVr`` (fp32): in this thread (two copies
-        a lane, ``D / 2`` a multiple of a row's lanes' copies), or one shuffle a value from the
-        lane ``D / (2 * vec)`` away in the row, staged in ``tPr``."""
+        """The values D/2 columns away from copy k of ``tVr`` (fp32 values, or 32-bit words of
+        packed 16-bit ones): in this thread (two copies a lane, ``D / 2`` a multiple of a row's
+        lanes' copies), or one shuffle a register from the lane ``D / (2 * vec)`` away in the
+        row, staged in ``tPr``."""
         p = self.plan
         half = p.N // (2 * p.vec)  # copies in half a row
         if cutlass.const_expr(half % p.threads_per_row == 0 and p.vecs_per_thread > 1):
@@ -94,7 +95,7 @@ class RowHalves:
         else:
             lane = cute.arch.lane_idx()
             src = cutlass.select_(self.block(cp, k) < half, lane + half, lane - half)
-            for i in cutlass.range_constexpr(p.vec):
+            for i in cutlass.range_constexpr(cute.size(tVr, mode=[0, 0])):
                 tPr[(i, k), 0, 0] = cute.arch.shuffle_sync(tVr[(i, k), 0, 0], src)
             other = tPr[(None, k), 0, 0].load()
         return other
@@ -169,30 +170,53 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
         p = self.plan
         rope = a.rope
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, a.offset)
-        tYr = cute.make_fragment_like(tXrX, Float32)
-        tYr.store(y.to(self.x_type).to(Float32))
         row = cp.tXcX[(0, 0), 0, 0][0] + tile * p.rows_per_cta
         tCr, tSr = self.tables(cp, rope, row // rope.heads, row_ok, tXrX)
         tOr = cute.make_fragment_like(tXrX)
-        tPr = cute.make_fragment_like(tYr)
-        for k in cutlass.range_constexpr(p.vecs_per_thread):
-            first = self.block(cp, k) < p.N // (2 * p.vec)
-            other = self.other_half(tYr, tPr, cp, k)
-            # rotate_half: -y of the second half for the first, y of the first for the second
-            sign = cutlass.select_(first, Float32(-1.0), Float32(1.0))
-            if cutlass.const_expr(self.x_type != Float32):  # each product rounded, then the sum
-                cos = tCr[(None, k), 0, 0].load().to(Float32)
-                sin = tSr[(None, k), 0, 0].load().to(Float32)
-                out = ((tYr[(None, k), 0, 0].load() * cos).to(self.x_type).to(Float32)
-                       + (other * sign * sin).to(self.x_type).to(Float32))
-                tOr[(None, k), 0, 0].store(out.to(self.x_type))
-            else:  # fp32: the products as mul.rn, which the compiler never fuses into the sum
-                tPr[(None, k), 0, 0].store(other * sign)
-                for i in cutlass.range_constexpr(p.vec):
-                    tOr[(i, k), 0, 0] = (mul_rn(tYr[(i, k), 0, 0], tCr[(i, k), 0, 0])
-                                         + mul_rn(tPr[(i, k), 0, 0], tSr[(i, k), 0, 0]))
+        if cutlass.const_expr(self.x_type == Float32):
+            self.rotate_fp32(cp, y, tCr, tSr, tOr)
+        else:
+            self.rotate_packed(cp, y, tCr, tSr, tOr)
         if row_ok:
             cute.copy(cp.tiled, tOr, cp.dst(a.mY, tile, c), pred=cp.column_predicate(c))
+
+    @cute.jit
+    def rotate_fp32(self, cp: RowCopy, y, tCr, tSr, tOr):
+        """``tOr`` <- y * cos + rotate_half(y) * sin on fp32 rows, the products as mul.rn, which
+        the compiler never fuses into the sum."""
+        p = self.plan
+        tYr = cute.make_fragment_like(tOr, Float32)
+        tYr.store(y)
+        tPr = cute.make_fragment_like(tYr)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            # rotate_half: -y of the second half for the first, y of the first for the second
+            sign = cutlass.select_(self.block(cp, k) < p.N // (2 * p.vec), Float32(-1.0),
+                                   Float32(1.0))
+            tPr[(None, k), 0, 0].store(self.other_half(tYr, tPr, cp, k) * sign)
+            for i in cutlass.range_constexpr(p.vec):
+                tOr[(i, k), 0, 0] = (mul_rn(tYr[(i, k), 0, 0], tCr[(i, k), 0, 0])
+                                     + mul_rn(tPr[(i, k), 0, 0], tSr[(i, k), 0, 0]))
+
+    @cute.jit
+    def rotate_packed(self, cp: RowCopy, y, tCr, tSr, tOr):
+        """The same on 16-bit rows, two values a 32-bit word: y rounded to x's dtype (the norm's
+        output), the other half's words shuffled, its sign flipped in the first half (an xor of
+        the sign bits: exact), then each product and the sum rounded to x's dtype by packed
+        ``mul.rn`` / ``add.rn`` (device/arith.py: eager torch's rounding, bit for bit)."""
+        p = self.plan
+        kind = "bf16x2" if self.x_type == cutlass.BFloat16 else "f16x2"
+        tYr = cute.make_fragment_like(tOr)
+        tYr.store(y.to(self.x_type))
+        yw, cw, sw, ow = (cute.recast_tensor(t, Uint32) for t in (tYr, tCr, tSr, tOr))
+        tPr = cute.make_fragment_like(yw)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):
+            flip = cutlass.select_(self.block(cp, k) < p.N // (2 * p.vec), Uint32(0x80008000),
+                                   Uint32(0))
+            tPr[(None, k), 0, 0].store(self.other_half(yw, tPr, cp, k))
+            for i in cutlass.range_constexpr(p.vec // 2):
+                ow[(i, k), 0, 0] = sum_of_products_x2(yw[(i, k), 0, 0], cw[(i, k), 0, 0],
+                                                      tPr[(i, k), 0, 0] ^ flip,
+                                                      sw[(i, k), 0, 0], kind)
 
 
 @dataclasses.dataclass(frozen=True)
