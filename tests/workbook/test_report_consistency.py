@@ -16,7 +16,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from rmsnorm_workbook import results  # noqa: E402
-from rmsnorm_workbook.analysis import model, specs, speed, tables  # noqa: E402
+from rmsnorm_workbook.analysis import model, model_step, specs, speed, tables  # noqa: E402
 from rmsnorm_workbook.cli.report_sections import gpu_section, model_section  # noqa: E402
 from rmsnorm_workbook.legend import impl  # noqa: E402
 from rmsnorm_workbook.viz import gpus  # noqa: E402
@@ -175,6 +175,22 @@ def test_the_in_a_model_section_says_what_eager_decode_measures(tmp_path):
     assert text.index("time over torch's norm's") < text.index(caveat)
     assert "paced by the host" in caveat and "`decode graph` leaves the host out" in caveat
     assert any(h.startswith("  caveat: eager decode") for h in headline)
+
+
+def test_a_newer_compiled_run_of_the_fused_prologue_has_a_table_of_its_own(tmp_path):
+    """The H100 SXM's compiled runs: the one of every compiled choice, then the newer one of
+    lab+qk as a graph node against torch's compiled norms, each its own run's table."""
+    steps = results.load_all(RESULTS, model_steps=True)
+    md, _ = model_section(steps, tmp_path)
+    text = "\n".join(md)
+    section = text[text.index("### H100"):text.index("### H200")]
+    first, second = section.split("Another run, the fused prologue as a graph node")
+    assert "compile.lab@decompose" in first and "compile.lab+qk@decompose" in first
+    node = model_step.one_run(steps[steps["gpu"] == "h100_sxm"], "qwen3.compile.lab+qk")
+    ms = model_step.step_table(node, {"train wall": ("train", "eager", "wall")})
+    for norm in ("compile.lab+qk", "compile.torch"):
+        assert f"| qwen3 | {norm} | {ms.loc[('qwen3', norm), 'train wall']:.2f} |" in second
+    assert "@decompose" not in second
 
 
 def test_eager_caption_names_kernels_alike_by_graph_and_apart_eagerly(df):

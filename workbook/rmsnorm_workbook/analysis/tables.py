@@ -189,11 +189,11 @@ def fused_add_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.
 #: the fused ops' sweeps, beside the norm's: ``bench --op`` name -> (op, its rows' impl names,
 #: its same-shape ceiling, the lab's fused kernel)
 FUSIONS = {
-    "fwd-fp8": ("fwd", r"\+fp8(\.unfused(\.inductor)?)?$", "copy.fp8.shape", "cute.auto+fp8"),
-    "fwd-fp8-static": ("fwd", r"\+fp8\.static(\.unfused(\.inductor)?)?$", "copy.fp8.shape",
+    "fwd-fp8": ("fwd", r"\+fp8(?:\.unfused(?:\.inductor)?)?$", "copy.fp8.shape", "cute.auto+fp8"),
+    "fwd-fp8-static": ("fwd", r"\+fp8\.static(?:\.unfused(?:\.inductor)?)?$", "copy.fp8.shape",
                        "cute.auto+fp8.static"),
-    "fwd-qk-rope": ("fwd", r"\+rope(\.eager)?$|^liger\.rope$", "copy.shape", "cute.qk+rope"),
-    "bwd-qk-rope": ("bwd", r"\+rope(\.eager)?$|^liger\.rope$", "copy2r1w.shape", "cute.qk+rope"),
+    "fwd-qk-rope": ("fwd", r"\+rope(?:\.eager)?$|^liger\.rope$", "copy.shape", "cute.qk+rope"),
+    "bwd-qk-rope": ("bwd", r"\+rope(?:\.eager)?$|^liger\.rope$", "copy2r1w.shape", "cute.qk+rope"),
 }
 
 
