@@ -290,12 +290,12 @@ def test_ncu_teach_writes_every_kernel_it_profiled_the_librarys_last_included(tm
     written = pd.read_csv(tmp_path / "testgpu" / "ncu" / "ncu-teach.csv")
     assert sorted(written["kernel"]) == ["cute.auto", "teach.fused"]
     # a run of other kernels keeps these records; one of the same kernel replaces its own
-    for kernels in ("persistent", "fused"):
+    for kernels in ("warp_row", "fused"):
         assert ncu_teach.main(["--out", str(tmp_path), "--kernels", kernels]) == 0
     written = pd.read_csv(tmp_path / "testgpu" / "ncu" / "ncu-teach.csv")
-    assert sorted(written["kernel"]) == ["cute.auto", "teach.fused", "teach.persistent"]
+    assert sorted(written["kernel"]) == ["cute.auto", "teach.fused", "teach.warp_row"]
     sass = (tmp_path / "testgpu" / "ncu" / "sass-teach.txt").read_text()
-    assert sass.count("== teach.fused ") == 1 and sass.count("== teach.persistent ") == 1
+    assert sass.count("== teach.fused ") == 1 and sass.count("== teach.warp_row ") == 1
     assert "\n\n\n" not in sass
 
 

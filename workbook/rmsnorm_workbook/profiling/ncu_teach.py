@@ -55,7 +55,7 @@ from .. import paths
 
 NOTEBOOKS = {"fwd": paths.NOTEBOOKS / "01_forward.ipynb",
              "bwd": paths.NOTEBOOKS / "02_backward.ipynb"}
-FWD_KERNELS = ("scalar", "vectorized", "cta_row", "warp_row", "persistent")
+FWD_KERNELS = ("scalar", "vectorized", "cta_row", "warp_row")
 BWD_KERNELS = ("split_dx", "split_dw", "fused")
 LIBRARY = ("cute.auto",)
 SHAPE = (16384, 4096)
