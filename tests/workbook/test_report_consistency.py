@@ -184,7 +184,7 @@ def test_a_newer_compiled_run_of_the_fused_prologue_has_a_table_of_its_own(tmp_p
     md, _ = model_section(steps, tmp_path)
     text = "\n".join(md)
     section = text[text.index("### H100"):text.index("### H200")]
-    first, second = section.split("Another run, the fused prologue as a graph node")
+    first, second = section.split("The fused prologue as a graph node against")
     assert "compile.lab@decompose" in first and "compile.lab+qk@decompose" in first
     node = model_step.one_run(steps[steps["gpu"] == "h100_sxm"], "qwen3.compile.lab+qk")
     ms = model_step.step_table(node, {"train wall": ("train", "eager", "wall")})

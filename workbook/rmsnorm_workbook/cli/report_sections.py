@@ -244,8 +244,8 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
                     "torch's norm compiled, `compile.lab` (`compile.lab+qk`) with the lab's ops "
                     "as graph nodes, opaque to Inductor; `@decompose`: the lab stepping aside, "
                     "as it does by default (Inductor compiles its math):"] if n == 0 else
-                   ["Another run, the fused prologue as a graph node against torch's compiled "
-                    "norms:"]) + ["", markdown_table(ct.reset_index(), 2), ""]
+                   ["The fused prologue as a graph node against torch's compiled norms, in a "
+                    "run of its own:"]) + ["", markdown_table(ct.reset_index(), 2), ""]
         for arch in archs:
             if (arch, "lab") in ratios.index:
                 r = ratios.loc[(arch, "lab")]

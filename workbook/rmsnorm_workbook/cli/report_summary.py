@@ -83,6 +83,8 @@ class Findings:
     model: List[Tuple[str, str, float, float, float]] = dataclasses.field(default_factory=list)
     #: the cross-GPU model's verdict (model.finding: "overall" and one per GPU)
     verdict: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the GPUs with a table of a fused op (fp8 output, q/k norms with RoPE)
+    fused: List[str] = dataclasses.field(default_factory=list)
 
 
 def _runs(df: pd.DataFrame) -> List[str]:
@@ -172,6 +174,9 @@ def markdown_lines(df: pd.DataFrame, files: int, findings: Findings) -> List[str
     gpus = ", ".join(gpu_title(g) for g in sorted(swept))
     modelled = [gpu_title(g) for g in findings.verdict if g != "overall"]
     also = [f"a model of the same calls on other GPUs ({', '.join(modelled)})"] if modelled else []
+    if findings.fused:
+        also.append("the fused ops (fp8 output, q/k norms with RoPE) against their peers on the "
+                    + ", ".join(gpu_title(g) for g in findings.fused))
     if findings.model:
         also.append("the training, prefill and decode steps of Llama and Qwen3 models with "
                     "each norm")
