@@ -343,8 +343,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     gpus = sorted(df["gpu"].unique())
     # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU
     # comparison, the model step
-    swept = {gpu: [op for op in results_io.OPS  # ops whose sweep ran there, not only others'
-                   if not tables.bandwidth_table(df, op, gpu).empty] for gpu in gpus}
+    swept = {gpu: {op: t for op in results_io.OPS  # ops whose sweep ran there, not others'
+                   if not (t := tables.bandwidth_table(df, op, gpu)).empty} for gpu in gpus}
     fusions = {gpu: {name: t for name in tables.FUSIONS
                      if not (t := tables.fusion_table(df, name, gpu)).empty} for gpu in gpus}
     gpus = [gpu for gpu in gpus if swept[gpu] or fusions[gpu]]  # a section: something to show
@@ -354,11 +354,10 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     for gpu in gpus:
         g = df[df["gpu"] == gpu]
         md += [f"## {gpu_title(gpu)}", "", _provenance(g), ""]
-        for op in swept[gpu]:
+        for op, table in swept[gpu].items():
             progress(f"[{next(step)}/{total}] {gpu} {op}: tables, bandwidth and "
                      "eager-vs-graph figures")
             md += [f"### {op}", ""]
-            table = tables.bandwidth_table(df, op, gpu)
             found = op_headline(table, gpu, op)
             if found is not None:
                 findings.ops.append(found)
