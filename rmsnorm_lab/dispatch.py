@@ -24,6 +24,7 @@ from .settings import Snapshot, on_change, settings, snapshot
 
 _cute_forward = None  # cute.launch.forward, imported on first use: CUTLASS takes seconds
 _cute_backward = None
+_cute_qk_rope = None  # cute.launch.qk_rope, likewise
 
 #: what launches the CuTe forward's planned kernel instead of its TVM-FFI call (None: that
 #: call): the host lesson's launch paths, installed by ``lab.forward_launcher``; calls go off
@@ -44,6 +45,13 @@ def _cute():
     if _cute_forward is None:
         from .cute.launch import forward as _cute_forward
     return _cute_forward
+
+
+def _cute_qk():
+    global _cute_qk_rope
+    if _cute_qk_rope is None:
+        from .cute.launch import qk_rope as _cute_qk_rope
+    return _cute_qk_rope
 
 
 def forward(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
@@ -266,13 +274,13 @@ def qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps: float, casting
         return qo.contiguous(), ko.contiguous(), qr, kr
     snap = snapshot()
     if backend == "cute":
-        from .cute.launch.qk_rope import qk_norm_rope_forward as cute_forward
-        from .cute.plan.forward import NotEligible
+        cute = _cute_qk_rope or _cute_qk()
         try:
             with nvtx.range("launch", "qk_rope", q.shape, on=snap.nvtx):
-                return cute_forward(q, k, q_weight, k_weight, cos, sin, eps, casting_mode,
-                                    snap.pdl, sm_count(q.get_device()))
-        except NotEligible:
+                return cute.qk_norm_rope_forward(q, k, q_weight, k_weight, cos, sin, eps,
+                                                 casting_mode, snap.pdl,
+                                                 sm_count(q.get_device()))
+        except cute.NotEligible:
             pass
     from .triton.qk_rope import triton_qk_norm_rope_forward
     with nvtx.range("launch", "triton", q.shape, on=snap.nvtx):
@@ -289,15 +297,14 @@ def qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin, q_
         return reference.qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos,
                                                sin, q_rstd, k_rstd, casting_mode)
     if backend == "cute":
-        from .cute.launch.qk_rope import qk_norm_rope_backward as cute_backward
-        from .cute.plan.forward import NotEligible
+        cute = _cute_qk_rope or _cute_qk()
         snap = snapshot()
         try:
             with nvtx.range("launch", "qk_rope_backward", q.shape, on=snap.nvtx):
-                return cute_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
-                                     q_rstd, k_rstd, casting_mode, snap.pdl,
-                                     sm_count(q.get_device()))
-        except NotEligible:
+                return cute.qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight,
+                                                  cos, sin, q_rstd, k_rstd, casting_mode,
+                                                  snap.pdl, sm_count(q.get_device()))
+        except cute.NotEligible:
             pass
     from .triton.qk_rope import triton_qk_norm_rope_backward
     return triton_qk_norm_rope_backward(dq_out, dk_out, q, k, q_weight, k_weight, cos, sin,
