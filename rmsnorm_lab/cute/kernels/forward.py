@@ -154,7 +154,6 @@ class RMSNormForward(RowTiles):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        M = mX.shape[0]
         t = RowThread(tidx, bidx, gdim, row=tidx // p.threads_per_row,
                        warp=(tidx % p.threads_per_row) // 32, lane=tidx % 32)
         if cutlass.const_expr(p.pdl):
@@ -166,18 +165,22 @@ class RMSNormForward(RowTiles):
             sBuf = row_sum_slots(smem, p.rows_per_cta, self.warps_per_row)
 
         cp = self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mX)
-        tXrX = cp.fragment(mX)
-        # The weight stays in registers in its own dtype (an fp32 copy of offset + w would double
-        # its registers), loaded before the row where the plan says so (``weight_up_front``),
-        # else after the reduction, for each chunk.
-        tWrW = None
-        if cutlass.const_expr(self.w_type is not None and p.weight_up_front):
-            tWrW = cp.weight(mW, 0)
+        self.rows(a, t, cp, cp.fragment(mX), sBuf)
 
+    @cute.jit
+    def rows(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX, sBuf):
+        """Thread ``t``'s rows of ``a``, by the schedule of the plan's tile: ``tile_group``, or
+        ``tile_loop`` with the weight in registers in its own dtype (an fp32 copy of offset + w
+        would double its registers), loaded before the row where the plan says so
+        (``weight_up_front``), else after the reduction, for each chunk."""
+        p = self.plan
         if cutlass.const_expr(p.tiles_per_cta > 1):
             self.tile_group(a, t, cp, tXrX)
         else:
-            self.tile_loop(a, t, cp, tXrX, tWrW, M, sBuf)
+            tWrW = None
+            if cutlass.const_expr(self.w_type is not None and p.weight_up_front):
+                tWrW = cp.weight(a.mW, 0)
+            self.tile_loop(a, t, cp, tXrX, tWrW, a.mX.shape[0], sBuf)
 
     @cute.jit
     def tile_loop(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX, tWrW, M, sBuf):

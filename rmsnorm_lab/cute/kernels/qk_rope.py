@@ -138,29 +138,17 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
         if bidx < q_ctas:
             a = ForwardArgs(mQ, mWq, mQo, mRq, eps, zero, None, None,
                             rope=Rope(mCos, mSin, heads_q))
-            self.rows(a, self.thread(tidx, bidx, q_ctas), cp, tXrX)
+            self.rows(a, self.thread(tidx, bidx, q_ctas), cp, tXrX, None)
         else:
             a = ForwardArgs(mK, mWk, mKo, mRk, eps, zero, None, None,
                             rope=Rope(mCos, mSin, heads_k))
-            self.rows(a, self.thread(tidx, bidx - q_ctas, gdim - q_ctas), cp, tXrX)
+            self.rows(a, self.thread(tidx, bidx - q_ctas, gdim - q_ctas), cp, tXrX, None)
 
     def thread(self, tidx, bidx, ctas) -> RowThread:
         """Thread ``tidx`` of CTA ``bidx`` of ``ctas``, counted within its tensor's CTAs."""
         tpr = self.plan.threads_per_row
         return RowThread(tidx, bidx, ctas, row=tidx // tpr, warp=(tidx % tpr) // 32,
                          lane=tidx % 32)
-
-    @cute.jit
-    def rows(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX):
-        """One tensor's rows, by the forward's schedule for the plan's tile."""
-        p = self.plan
-        if cutlass.const_expr(p.tiles_per_cta > 1):
-            self.tile_group(a, t, cp, tXrX)
-        else:
-            tWrW = None
-            if cutlass.const_expr(p.weight_up_front):
-                tWrW = cp.weight(a.mW, 0)
-            self.tile_loop(a, t, cp, tXrX, tWrW, a.mX.shape[0], None)
 
     @cute.jit
     def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
