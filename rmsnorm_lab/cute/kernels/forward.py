@@ -154,8 +154,7 @@ class RMSNormForward(RowTiles):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        t = RowThread(tidx, bidx, gdim, row=tidx // p.threads_per_row,
-                       warp=(tidx % p.threads_per_row) // 32, lane=tidx % 32)
+        t = self.thread(tidx, bidx, gdim)
         if cutlass.const_expr(p.pdl):
             wait_for_previous_grid()  # before any global access (device/pdl.py)
 
@@ -166,6 +165,12 @@ class RMSNormForward(RowTiles):
 
         cp = self.row_copy((p.rows_per_cta, p.cols_per_tile), tidx, mX)
         self.rows(a, t, cp, cp.fragment(mX), sBuf)
+
+    def thread(self, tidx, bidx, ctas) -> RowThread:
+        """Thread ``tidx`` of CTA ``bidx`` of the ``ctas`` that share the rows."""
+        tpr = self.plan.threads_per_row
+        return RowThread(tidx, bidx, ctas, row=tidx // tpr, warp=(tidx % tpr) // 32,
+                         lane=tidx % 32)
 
     @cute.jit
     def rows(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX, sBuf):

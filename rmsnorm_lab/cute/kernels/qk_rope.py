@@ -25,7 +25,7 @@ from cutlass.memory import SmemAllocator
 from ..device.arith import mul_rn, sum_of_products_x2
 from ..device.pdl import wait_for_previous_grid
 from ..device.reduce import row_sum
-from ..device.tiles import RowCopy, RowThread, RowTiles, strip_rows
+from ..device.tiles import RowCopy, RowTiles, strip_rows
 from ..dtypes import TORCH_TO_CUTE
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
@@ -143,12 +143,6 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
             a = ForwardArgs(mK, mWk, mKo, mRk, eps, zero, None, None,
                             rope=Rope(mCos, mSin, heads_k))
             self.rows(a, self.thread(tidx, bidx - q_ctas, gdim - q_ctas), cp, tXrX, None)
-
-    def thread(self, tidx, bidx, ctas) -> RowThread:
-        """Thread ``tidx`` of CTA ``bidx`` of ``ctas``, counted within its tensor's CTAs."""
-        tpr = self.plan.threads_per_row
-        return RowThread(tidx, bidx, ctas, row=tidx // tpr, warp=(tidx % tpr) // 32,
-                         lane=tidx % 32)
 
     @cute.jit
     def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
