@@ -1,7 +1,7 @@
 """The CuTe fp8 forward (``plan.quant``) without a GPU: its plans are the forward's tiles with an
 fp8 epilogue, and the code compiled for Hopper and Blackwell quantizes and stores the way the
-kernel says: one saturating convert for two values, IEEE divisions, 8 bytes of fp8 where x's copy
-is 16, no spills."""
+kernel says: one saturating convert for two values, the IEEE quotient from one reciprocal a row,
+y two values a word where the rounding allows, 8 bytes of fp8 where x's copy is 16, no spills."""
 
 import dataclasses
 import re
@@ -21,6 +21,7 @@ ARCHS = ["sm_90a", "sm_100a"]
 # tile groups), the fallback, every dtype and mode
 CASES = [
     ("row", 4096, BF16, BF16, "llama", "token", False, False),
+    ("row", 4096, F16, F16, "llama", "token", False, False),
     ("row", 4096, BF16, BF16, "llama", "static", False, True),
     ("row", 8192, BF16, BF16, "gemma", "token", True, False),
     ("row", 8192, BF16, BF16, "llama", "static", False, False),
@@ -66,17 +67,27 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
     ptx = compile_and_inspect(plan, arch)
     text = ptx.ptx
     assert re.search(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b", text)
-    # NaN goes to +448 before the convert (which would keep it): a select against 448.0
-    assert re.search(r"\bselp\.f32\s[^;]*0f43E00000", text)
-    # divisions by a register (the mean's division by N has a constant divisor)
-    divisions = re.findall(r"\bdiv\.rn\.f32\s+%r\d+, %r\d+, %r\d+;", text)
-    if quant == "static":
-        assert len(re.findall(r"\brcp\.rn\.f32\b", text)) == 1  # 1 / scale, once a thread
-        assert not divisions
-    else:
-        assert divisions and "rcp.rn.f32" not in text  # y / s, per element
+    # NaN goes to +448 before the convert (which would keep it): a min.f32 against 448.0,
+    # which passes over NaN
+    assert re.search(r"\bmin\.f32\s[^;]*0f43E00000", text)
+    # no division by a register (the mean's division by N, amax's by 448 have constant
+    # divisors): one reciprocal, 1 / scale once a thread (static) or a row (per token: once
+    # for each of a tile group's unrolled tiles)
+    assert not re.findall(r"\bdiv\.rn\.f32\s+%r\d+, %r\d+, %r\d+;", text)
+    rcps = len(re.findall(r"\brcp\.rn\.f32\b", text))
+    assert rcps == (plan.tiles_per_cta if quant == "token" else 1)
+    if quant == "token":
+        # y / s as arith.div_rn: the product corrected twice by its exact remainder
+        corrections = len(re.findall(r"\bfma\.rn\.f32 e, ns, q\d, ", text))
+        assert corrections and corrections % (2 * plan.vec) == 0  # two a value
         assert re.search(r"\bmax\.f32\b", text)  # amax: NaN passed over
-        assert bool(re.search(r"\bmin\.f32\b", text)) == ub
+        # the amax bound: a min.f32 against a register
+        assert bool(re.search(r"\bmin\.f32\s+%r\d+, %r\d+, %r\d+;", text)) == ub
+    # y rounded two values a word where the casting mode rounds the product (llama) and w has
+    # x's 16-bit dtype
+    packed = mode == "llama" and x in (BF16, F16) and w == x and plan.vec % 2 == 0
+    kind = "bf16x2" if x == BF16 else "f16x2"
+    assert bool(re.search(rf"\bmul\.rn\.{kind}\b", text)) == packed
     # fp8 stores of a copy's vec elements: 8 bytes where x's copies are 16 (4 for fp32 x)
     width = plan.vec  # bytes of fp8 a copy
     stores = re.findall(r"\bst\.global(?:\.cs)?\.(v4\.b16|v2\.b32|b64|b32|v2\.b16|v4\.b8|b16|b8)\b",
