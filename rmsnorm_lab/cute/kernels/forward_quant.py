@@ -123,12 +123,14 @@ class QuantEpilogue:
 
     @cute.jit
     def token_scale(self, a: ForwardArgs, amax: Float32, row, writes):
-        """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (IEEE
-        division), stored to ``mScale[row]`` by the thread for which ``writes`` holds; returned
-        with its reciprocal rounded to nearest, as ``store_fp8`` divides by it."""
+        """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (the IEEE
+        quotient, ``div_rn``), stored to ``mScale[row]`` by the thread for which ``writes``
+        holds; returned with its reciprocal rounded to nearest, as ``store_fp8`` divides by
+        it."""
         if cutlass.const_expr(self.plan.scale_ub):
             amax = cute.arch.fmin(amax, a.mScaleUb[0])
-        s = cute.arch.fmax(amax / Float32(FP8_MAX), Float32(FP8_MIN_SCALE))
+        s = cute.arch.fmax(div_rn(amax, Float32(FP8_MAX), Float32(1.0 / FP8_MAX)),
+                           Float32(FP8_MIN_SCALE))
         if writes:
             a.mScale[row] = s
         return s, Float32(1.0) / s
@@ -136,9 +138,10 @@ class QuantEpilogue:
     @cute.jit
     def store_fp8(self, cp: RowCopy, mQ, tile, c: cutlass.Constexpr[int], tXrX, scale, row_ok):
         """Column chunk c of y, in registers ``tXrX`` in x's dtype (``round_y``), as fp8: times
-        the static scale's inverse, or divided by the row's scale (``scale``: the pair ``token_scale`` returns; ``div_rn``, the IEEE quotient); NaN
-        to +448 (``min.f32`` passes over it), the rest saturated to +-448 by the convert
-        (``cvt.rn.satfinite``), rounded to nearest even."""
+        the static scale's inverse, or divided by the row's scale (``scale``: the pair
+        ``token_scale`` returns; ``div_rn``, the IEEE quotient); NaN to +448 (``min.f32``
+        passes over it), the rest saturated to +-448 by the convert (``cvt.rn.satfinite``),
+        rounded to nearest even."""
         p = self.plan
         tXrQ = cute.make_fragment_like(tXrX, self.y_type)
         for k in cutlass.range_constexpr(p.vecs_per_thread):  # a copy at a time: fewer live
