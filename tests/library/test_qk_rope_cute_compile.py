@@ -68,8 +68,8 @@ def test_rows_it_refuses():
 @pytest.mark.parametrize("dtype,D", CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_the_backward_compiles_without_atomics_or_local_memory(arch, dtype, D):
     """16-byte loads of the rows (rstd's words aside) and stores, no local memory, no atomics
-    (dW as partial rows), and shuffles for the other half of ``dy * sin`` where the halves are
-    in other lanes."""
+    (dW as partial rows), shuffles for the other half of ``dy * sin`` where the halves are in
+    other lanes, and the next tile's loads issued before this tile's math."""
     plan = qk_rope_plan(D, dtype, dtype, "llama", True, arch, pdl=arch == "sm_90a")
     with tempfile.TemporaryDirectory() as d:
         compile_qk_rope(plan, arch, keep_ptx_dir=d, backward=True)
@@ -86,3 +86,8 @@ def test_the_backward_compiles_without_atomics_or_local_memory(arch, dtype, D):
         assert idx == 0
     else:
         assert idx >= 2 * plan.vec and idx % plan.vec == 0
+    # the next tile's dy, x, cos and sin are loaded before the first tile's math (its first
+    # shuffle after the broadcast): the weight's copies, then two tiles' four rows of copies
+    shuffles = [m.start() for m in re.finditer(r"shfl\.sync", ptx)]
+    loads = re.findall(r"\bld\.global\.(?:v4\.b32|v2\.b64)", ptx[:shuffles[1]])
+    assert len(loads) >= 9 * plan.vecs_per_thread

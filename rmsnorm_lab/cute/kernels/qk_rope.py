@@ -217,12 +217,14 @@ class HeadRows:
 
 class RMSNormQkRopeBackward(RowHalves, RowTiles):
     """The backward of q's and k's rows in one launch: a persistent grid, CTA g walking strip g
-    of the tokens and, for each, q's heads then k's, ``rows_per_cta`` at a time. A row's
-    gradient goes back through the rotation first, in fp32 (reference.rope_backward: ``dy·cos``
-    plus the other half's ``dy·sin``, added in the first half and subtracted in the second),
-    then through the norm (reference.rms_norm_backward); dW of q and of k stay in registers for
-    the whole strip, are summed over the CTA's rows in a fixed order and written as row g of
-    each partial (``dw_reduce`` sums the rows: dW is bitwise reproducible)."""
+    of the tokens, q's rows of the strip then k's (a token's heads are consecutive rows, so a
+    strip's rows of each are one run), ``rows_per_cta`` at a time, the next tile's dy, x, cos,
+    sin and rstd loaded while this one is worked on. A row's gradient goes back through the
+    rotation first, in fp32 (reference.rope_backward: ``dy·cos`` plus the other half's
+    ``dy·sin``, added in the first half and subtracted in the second), then through the norm
+    (reference.rms_norm_backward); a tensor's dW stays in registers for its run, is summed over
+    the CTA's rows in a fixed order and written as row g of its partial (``dw_reduce`` sums the
+    rows: dW is bitwise reproducible)."""
 
     def __init__(self, plan: ForwardPlan):
         assert plan.chunks == 1 and plan.threads_per_row <= 32
@@ -263,42 +265,49 @@ class RMSNormQkRopeBackward(RowHalves, RowTiles):
                mPq: cute.Tensor, mPk: cute.Tensor, heads_q: Int32, heads_k: Int32):
         p = self.plan
         tidx, bidx, gdim, cp = self.start(mQ)
-        rope = Rope(mCos, mSin, heads_q)
-        parts = []
-        for mDy, mX, mR, mDx, mW, heads in ((mDq, mQ, mRq, mDqx, mWq, heads_q),
-                                           (mDk, mK, mRk, mDkx, mWk, heads_k)):
-            tAcc = cp.fragment(mX, Float32)
-            tAcc.fill(0.0)
-            parts.append(HeadRows(mDy, mX, mR, mDx, cp.weight(mW, 0), tAcc, heads))
         start, end = strip_rows(mCos.shape[0], bidx, gdim)
-        for token in cutlass.range(start, end):
-            tCr, tSr = self.tables(cp, rope, token, token < end, cp.fragment(mQ))
-            for part in parts:
-                for h0 in cutlass.range(0, part.heads, p.rows_per_cta):
-                    self.head_rows(cp, part, tCr, tSr, token, h0, tidx)
         smem = SmemAllocator()
         sDw = smem.allocate_tensor(Float32, cute.make_layout((p.threads // 32, p.N)),
                                    byte_alignment=16)
-        for part, mP in zip(parts, (mPq, mPk)):
-            self.write_partial(cp, part.tAcc, sDw, mP, bidx, tidx)
+        for mDy, mX, mR, mDx, mW, mP, heads in ((mDq, mQ, mRq, mDqx, mWq, mPq, heads_q),
+                                                (mDk, mK, mRk, mDkx, mWk, mPk, heads_k)):
+            tAcc = cp.fragment(mX, Float32)
+            tAcc.fill(0.0)
+            part = HeadRows(mDy, mX, mR, mDx, cp.weight(mW, 0), tAcc, heads)
+            rope = Rope(mCos, mSin, heads)
+            first, last = start * heads, end * heads  # the strip's rows of this tensor
+            tiles = self.tile_loads(cp, part, rope, first, last, tidx)
+            for row0 in cutlass.range(first, last, p.rows_per_cta):
+                ahead = self.tile_loads(cp, part, rope, row0 + p.rows_per_cta, last, tidx)
+                self.head_rows(cp, part, tiles, row0, last, tidx)
+                for now, nxt in zip(tiles, ahead):  # the next tile's registers become this one's
+                    now.store(nxt.load())
+            self.write_partial(cp, tAcc, sDw, mP, bidx, tidx)
 
     @cute.jit
-    def head_rows(self, cp: RowCopy, part: HeadRows, tCr, tSr, token, h0, tidx):
-        """Heads ``h0`` .. ``h0 + rows_per_cta`` of ``token``: rope's transpose, then the norm's
-        backward; dx stored, dW accumulated."""
+    def tile_loads(self, cp: RowCopy, part: HeadRows, rope: Rope, row0, last, tidx):
+        """Registers of the tile of rows from ``row0`` (those before ``last``): dy, x, their
+        tokens' cos and sin, rstd (zeros past ``last``)."""
         p = self.plan
-        h = h0 + tidx // p.threads_per_row
-        row_ok = h < part.heads
-        row0 = token * part.heads + h0
-        pred = cp.column_predicate(0, row_ok)
+        row = row0 + tidx // p.threads_per_row
+        row_ok = row < last
         tDyr, tXr = cp.fragment(part.mX), cp.fragment(part.mX)
-        tDyr.fill(0)
-        tXr.fill(0)
-        cute.copy(cp.tiled, cp.thr.partition_S(cp.tile_at(part.mDy, row0, 0)), tDyr, pred=pred)
-        cute.copy(cp.tiled, cp.thr.partition_S(cp.tile_at(part.mX, row0, 0)), tXr, pred=pred)
-        rstd = Float32(0.0)
+        cp.load_rows((part.mDy, part.mX), (tDyr, tXr), row0, 0, row_ok)
+        tCr, tSr = self.tables(cp, rope, row // rope.heads, row_ok, tXr)
+        tRr = cute.make_rmem_tensor(cute.make_layout(1), Float32)
+        tRr[0] = Float32(0.0)
         if row_ok:
-            rstd = part.mRstd[row0 + tidx // p.threads_per_row]
+            tRr[0] = part.mRstd[row]
+        return tDyr, tXr, tCr, tSr, tRr
+
+    @cute.jit
+    def head_rows(self, cp: RowCopy, part: HeadRows, tiles, row0, last, tidx):
+        """The tile of rows from ``row0`` (``tiles``: its registers, from ``tile_loads``):
+        rope's transpose, then the norm's backward; dx stored, dW accumulated."""
+        p = self.plan
+        tDyr, tXr, tCr, tSr, tRr = tiles
+        pred = cp.column_predicate(0, row0 + tidx // p.threads_per_row < last)
+        rstd = tRr[0]
         dy = tDyr.load().to(Float32)
         tGs = cute.make_fragment_like(tXr, Float32)  # dy * sin, whose other half each copy takes
         tGs.store(dy * tSr.load().to(Float32))
