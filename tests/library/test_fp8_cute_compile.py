@@ -11,7 +11,8 @@ import torch
 
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
-from rmsnorm_lab.cute.plan.forward import NotEligible, plan_forward
+from rmsnorm_lab.cute.plan.forward import (FP8_COPIES_PER_THREAD, FP8_THREADS_PER_SM,
+                                            NotEligible, plan_forward)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
@@ -46,14 +47,20 @@ def fp8_plan(variant, N, x, w, mode, quant, ub, residual, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:2] + c[5:6])))
 def test_the_plan_is_the_forwards_tile(case, arch):
-    """Same tile as the forward of the same call, so y (and a per-token amax) is bit for bit
-    the CuTe forward's; but the fp8 epilogue keeps off the register-bound tiles of one copy a
-    chunk (Hopper's 16 KB and wide rows), where its IEEE division's slow path would spill."""
+    """The forward's tile with an fp8 epilogue, but a one-row tile of one chunk (no residual)
+    takes four copies a thread (FP8_COPIES_PER_THREAD), where the forward takes two, and the
+    epilogue keeps off the register-bound tiles of one copy a chunk (Hopper's 16 KB and wide
+    rows)."""
     plan = fp8_plan(*case, arch)
     variant, N, x, w, mode, quant, ub, residual = case
     forward = plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
                            pdl=True, residual=residual)
-    if forward.min_ctas_per_sm:
+    if plan.variant == "row" and plan.chunks == 1 and not residual:
+        assert plan.vecs_per_thread == FP8_COPIES_PER_THREAD or plan.threads_per_row == 256
+        assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= N
+        assert plan.min_ctas_per_sm == (FP8_THREADS_PER_SM // plan.threads_per_row
+                                        if quant == "static" else 0)
+    elif forward.min_ctas_per_sm:
         assert plan.min_ctas_per_sm == 0 and plan.threads_per_row <= 256
     else:
         assert dataclasses.replace(plan, quant="", scale_ub=False) == forward

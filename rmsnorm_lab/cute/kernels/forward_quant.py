@@ -89,12 +89,14 @@ class QuantEpilogue:
         instructions)."""
         if cutlass.const_expr(self.packed_llama):
             if offset == Float32(0.0):
-                tXf = cute.make_fragment_like(tXrX, Float32)
-                tXf.store(tXrX.load().to(Float32) * rstd)
                 kind = "bf16x2" if self.x_type == cutlass.BFloat16 else "f16x2"
                 yw, ww = cute.recast_tensor(tXrX, Uint32), cute.recast_tensor(tWrW, Uint32)
-                for i in cutlass.range_constexpr(cute.size(yw)):
-                    yw[i] = round_times_x2(tXf[2 * i], tXf[2 * i + 1], ww[i], kind)
+                for k in cutlass.range_constexpr(self.plan.vecs_per_thread):  # a copy at a time
+                    tXf = cute.make_fragment_like(tXrX[(None, k), 0, 0], Float32)
+                    tXf.store(tXrX[(None, k), 0, 0].load().to(Float32) * rstd)
+                    for i in cutlass.range_constexpr(self.plan.vec // 2):
+                        yw[(i, k), 0, 0] = round_times_x2(tXf[2 * i], tXf[2 * i + 1],
+                                                          ww[(i, k), 0, 0], kind)
             else:
                 tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
                            .to(self.x_type))
