@@ -26,6 +26,7 @@ CASES = [
     ("row", 4096, BF16, BF16, "llama", "static", False, True),
     ("row", 8192, BF16, BF16, "gemma", "token", True, False),
     ("row", 8192, BF16, BF16, "llama", "static", False, False),
+    ("row", 16384, BF16, BF16, "llama", "static", False, False),
     ("row", 32768, BF16, BF16, "llama", "static", False, False),
     ("row", 32768, BF16, BF16, "llama", "token", False, False),
     ("row", 65536, F16, F32, "llama", "static", False, False),
@@ -58,8 +59,9 @@ def test_the_plan_is_the_forwards_tile(case, arch):
     if plan.variant == "row" and plan.chunks == 1 and not residual:
         assert plan.vecs_per_thread == FP8_COPIES_PER_THREAD or plan.threads_per_row == 256
         assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= N
+        bound = quant == "static" and plan.vecs_per_thread == FP8_COPIES_PER_THREAD
         assert plan.min_ctas_per_sm == (FP8_THREADS_PER_SM // plan.threads_per_row
-                                        if quant == "static" else 0)
+                                        if bound else 0)
     elif forward.min_ctas_per_sm:
         assert plan.min_ctas_per_sm == 0 and plan.threads_per_row <= 256
     else:

@@ -163,9 +163,10 @@ FEW_ROWS_COPIES_PER_THREAD = 4
 # at 4096 bf16 columns on an H100 (static 72.0 -> 68.2 us, per token 93.1 -> 75.4 at 16384 rows;
 # docs/design-record.md, 'fp8 output: the epilogue').
 FP8_COPIES_PER_THREAD = 4
-# ... and with a static scale a launch bound of this many threads an SM (64 registers a thread):
-# left to itself, ptxas takes 65 at 8192 columns, a CTA fewer an SM. Not a scale a row: bound,
-# its tile spills (28 bytes at 4096 columns), unbound it takes 63 or 64.
+# ... and with a static scale, where a thread holds those four copies, a launch bound of this
+# many threads an SM (64 registers a thread): left to itself, ptxas takes 65 at 8192 columns, a
+# CTA fewer an SM. Not eight copies (16384 columns: bound, they spill and the kernel takes twice
+# the time on an H200), not a scale a row (bound, its tile spills 28 bytes at 4096 columns).
 FP8_THREADS_PER_SM = 1024
 # Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
 # thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
@@ -362,7 +363,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             <= max_vecs_of(row_threads(n_vecs, FP8_COPIES_PER_THREAD))):
         threads = row_threads(n_vecs, FP8_COPIES_PER_THREAD)  # the fp8 epilogue's tile
         vecs_per_thread = -(-n_vecs // threads)
-        if quant == "static":
+        if quant == "static" and vecs_per_thread == FP8_COPIES_PER_THREAD:
             min_ctas_per_sm = FP8_THREADS_PER_SM // threads
     elif (variant == "row" and not residual and not quant and arch in TWO_PASS_ARCHS
             and two_pass_fits(x_dtype, w_dtype, casting_mode)):
