@@ -1,7 +1,7 @@
 """The CuTe fp8 forward (``plan.quant``) without a GPU: its plans are the forward's tiles with an
 fp8 epilogue, and the code compiled for Hopper and Blackwell quantizes and stores the way the
-kernel says: one saturating convert for two values, IEEE divisions, 8 bytes of fp8 where x's copy
-is 16, no spills."""
+kernel says: one saturating convert for two values, the IEEE quotient from one reciprocal a row,
+y two values a word where the rounding allows, 8 bytes of fp8 where x's copy is 16, no spills."""
 
 import dataclasses
 import re
@@ -11,7 +11,8 @@ import torch
 
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
-from rmsnorm_lab.cute.plan.forward import NotEligible, plan_forward
+from rmsnorm_lab.cute.plan.forward import (FP8_COPIES_PER_THREAD, FP8_THREADS_PER_SM,
+                                            NotEligible, plan_forward)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
@@ -21,9 +22,11 @@ ARCHS = ["sm_90a", "sm_100a"]
 # tile groups), the fallback, every dtype and mode
 CASES = [
     ("row", 4096, BF16, BF16, "llama", "token", False, False),
+    ("row", 4096, F16, F16, "llama", "token", False, False),
     ("row", 4096, BF16, BF16, "llama", "static", False, True),
     ("row", 8192, BF16, BF16, "gemma", "token", True, False),
     ("row", 8192, BF16, BF16, "llama", "static", False, False),
+    ("row", 16384, BF16, BF16, "llama", "static", False, False),
     ("row", 32768, BF16, BF16, "llama", "static", False, False),
     ("row", 32768, BF16, BF16, "llama", "token", False, False),
     ("row", 65536, F16, F32, "llama", "static", False, False),
@@ -45,14 +48,21 @@ def fp8_plan(variant, N, x, w, mode, quant, ub, residual, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:2] + c[5:6])))
 def test_the_plan_is_the_forwards_tile(case, arch):
-    """Same tile as the forward of the same call, so y (and a per-token amax) is bit for bit
-    the CuTe forward's; but the fp8 epilogue keeps off the register-bound tiles of one copy a
-    chunk (Hopper's 16 KB and wide rows), where its IEEE division's slow path would spill."""
+    """The forward's tile with an fp8 epilogue, but a one-row tile of one chunk (no residual)
+    takes four copies a thread (FP8_COPIES_PER_THREAD), where the forward takes two, and the
+    epilogue keeps off the register-bound tiles of one copy a chunk (Hopper's 16 KB and wide
+    rows)."""
     plan = fp8_plan(*case, arch)
     variant, N, x, w, mode, quant, ub, residual = case
     forward = plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
                            pdl=True, residual=residual)
-    if forward.min_ctas_per_sm:
+    if plan.variant == "row" and plan.chunks == 1 and not residual:
+        assert plan.vecs_per_thread == FP8_COPIES_PER_THREAD or plan.threads_per_row == 256
+        assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= N
+        bound = quant == "static" and plan.vecs_per_thread == FP8_COPIES_PER_THREAD
+        assert plan.min_ctas_per_sm == (FP8_THREADS_PER_SM // plan.threads_per_row
+                                        if bound else 0)
+    elif forward.min_ctas_per_sm:
         assert plan.min_ctas_per_sm == 0 and plan.threads_per_row <= 256
     else:
         assert dataclasses.replace(plan, quant="", scale_ub=False) == forward
@@ -66,17 +76,28 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
     ptx = compile_and_inspect(plan, arch)
     text = ptx.ptx
     assert re.search(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b", text)
-    # NaN goes to +448 before the convert (which would keep it): a select against 448.0
-    assert re.search(r"\bselp\.f32\s[^;]*0f43E00000", text)
-    # divisions by a register (the mean's division by N has a constant divisor)
-    divisions = re.findall(r"\bdiv\.rn\.f32\s+%r\d+, %r\d+, %r\d+;", text)
-    if quant == "static":
-        assert len(re.findall(r"\brcp\.rn\.f32\b", text)) == 1  # 1 / scale, once a thread
-        assert not divisions
-    else:
-        assert divisions and "rcp.rn.f32" not in text  # y / s, per element
+    # NaN goes to +448 before the convert (which would keep it): a min.f32 against 448.0,
+    # which passes over NaN
+    assert re.search(r"\bmin\.f32\s[^;]*0f43E00000", text)
+    # no division by a register (the mean's division by N, amax's by 448 have constant
+    # divisors): one reciprocal, 1 / scale once a thread (static) or a row (per token: once
+    # for each of a tile group's unrolled tiles)
+    assert not re.findall(r"\bdiv\.rn\.f32\s+%r\d+, %r\d+, %r\d+;", text)
+    rcps = len(re.findall(r"\brcp\.rn\.f32\b", text))
+    assert rcps == (plan.tiles_per_cta if quant == "token" else 1)
+    if quant == "token":
+        # y / s and amax / 448 as arith.div_rn: the product corrected twice by its exact
+        # remainder, for each value of a copy at least and for the row's scale
+        corrections = len(re.findall(r"\bfma\.rn\.f32 e, ns, q\d, ", text))
+        assert corrections >= 2 * (plan.vec + 1)
         assert re.search(r"\bmax\.f32\b", text)  # amax: NaN passed over
-        assert bool(re.search(r"\bmin\.f32\b", text)) == ub
+        # the amax bound: a min.f32 against a register
+        assert bool(re.search(r"\bmin\.f32\s+%r\d+, %r\d+, %r\d+;", text)) == ub
+    # y rounded two values a word where the casting mode rounds the product (llama) and w has
+    # x's 16-bit dtype
+    packed = mode == "llama" and x in (BF16, F16) and w == x and plan.vec % 2 == 0
+    kind = "bf16x2" if x == BF16 else "f16x2"
+    assert bool(re.search(rf"\bmul\.rn\.{kind}\b", text)) == packed
     # fp8 stores of a copy's vec elements: 8 bytes where x's copies are 16 (4 for fp32 x)
     width = plan.vec  # bytes of fp8 a copy
     stores = re.findall(r"\bst\.global(?:\.cs)?\.(v4\.b16|v2\.b32|b64|b32|v2\.b16|v4\.b8|b16|b8)\b",

@@ -254,13 +254,18 @@ class RMSNormForward(RowTiles):
             else:
                 scale = inv_scale
 
-            # Pass 2: normalize, scale, store.
-            for load, use in self.chunk_steps(order, True):
+            # Pass 2: normalize, scale, store (a scale a row: the chunk still in registers
+            # holds y, chunk_amax's).
+            for step, (load, use) in enumerate(self.chunk_steps(order, True)):
                 if cutlass.const_expr(load is not None):
                     self.load_chunk(cp, mH if p.residual else mX, tile, load,
                                     regs[load % len(regs)], row_ok, "first")
-                self.store_chunk(cp, a, tile, use, regs[use % len(regs)], rstd,
-                                 self.chunk_weight(cp, mW, tWrW, use), row_ok, scale)
+                tXrXc = regs[use % len(regs)]
+                if cutlass.const_expr(p.quant == "token" and step == 0):
+                    self.store_fp8(cp, a.mY, tile, use, tXrXc, scale, row_ok)
+                else:
+                    self.store_chunk(cp, a, tile, use, tXrXc, rstd,
+                                     self.chunk_weight(cp, mW, tWrW, use), row_ok, scale)
 
     def chunk_weight(self, cp: RowCopy, mW, tWrW, c: int):
         """w's registers for column chunk c: those loaded up front (``tWrW``), else chunk c's
@@ -317,7 +322,9 @@ class RMSNormForward(RowTiles):
                 amax = row_max(self.chunk_amax(bufs[j], rstd, tWrW, a.offset), None, 0, t.row,
                                0, t.lane, 1, p.threads_per_row)
                 scale = self.token_scale(a, amax, row, writer)
-            self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale)
+                self.store_fp8(cp, a.mY, first + j, 0, bufs[j], scale, row < M)
+            else:
+                self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
@@ -362,24 +369,21 @@ class RMSNormForward(RowTiles):
         static scale's inverse or over the row's scale (``scale``); as NVFP4, ``scale`` is the
         global scale (``store_nvfp4``)."""
         mY = a.mY
+        if cutlass.const_expr(self.plan.quant in ("static", "token")):
+            self.round_y(tXrX, rstd, tWrW, a.offset)
+            self.store_fp8(cp, mY, tile, c, tXrX, scale, row_ok)
+            return
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, a.offset)
         if cutlass.const_expr(self.plan.quant == "nvfp4"):
             self.store_nvfp4(cp, mY, a.mBlockScales, tile, c, tXrX, y, scale, row_ok)
         else:
             tXrY = cute.make_fragment_like(tXrX, self.y_type)
-            if cutlass.const_expr(self.plan.quant):
-                tXrY.store(self.quantize(y, scale))
-            else:
-                tXrY.store(y.to(self.x_type))
-            tXgY = cp.dst(mY, tile, c)
+            tXrY.store(y.to(self.x_type))
             store = cp.tiled
             if cutlass.const_expr(self.plan.stream_y):
                 store = self.streaming_store()
-            elif cutlass.const_expr(self.plan.quant):
-                store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.y_type,
-                                            num_bits_per_copy=self.plan.vec * self.y_type.width)
             if row_ok:
-                cute.copy(store, tXrY, tXgY, pred=cp.column_predicate(c))
+                cute.copy(store, tXrY, cp.dst(mY, tile, c), pred=cp.column_predicate(c))
 
     def streaming_store(self):
         """y's copy where ``plan.stream_y``: ``st.global.cs``, evict first, so y's lines leave

@@ -3,8 +3,9 @@ warp-per-row and fallback kernels of forward.py (their tiles, their sums, anothe
 
 * ``RMSNormFp8Forward`` (``plan.quant`` ``static`` or ``token``): float8_e4m3fn. y rounded to x's
   dtype, then multiplied by the inverse of a static scale, or divided by the row's own scale
-  (its amax of ``|y|`` over 448: one more row reduction, and over column chunks one more pass);
-  NaN to +448 and the convert saturating (reference.quantize_fp8).
+  (its amax of ``|y|`` over 448: one more row reduction, and over column chunks one more pass;
+  the chunk in registers keeps y from the amax to the store); NaN to +448 and the convert
+  saturating (reference.quantize_fp8).
 * ``RMSNormNvfp4Forward`` (``plan.quant == "nvfp4"``, Blackwell): e2m1 values with an e4m3 scale
   a block of 16, a block's two halves in neighbouring lanes (reference.quantize_nvfp4).
 
@@ -17,9 +18,10 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint32
 
 from ...reference import FP8_MAX, FP8_MIN_SCALE
+from ..device.arith import div_rn, round_times_x2
 from ..device.tiles import RowCopy
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
@@ -80,37 +82,86 @@ class QuantEpilogue:
                 mQ[row, col // 8] = words[0]
 
     @cute.jit
-    def chunk_amax(self, tXrX, rstd: Float32, tWrW, offset: Float32) -> Float32:
-        """This thread's largest ``|y|`` over one register chunk, y rounded to x's dtype, NaN
-        passed over (vLLM's ``fmaxf``); padding columns hold x = 0 and so y = 0."""
-        y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-        y = y.to(self.x_type).to(Float32)
-        mag = cute.where(y == y, cute.math.abs(y), Float32(0.0))
-        return mag.reduce(cute.ReductionOp.MAX, Float32(0.0), reduction_profile=0)
+    def round_y(self, tXrX, rstd: Float32, tWrW, offset: Float32):
+        """Registers ``tXrX`` <- y rounded to x's dtype, where they held x (or h). The casting
+        mode "llama" on 16-bit rows, w of x's dtype and no offset, goes two values a word
+        (arith.round_times_x2: bit for bit the same rounding points, a third of the
+        instructions)."""
+        if cutlass.const_expr(self.packed_llama):
+            if offset == Float32(0.0):
+                kind = "bf16x2" if self.x_type == cutlass.BFloat16 else "f16x2"
+                yw, ww = cute.recast_tensor(tXrX, Uint32), cute.recast_tensor(tWrW, Uint32)
+                for k in cutlass.range_constexpr(self.plan.vecs_per_thread):  # a copy at a time
+                    tXf = cute.make_fragment_like(tXrX[(None, k), 0, 0], Float32)
+                    tXf.store(tXrX[(None, k), 0, 0].load().to(Float32) * rstd)
+                    for i in cutlass.range_constexpr(self.plan.vec // 2):
+                        yw[(i, k), 0, 0] = round_times_x2(tXf[2 * i], tXf[2 * i + 1],
+                                                          ww[(i, k), 0, 0], kind)
+            else:
+                tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+                           .to(self.x_type))
+        else:
+            tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+                       .to(self.x_type))
+
+    @property
+    def packed_llama(self) -> bool:
+        """Does ``round_y`` take two values a word where the offset is 0?"""
+        return (self.plan.casting_mode == "llama" and self.x_type.width == 16
+                and self.w_type == self.x_type and self.plan.vec % 2 == 0)
 
     @cute.jit
-    def token_scale(self, a: ForwardArgs, amax: Float32, row, writes) -> Float32:
-        """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (IEEE
-        division), stored to ``mScale[row]`` by the thread for which ``writes`` holds."""
+    def chunk_amax(self, tXrX, rstd: Float32, tWrW, offset: Float32) -> Float32:
+        """This thread's largest ``|y|`` over one register chunk, which then holds y rounded to
+        x's dtype (``store_fp8`` quantizes it from there); NaN passed over (``max.f32``, as
+        vLLM's ``fmaxf``); padding columns hold x = 0 and so y = 0."""
+        self.round_y(tXrX, rstd, tWrW, offset)
+        mag = cute.make_fragment_like(tXrX, Float32)
+        mag.store(cute.math.abs(tXrX.load().to(Float32)))
+        amax = Float32(0.0)
+        for i in cutlass.range_constexpr(cute.size(mag)):
+            amax = cute.arch.fmax(amax, mag[i])
+        return amax
+
+    @cute.jit
+    def token_scale(self, a: ForwardArgs, amax: Float32, row, writes):
+        """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (the IEEE
+        quotient, ``div_rn``), stored to ``mScale[row]`` by the thread for which ``writes``
+        holds; returned with its reciprocal rounded to nearest, as ``store_fp8`` divides by
+        it."""
         if cutlass.const_expr(self.plan.scale_ub):
             amax = cute.arch.fmin(amax, a.mScaleUb[0])
-        s = cute.arch.fmax(amax / Float32(FP8_MAX), Float32(FP8_MIN_SCALE))
+        s = cute.arch.fmax(div_rn(amax, Float32(FP8_MAX), Float32(1.0 / FP8_MAX)),
+                           Float32(FP8_MIN_SCALE))
         if writes:
             a.mScale[row] = s
-        return s
+        return s, Float32(1.0) / s
 
     @cute.jit
-    def quantize(self, y, scale: Float32):
-        """fp8 of y (fp32): rounded to x's dtype first, then times the static inverse or over
-        the row's scale; NaN to +448, the rest saturated to +-448 by the convert
-        (``cvt.rn.satfinite``), rounded to nearest even."""
-        y = y.to(self.x_type).to(Float32)
-        if cutlass.const_expr(self.plan.quant == "token"):
-            v = y / scale
-        else:
-            v = y * scale
-        v = cute.where(v == v, v, Float32(FP8_MAX))
-        return v.to(self.y_type)
+    def store_fp8(self, cp: RowCopy, mQ, tile, c: cutlass.Constexpr[int], tXrX, scale, row_ok):
+        """Column chunk c of y, in registers ``tXrX`` in x's dtype (``round_y``), as fp8: times
+        the static scale's inverse, or divided by the row's scale (``scale``: the pair
+        ``token_scale`` returns; ``div_rn``, the IEEE quotient); NaN to +448 (``min.f32``
+        passes over it), the rest saturated to +-448 by the convert (``cvt.rn.satfinite``),
+        rounded to nearest even."""
+        p = self.plan
+        tXrQ = cute.make_fragment_like(tXrX, self.y_type)
+        for k in cutlass.range_constexpr(p.vecs_per_thread):  # a copy at a time: fewer live
+            tYf = cute.make_fragment_like(tXrX[(None, k), 0, 0], Float32)
+            tYf.store(tXrX[(None, k), 0, 0].load().to(Float32))
+            for i in cutlass.range_constexpr(p.vec):
+                if cutlass.const_expr(p.quant == "token"):
+                    v = div_rn(tYf[i], scale[0], scale[1])
+                else:
+                    v = tYf[i] * scale
+                tYf[i] = cute.arch.fmin(v, Float32(FP8_MAX))
+            tXrQ[(None, k), 0, 0].store(tYf.load().to(self.y_type))
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.y_type,
+                                    num_bits_per_copy=p.vec * self.y_type.width)
+        if cutlass.const_expr(p.stream_y):
+            store = self.streaming_store()
+        if row_ok:
+            cute.copy(store, tXrQ, cp.dst(mQ, tile, c), pred=cp.column_predicate(c))
 
 
 class RMSNormFp8Forward(QuantEpilogue, RMSNormForward):
