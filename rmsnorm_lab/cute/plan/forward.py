@@ -161,7 +161,7 @@ FEW_ROWS_COPIES_PER_THREAD = 4
 # The fp8 epilogue's row tile: copies a thread. Its amax, division and converts make a CTA of
 # two copies a thread issue-bound; four, half the threads a row, measured fastest of seven tiles
 # at 4096 bf16 columns on an H100 (static 72.0 -> 68.2 us, per token 93.1 -> 75.4 at 16384 rows;
-# docs/design-record.md, 'fp8 output: the epilogue').
+# docs/design-record.md, 'Forward: fp8 output').
 FP8_COPIES_PER_THREAD = 4
 # ... and with a static scale, where a thread holds those four copies, a launch bound of this
 # many threads an SM (64 registers a thread): left to itself, ptxas takes 65 at 8192 columns, a
