@@ -85,7 +85,7 @@ class QuantEpilogue:
     def round_y(self, tXrX, rstd: Float32, tWrW, offset: Float32):
         """Registers ``tXrX`` <- y rounded to x's dtype, where they held x (or h). The casting
         mode "llama" on 16-bit rows, w of x's dtype and no offset, goes two values a word
-        (arith.round_times_x2: bit for bit the same rounding points, a third of the
+        (arith.round_times_x2: the same rounding points, bit for bit, in fewer
         instructions)."""
         if cutlass.const_expr(self.packed_llama):
             if offset == Float32(0.0):

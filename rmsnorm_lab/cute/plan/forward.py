@@ -158,15 +158,13 @@ class ForwardPlan(RowTilePlan):
 
 # ``auto``'s few-rows tile of the middle row class (cute/plan/auto.py): copies a thread.
 FEW_ROWS_COPIES_PER_THREAD = 4
-# The fp8 epilogue's row tile: copies a thread. Its amax, division and converts make a CTA of
-# two copies a thread issue-bound; four, half the threads a row, measured fastest of seven tiles
-# at 4096 bf16 columns on an H100 (static 72.0 -> 68.2 us, per token 93.1 -> 75.4 at 16384 rows;
-# docs/design-record.md, 'Forward: fp8 output').
+# The fp8 epilogue's row tile: copies a thread. Its amax, division and converts keep a CTA of
+# two copies a thread issue-bound; four, half the threads a row, is the fastest of seven tiles
+# measured at 4096 bf16 columns (docs/design-record.md, 'Forward: fp8 output').
 FP8_COPIES_PER_THREAD = 4
 # ... and with a static scale, where a thread holds those four copies, a launch bound of this
 # many threads an SM (64 registers a thread): left to itself, ptxas takes 65 at 8192 columns, a
-# CTA fewer an SM. Not eight copies (16384 columns: bound, they spill and the kernel takes twice
-# the time on an H200), not a scale a row (bound, its tile spills 28 bytes at 4096 columns).
+# CTA fewer an SM. Not at eight copies, nor with a scale a row: bound, those tiles spill.
 FP8_THREADS_PER_SM = 1024
 # Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
 # thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
@@ -354,15 +352,14 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
     few_rows = row_class > 0 and variant == "row" and chunks == 1 and not residual
+    fp8_threads = row_threads(n_vecs, FP8_COPIES_PER_THREAD)  # the fp8 epilogue's row tile
     if few_rows:
         if row_class == 1:
             threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
             vecs_per_thread = -(-n_vecs // threads)
     elif (variant == "row" and not residual and quant in ("static", "token") and chunks == 1
-            and -(-n_vecs // row_threads(n_vecs, FP8_COPIES_PER_THREAD))
-            <= max_vecs_of(row_threads(n_vecs, FP8_COPIES_PER_THREAD))):
-        threads = row_threads(n_vecs, FP8_COPIES_PER_THREAD)  # the fp8 epilogue's tile
-        vecs_per_thread = -(-n_vecs // threads)
+            and -(-n_vecs // fp8_threads) <= max_vecs_of(fp8_threads)):
+        threads, vecs_per_thread = fp8_threads, -(-n_vecs // fp8_threads)
         if quant == "static" and vecs_per_thread == FP8_COPIES_PER_THREAD:
             min_ctas_per_sm = FP8_THREADS_PER_SM // threads
     elif (variant == "row" and not residual and not quant and arch in TWO_PASS_ARCHS
