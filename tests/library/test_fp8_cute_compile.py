@@ -35,6 +35,7 @@ CASES = [
     ("warp", 128, BF16, BF16, "llama", "token", False, False),
     ("warp", 128, BF16, BF16, "llama", "static", False, True),
     ("warp", 1024, F16, F16, "none", "token", True, False),
+    ("warp", 1024, BF16, BF16, "llama", "static", False, False),
     ("fallback", 1023, BF16, BF16, "llama", "token", False, True),
     ("fallback", 100003, F32, None, "gemma", "static", False, False),
 ]
@@ -94,8 +95,9 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
         # the amax bound: a min.f32 against a register
         assert bool(re.search(r"\bmin\.f32\s+%r\d+, %r\d+, %r\d+;", text)) == ub
     # y rounded two values a word where the casting mode rounds the product (llama) and w has
-    # x's 16-bit dtype
-    packed = mode == "llama" and x in (BF16, F16) and w == x and plan.vec % 2 == 0
+    # x's 16-bit dtype, but on warp tiles of several copies a lane
+    packed = (mode == "llama" and x in (BF16, F16) and w == x and plan.vec % 2 == 0
+              and (variant != "warp" or plan.vecs_per_thread == 1))
     kind = "bf16x2" if x == BF16 else "f16x2"
     assert bool(re.search(rf"\bmul\.rn\.{kind}\b", text)) == packed
     # fp8 stores of a copy's vec elements: 8 bytes where x's copies are 16 (4 for fp32 x)
@@ -110,6 +112,16 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
     assert ptx.spill_bytes == 0, f"{ptx.spill_bytes} bytes spilled, {ptx.registers} regs"
     if plan.min_ctas_per_sm:
         assert ptx.registers * plan.threads * plan.min_ctas_per_sm <= 65536
+
+
+@pytest.mark.parametrize("quant", ["static", "token"])
+def test_the_warp_tile_of_1024_columns_keeps_four_ctas_an_sm(quant):
+    """256 threads a CTA: at most 64 registers a thread, or an SM holds a CTA fewer."""
+    plan = fp8_plan("warp", 1024, BF16, BF16, "llama", quant, False, False, "sm_90a")
+    ptx = compile_and_inspect(plan, "sm_90a")
+    if ptx.registers is None:
+        pytest.skip("no ptxas new enough for this PTX")
+    assert plan.threads == 256 and ptx.registers <= 64, ptx.registers
 
 
 @pytest.mark.parametrize("variant", ["persistent", "cluster", "staged"])
