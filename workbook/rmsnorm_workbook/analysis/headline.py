@@ -29,7 +29,9 @@ class Row(NamedTuple):
     copy: Optional[str]  # the same-shape copy (None: host rows)
     path: str = "graph"
     metric: str = "time"
-    peer_suffix: str = ""  # the fused add's implementations carry "+add"
+    # the peers' suffix ("+add": the fused add's; "+autograd": the host benchmark's); none: the
+    # plain op's peers, no fused variant ("+fp8", "+rope", ...) among them
+    peer_suffix: str = ""
 
 
 ROWS = (
@@ -43,7 +45,7 @@ ROWS = (
     Row("residual add + norm, backward", "bwd", 16384, 4096, "cute.auto+add",
         "copy3r1w.shape", peer_suffix="+add"),
     Row("host µs per call, forward with autograd", "fwd", 128, 4096,
-        "cute.auto@tvm_ffi+autograd", None, path="host", metric="host"),
+        "cute.auto@tvm_ffi+autograd", None, path="host", metric="host", peer_suffix="+autograd"),
 )
 
 
@@ -70,7 +72,7 @@ def headline(df: pd.DataFrame, gpu: str = "h200") -> pd.DataFrame:
             continue
         peers = us[[i for i in us.index if not i.startswith(LAB_PREFIXES + ("teach.",))
                     and i not in CEILINGS and "@" not in i
-                    and (i.endswith(r.peer_suffix) if r.peer_suffix else "+add" not in i)]]
+                    and (i.endswith(r.peer_suffix) if r.peer_suffix else "+" not in i)]]
         best = peers.idxmin() if len(peers) else None
         row = {"what": r.what, "shape": f"{r.M}×{r.N}", "lab µs": us[r.lab],
                "best peer": _peer_label(best) if best else "", "peer µs": us.get(best)}
