@@ -11,8 +11,8 @@ import torch
 
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
-from rmsnorm_lab.cute.plan.forward import (FP8_COPIES_PER_THREAD, FP8_THREADS_PER_SM,
-                                            NotEligible, plan_forward)
+from rmsnorm_lab.cute.plan.forward import NotEligible, plan_forward
+from rmsnorm_lab.cute.plan.quant import FP8_COPIES_PER_THREAD, FP8_THREADS_PER_SM
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]

@@ -22,7 +22,7 @@ import torch
 
 from ...common.rows import INT32_LIMIT
 from ...registry import FORWARD_VARIANTS as VARIANTS
-from .quant import quant_problem
+from .quant import FP8_COPIES_PER_THREAD, fp8_launch_bound, quant_problem
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
 # at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
@@ -158,14 +158,6 @@ class ForwardPlan(RowTilePlan):
 
 # ``auto``'s few-rows tile of the middle row class (cute/plan/auto.py): copies a thread.
 FEW_ROWS_COPIES_PER_THREAD = 4
-# The fp8 epilogue's row tile: copies a thread. Its amax, division and converts keep a CTA of
-# two copies a thread issue-bound; four, half the threads a row, is the fastest of seven tiles
-# measured at 4096 bf16 columns (docs/design-record.md, 'Forward: fp8 output').
-FP8_COPIES_PER_THREAD = 4
-# ... and with a static scale, where a thread holds those four copies, a launch bound of this
-# many threads an SM (64 registers a thread): left to itself, ptxas takes 65 at 8192 columns, a
-# CTA fewer an SM. Not at eight copies, nor with a scale a row: bound, those tiles spill.
-FP8_THREADS_PER_SM = 1024
 # Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
 # thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
 # tiles and issues all their loads before it reduces the first. Two, not more: each tile's 64-bit
@@ -198,9 +190,8 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
     """Does ptxas fit the tiles of one copy a chunk in the 32 registers their launch bounds
     allow, without spilling? Yes for a weight no wider than x (or none) in the llama and gemma
     modes; an fp32 weight on bf16 x, and the none mode's extra roundings, made them spill
-    (ptxas -v, sm_90a; tests/library/test_cute_compile.py compiles every case). So did the fp8
-    output, whose IEEE reciprocal and divisions call a slow path with a stack frame
-    (plan_forward keeps fp8 plans off these tiles)."""
+    (ptxas -v, sm_90a; tests/library/test_cute_compile.py compiles every case). fp8 plans take
+    a one-row tile of their own (plan/quant.py)."""
     narrow_weight = w_dtype is None or ELEM_BYTES[w_dtype] <= ELEM_BYTES[x_dtype]
     return narrow_weight and casting_mode != "none"
 
@@ -292,9 +283,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
     the tiles of one copy a chunk (all measured without it). ``row_class``: ``auto``'s class of
     the row count, whose few-rows tiles cute/plan/auto.py describes. ``quant``: y written as fp8
-    with a static or per-token scale, or NVFP4 (plan/quant.py), ``scale_ub`` bounding a per-token
-    amax.
-    """
+    (a static or per-token scale, ``scale_ub`` bounding its amax) or NVFP4 (plan/quant.py)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     problem = quant_problem(quant, scale_ub, variant, N, ELEM_BYTES.get(x_dtype), store_rstd,
@@ -360,8 +349,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     elif (variant == "row" and not residual and quant in ("static", "token") and chunks == 1
             and -(-n_vecs // fp8_threads) <= max_vecs_of(fp8_threads)):
         threads, vecs_per_thread = fp8_threads, -(-n_vecs // fp8_threads)
-        if quant == "static" and vecs_per_thread == FP8_COPIES_PER_THREAD:
-            min_ctas_per_sm = FP8_THREADS_PER_SM // threads
+        min_ctas_per_sm = fp8_launch_bound(quant, threads, vecs_per_thread)
     elif (variant == "row" and not residual and not quant and arch in TWO_PASS_ARCHS
             and two_pass_fits(x_dtype, w_dtype, casting_mode)):
         if n_vecs == TWO_PASS_ROW_COPIES:

@@ -14,6 +14,21 @@ QUANT_VARIANTS = ("row", "warp", "fallback")
 # halves are two neighbouring lanes' 16-byte copies, so the vector path of 2-byte x only.
 NVFP4_ARCHS = ("sm_100a", "sm_103a")
 NVFP4_VARIANTS = ("row", "warp")
+# The fp8 epilogue's one-row tile: copies a thread. Its amax, division and converts keep a CTA of
+# two copies a thread issue-bound; four, half the threads a row, is the fastest of seven tiles
+# measured at 4096 bf16 columns (docs/design-record.md, 'Forward: fp8 output').
+FP8_COPIES_PER_THREAD = 4
+# ... and with a static scale, where a thread holds those four copies, a launch bound of this
+# many threads an SM (64 registers a thread): left to itself, ptxas takes 65 at 8192 columns, a
+# CTA fewer an SM. Not at eight copies, nor with a scale a row: bound, those tiles spill.
+FP8_THREADS_PER_SM = 1024
+
+
+def fp8_launch_bound(quant: str, threads: int, vecs_per_thread: int) -> int:
+    """``min_ctas_per_sm`` of the fp8 epilogue's one-row tile (0: no bound)."""
+    if quant == "static" and vecs_per_thread == FP8_COPIES_PER_THREAD:
+        return FP8_THREADS_PER_SM // threads
+    return 0
 
 
 def quant_problem(quant: str, scale_ub: bool, variant: str, N: int, x_bytes: Optional[int],
