@@ -89,3 +89,29 @@ def test_codes_a_step_apart_pass_and_a_wrong_scale_fails():
     assert runner.rel_error((apart, scales), (codes, scales)) < tol
     halved, _ = reference.quantize_fp8(y, torch.tensor(2 * scales.max().item()))
     assert runner.rel_error((halved, scales), (codes, scales)) > tol
+
+
+def test_graph_times_now_reads_back_one_shape_of_its_run(monkeypatch):
+    """The notebooks' live path: ``bench`` of one shape into a temporary directory, read back
+    as graph-replay medians by implementation (here ``bench`` writes known rows)."""
+    from rmsnorm_workbook import results
+    from test_results import row
+
+    calls = []
+
+    def fake_bench(op, *, out, tag, shapes):
+        calls.append((op, tag, shapes))
+        rows = [row(op="fwd", impl=impl, M=M, N=16384, path=path, metric=metric,
+                    unit=results.METRIC_UNITS[metric], p20=p50, p50=p50, p80=p50)
+                for impl, M, path, metric, p50 in (
+                    ("cute.auto+fp8", 16, "graph", "time", 2.5),
+                    ("cute.auto+fp8", 16, "eager", "time", 9.0),
+                    ("cute.auto+fp8", 32, "graph", "time", 4.0),
+                    ("cute.auto+fp8", 16, "graph", "bandwidth", 7.0),
+                    ("triton.row+fp8", 16, "graph", "time", 3.5))]
+        return runner.Outcome(path=results.write(rows, out / "testgpu" / f"{op}-{tag}.csv"))
+
+    monkeypatch.setattr(runner, "bench", fake_bench)
+    got = runner.graph_times_now("fwd-fp8", 16, 16384)
+    assert calls == [("fwd-fp8", "live", [(16, 16384)])]
+    assert got.to_dict() == {"cute.auto+fp8": 2.5, "triton.row+fp8": 3.5}

@@ -385,3 +385,16 @@ def bench(op: str = "fwd", *, quick: bool = False, out: Optional[Path] = None,
     outcome = sweep.out
     outcome.path = results_io.write(outcome.rows, path)
     return outcome
+
+
+def graph_times_now(op: str, M: int, N: int):
+    """µs a call, CUDA-graph replay medians, of every implementation of ``op`` at (M, N) on
+    this GPU, now, by impl: ``bench`` of that one shape into a temporary directory (a
+    notebook's live path)."""
+    import tempfile
+
+    df = results_io.load(bench(op, out=Path(tempfile.mkdtemp()), tag="live",
+                               shapes=[(M, N)]).path)
+    at = df[(df["path"] == "graph") & (df["metric"] == "time") & (df["M"] == M)
+            & (df["N"] == N)]
+    return at.set_index("impl")["p50"]
