@@ -113,7 +113,7 @@ def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
     if covered:
         caption = (f"{op}, host µs per call, from the host benchmark (`bench --op host`, its "
                    f"newest run, commit {', '.join(sorted(host['commit'].unique()))}): "
-                   f"{host_method(op)}:")
+                   f"{host_method(op)}. The host benchmark's rows:")
         host = host.drop(columns="commit")
     else:
         caption = (f"{op}, host µs per call, from the sweeps' own host rows (the host benchmark "
