@@ -335,7 +335,8 @@ def test_host_crossover_draws_each_run_of_the_sweeps_apart(frame):
         xs = set(ln.get_xdata())
         assert xs <= set(early["M"]) or not xs & set(early["M"])
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert sum(t.startswith("a run of the sweeps") for t in legend) == len(runs)
+    assert sum(t.startswith("run ") for t in legend) == len(runs)
+    assert any(t.startswith("run 01-01 00:00: M = ") for t in legend)
     plt.close(fig)
 
 

@@ -203,7 +203,8 @@ def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = 
             Ms = sorted({int(m) for d in curves.values() for m in d.loc[d["timestamp"] == run,
                                                                         "M"]})
             ax.plot([], [], linestyle=ls, marker="o", color=GREY, fillstyle=fill,
-                    label=f"a run of the sweeps: M = {', '.join(f'{m:,}' for m in Ms)}")
+                    label=f"run {str(run)[5:16].replace('T', ' ')}: M = "
+                          f"{', '.join(f'{m:,}' for m in Ms)}")
     for k, (impl, r) in enumerate(table.head(len(_HOST_LINE_STYLE)).iterrows()):
         ls, c = _HOST_LINE_STYLE[k]
         ax.axhline(r["host µs"], color=c, linestyle=ls, linewidth=1.5,
