@@ -437,7 +437,8 @@ def plot_reported_vs_modelled(pr: pd.DataFrame, scenario: Optional[pd.DataFrame]
         drawn.append((scenario_label or "scenario", scen.to_numpy(dtype=float),
                       dict(marker="D", fillstyle="none", color=GREEN, markersize=8)))
     drawn = [(label, v, kw) for label, v, kw in drawn if np.isfinite(v).any()]
-    width = 0.19  # series side by side within each (GPU, M) group, so none hides another
+    width = 0.15  # series side by side within each (GPU, M) group, so none hides another,
+    # the outermost well inside the group's separators
     for x in xs[1:]:
         ax.axvline(x - 0.5, color=GREY, linewidth=0.6, alpha=0.5)
     for j, (label, v, kw) in enumerate(drawn):
