@@ -15,8 +15,8 @@ A row of values divided by one scale s needs ``div.rn.f32``'s quotient, not the 
 branch a value; ``div_rn`` takes ``r = 1/s`` rounded to nearest, computed once, and corrects the
 product ``y * r`` twice by its exact remainder ``y - s * q`` (an FMA). The first correction
 leaves the quotient within an ulp, and from within an ulp Markstein's step with a correctly
-rounded reciprocal gives the correctly rounded quotient (Muller et al., Handbook of
-Floating-Point Arithmetic, Theorem 4.10)."""
+rounded reciprocal gives the correctly rounded quotient (Markstein's theorem on division by FMA;
+Muller et al., Handbook of Floating-Point Arithmetic)."""
 
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import math
 import re
+import tempfile
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -391,8 +392,6 @@ def graph_times_now(op: str, M: int, N: int):
     """µs a call, CUDA-graph replay medians, of every implementation of ``op`` at (M, N) on
     this GPU, now, by impl: ``bench`` of that one shape into a temporary directory (a
     notebook's live path)."""
-    import tempfile
-
     df = results_io.load(bench(op, out=Path(tempfile.mkdtemp()), tag="live",
                                shapes=[(M, N)]).path)
     at = df[(df["path"] == "graph") & (df["metric"] == "time") & (df["M"] == M)
