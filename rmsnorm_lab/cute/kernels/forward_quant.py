@@ -87,6 +87,8 @@ class QuantEpilogue:
         mode "llama" on 16-bit rows, w of x's dtype and no offset, goes two values a word
         (arith.round_times_x2: the same rounding points, bit for bit, in fewer
         instructions)."""
+        # packed where the tile allows it (a compile-time test) and the offset is 0 (a run-time
+        # one, whose branches are both traced); the plain rounding otherwise, in either branch
         if cutlass.const_expr(self.packed_llama):
             if offset == Float32(0.0):
                 kind = "bf16x2" if self.x_type == cutlass.BFloat16 else "f16x2"
