@@ -12,67 +12,77 @@ import torch
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
 from rmsnorm_lab.cute.plan.forward import NotEligible, plan_forward
-from rmsnorm_lab.cute.plan.quant import FP8_COPIES_PER_THREAD, FP8_THREADS_PER_SM
+from rmsnorm_lab.cute.plan.quant import FP8_BOUND_CTAS, FP8_COPIES_PER_THREAD
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
 
-# (variant, N, x dtype, w dtype, mode, quant, scale_ub, residual): the row tile, the 16 KB
-# two-pass tile, column chunks (pipelined, and with a residual), warp-per-row (per-head rows in
-# tile groups), the fallback, every dtype and mode
+# (variant, N, x dtype, w dtype, mode, quant, scale_ub, residual, offset): the row tile, the
+# 16 KB two-pass tile, column chunks (pipelined, and with a residual), warp-per-row (per-head rows
+# in tile groups), the fallback, every dtype and mode, with and without an offset
 CASES = [
-    ("row", 4096, BF16, BF16, "llama", "token", False, False),
-    ("row", 4096, F16, F16, "llama", "token", False, False),
-    ("row", 4096, BF16, BF16, "llama", "static", False, True),
-    ("row", 8192, BF16, BF16, "gemma", "token", True, False),
-    ("row", 8192, BF16, BF16, "llama", "static", False, False),
-    ("row", 16384, BF16, BF16, "llama", "static", False, False),
-    ("row", 32768, BF16, BF16, "llama", "static", False, False),
-    ("row", 32768, BF16, BF16, "llama", "token", False, False),
-    ("row", 65536, F16, F32, "llama", "static", False, False),
-    ("row", 32768, BF16, None, "gemma", "token", True, True),
-    ("row", 4096, F32, F32, "none", "token", False, True),
-    ("warp", 128, BF16, BF16, "llama", "token", False, False),
-    ("warp", 128, BF16, BF16, "llama", "static", False, True),
-    ("warp", 1024, F16, F16, "none", "token", True, False),
-    ("warp", 1024, BF16, BF16, "llama", "static", False, False),
-    ("fallback", 1023, BF16, BF16, "llama", "token", False, True),
-    ("fallback", 100003, F32, None, "gemma", "static", False, False),
+    ("row", 4096, BF16, BF16, "llama", "token", False, False, False),
+    ("row", 4096, F16, F16, "llama", "token", False, False, True),
+    ("row", 4096, BF16, BF16, "llama", "static", False, True, False),
+    ("row", 4096, BF16, BF16, "llama", "static", False, False, True),
+    ("row", 8192, BF16, BF16, "gemma", "token", True, False, True),
+    ("row", 8192, BF16, BF16, "llama", "static", False, False, False),
+    ("row", 16384, BF16, BF16, "llama", "static", False, False, False),
+    ("row", 16384, BF16, BF16, "llama", "token", False, False, False),
+    ("row", 32768, BF16, BF16, "llama", "static", False, False, False),
+    ("row", 32768, BF16, BF16, "llama", "token", False, False, False),
+    ("row", 65536, F16, F32, "llama", "static", False, False, False),
+    ("row", 32768, BF16, None, "gemma", "token", True, True, True),
+    ("row", 4096, F32, F32, "none", "token", False, True, False),
+    ("warp", 128, BF16, BF16, "llama", "token", False, False, False),
+    ("warp", 128, BF16, BF16, "llama", "static", False, True, False),
+    ("warp", 1024, F16, F16, "none", "token", True, False, False),
+    ("warp", 1024, BF16, BF16, "llama", "static", False, False, False),
+    ("warp", 1024, BF16, BF16, "llama", "token", False, False, True),
+    ("fallback", 1023, BF16, BF16, "llama", "token", False, True, False),
+    ("fallback", 100003, F32, None, "gemma", "static", False, False, True),
 ]
 
 
-def fp8_plan(variant, N, x, w, mode, quant, ub, residual, arch):
+def case_id(c) -> str:
+    return "-".join(map(str, c[:2] + c[5:6])) + ("-offset" if c[8] else "")
+
+
+def fp8_plan(variant, N, x, w, mode, quant, ub, residual, offset, arch):
     return plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
-                        pdl=True, residual=residual, quant=quant, scale_ub=ub)
+                        pdl=True, residual=residual, quant=quant, scale_ub=ub, offset=offset)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:2] + c[5:6])))
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_the_plan_is_the_forwards_tile(case, arch):
     """The forward's tile with an fp8 epilogue, but a one-row tile of one chunk (no residual)
     takes four copies a thread (FP8_COPIES_PER_THREAD), where the forward takes two, and the
     epilogue keeps off the register-bound tiles of one copy a chunk (Hopper's 16 KB and wide
     rows)."""
     plan = fp8_plan(*case, arch)
-    variant, N, x, w, mode, quant, ub, residual = case
+    variant, N, x, w, mode, quant, ub, residual, offset = case
     forward = plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
                            pdl=True, residual=residual)
+    # the launch bound: 256 threads, a static scale, no offset (FP8_BOUND_CTAS)
+    bound = quant == "static" and not offset and plan.threads == 256
+    bound = FP8_BOUND_CTAS.get(plan.vecs_per_thread, 0) if bound else 0
     if plan.variant == "row" and plan.chunks == 1 and not residual:
         assert plan.vecs_per_thread == FP8_COPIES_PER_THREAD or plan.threads_per_row == 256
         assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= N
-        bound = quant == "static" and plan.vecs_per_thread == FP8_COPIES_PER_THREAD
-        assert plan.min_ctas_per_sm == (FP8_THREADS_PER_SM // plan.threads_per_row
-                                        if bound else 0)
+        assert plan.min_ctas_per_sm == bound
     elif forward.min_ctas_per_sm:
         assert plan.min_ctas_per_sm == 0 and plan.threads_per_row <= 256
     else:
-        assert dataclasses.replace(plan, quant="", scale_ub=False) == forward
+        assert plan.min_ctas_per_sm == (bound if plan.variant == "warp" else 0)
+        assert dataclasses.replace(plan, quant="", scale_ub=False, offset=True,
+                                   min_ctas_per_sm=0) == forward
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:2] + c[5:6])))
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_compiles_to_a_saturating_fp8_store(case, arch):
-    variant, N, x, w, mode, quant, ub, residual = case
+    variant, N, x, w, mode, quant, ub, residual, offset = case
     plan = fp8_plan(*case, arch)
     ptx = compile_and_inspect(plan, arch)
     text = ptx.ptx
@@ -94,12 +104,11 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
         assert re.search(r"\bmax\.f32\b", text)  # amax: NaN passed over
         # the amax bound: a min.f32 against a register
         assert bool(re.search(r"\bmin\.f32\s+%r\d+, %r\d+, %r\d+;", text)) == ub
-    # y rounded two values a word where the casting mode rounds the product (llama) and w has
-    # x's 16-bit dtype, but on warp tiles of several copies a lane
-    packed = (mode == "llama" and x in (BF16, F16) and w == x and plan.vec % 2 == 0
-              and (variant != "warp" or plan.vecs_per_thread == 1))
+    # y rounded two values a word where the casting mode rounds the product (llama), w has x's
+    # 16-bit dtype and there is no offset
+    packed = mode == "llama" and x in (BF16, F16) and w == x and not offset
     kind = "bf16x2" if x == BF16 else "f16x2"
-    assert bool(re.search(rf"\bmul\.rn\.{kind}\b", text)) == packed
+    assert bool(re.search(rf"\bmul(?:\.rn)?\.{kind}\b", text)) == packed
     # fp8 stores of a copy's vec elements: 8 bytes where x's copies are 16 (4 for fp32 x)
     width = plan.vec  # bytes of fp8 a copy
     stores = re.findall(r"\bst\.global(?:\.cs)?\.(v4\.b16|v2\.b32|b64|b32|v2\.b16|v4\.b8|b16|b8)\b",
@@ -114,10 +123,11 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
         assert ptx.registers * plan.threads * plan.min_ctas_per_sm <= 65536
 
 
-@pytest.mark.parametrize("quant", ["static", "token"])
-def test_the_warp_tile_of_1024_columns_keeps_four_ctas_an_sm(quant):
-    """256 threads a CTA: at most 64 registers a thread, or an SM holds a CTA fewer."""
-    plan = fp8_plan("warp", 1024, BF16, BF16, "llama", quant, False, False, "sm_90a")
+@pytest.mark.parametrize("offset", [False, True])
+def test_the_warp_tile_of_1024_columns_keeps_four_ctas_an_sm_a_scale_a_row(offset):
+    """256 threads a CTA: at most 64 registers a thread, or an SM holds a CTA fewer. (With a
+    static scale and no offset the launch bound holds three: FP8_BOUND_CTAS.)"""
+    plan = fp8_plan("warp", 1024, BF16, BF16, "llama", "token", False, False, offset, "sm_90a")
     ptx = compile_and_inspect(plan, "sm_90a")
     if ptx.registers is None:
         pytest.skip("no ptxas new enough for this PTX")
@@ -146,5 +156,5 @@ def test_an_fp8_plan_keeps_no_rstd_and_bounds_only_per_token_scales():
 def test_auto_always_picks_a_variant_with_an_fp8_kernel(M, N):
     for residual in (False, True):
         v = auto_variant(N, True, BF16, M, residual=residual)
-        fp8_plan(v, N, BF16, BF16, "llama", "token", False, residual, "sm_90a")
+        fp8_plan(v, N, BF16, BF16, "llama", "token", False, residual, False, "sm_90a")
         assert row_class(M) in (0, 1, 2)

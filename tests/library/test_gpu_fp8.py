@@ -30,7 +30,7 @@ SHAPES = [(1, 1), (7, 1), (1, 4096), (3, 1023), (4096, 128), (333, 4096), (133, 
 # (quantization, residual, weight, offset): the combinations each shape runs
 CASES = [("per_token", False, True, 0.0), ("static", True, True, 1.0),
          ("bounded", True, False, 0.0), ("per_token", True, True, 0.0),
-         ("static", False, False, 0.0)]
+         ("static", False, False, 0.0), ("static", False, True, 0.0)]
 BACKENDS = ["triton", "cute"]
 #: scales within an ulp of x's dtype (a y at the row's max one ulp apart), with room
 SCALE_REL = {torch.float32: 1e-6, torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}

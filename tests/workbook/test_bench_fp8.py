@@ -20,13 +20,14 @@ def cpu_inputs(static):
 
 
 @pytest.mark.parametrize("static", [False, True])
-def test_sweep_of_the_fp8_output(cpu_sweep, static):
+def test_sweep_of_the_fp8_output(cpu_sweep, static, monkeypatch):
     """Implementations take (x, w[, scale]) and return (y_q, scales); a wrong scale fails the
-    check; the
-    same-shape ceiling reads x's 2 bytes and writes 1 an element; the op's bytes add a fp32
-    scale a row per token."""
+    check; the same-shape ceiling and torch's cast read x's 2 bytes and write 1 an element; the
+    op's bytes add a fp32 scale a row per token."""
     make, _, _ = cpu_sweep
     opname = "fwd-fp8-static" if static else "fwd-fp8"
+    # the Triton ceiling has its own test (interpreted, below); here torch's cast stands in
+    monkeypatch.setitem(runner.SAME_SHAPE, "copy.narrow", runner.SAME_SHAPE["copy.fp8"])
 
     def chain(x, w, s=None):
         return reference.rms_norm_fp8(x, w, EPS, 0.0, "llama", s)
@@ -42,8 +43,8 @@ def test_sweep_of_the_fp8_output(cpu_sweep, static):
     rows = {(r["impl"], r["metric"]): r for r in sweep.out.rows if r["path"] == "graph"}
     assert ("torch.native" + suffix, "time") in rows
     assert any(f"wrong{suffix} at 32x64 not timed" in f for f in sweep.out.failures)
-    assert rows[("copy.fp8.shape", "bandwidth")]["p50"] == pytest.approx(
-        (2 + 1) * 32 * 64 / 5.0 / 1e3)
+    for copy in ("copy.narrow.shape", "copy.fp8.shape"):
+        assert rows[(copy, "bandwidth")]["p50"] == pytest.approx((2 + 1) * 32 * 64 / 5.0 / 1e3)
     expect = 32 * 64 * 3 + 64 * 2 + (0 if static else 4 * 32)
     assert rows[("torch.native" + suffix, "bandwidth")]["p50"] == pytest.approx(
         expect / 5.0 / 1e3)
@@ -52,14 +53,27 @@ def test_sweep_of_the_fp8_output(cpu_sweep, static):
 def test_the_ops_and_their_implementations():
     for name, static in (("fwd-fp8", False), ("fwd-fp8-static", True)):
         op = runner.OPS[name]
-        assert op.name == "fwd" and op.same_shape == "copy.fp8"
+        assert op.name == "fwd" and op.same_shape == ("copy.narrow", "copy.fp8")
         assert op.sweep == fp8.SWEEP and (65536, 4096) in op.sweep and (262144, 128) in op.sweep
         suffix = "+fp8.static" if static else "+fp8"
         assert set(impls.lab_impls(name)) == {f"cute.auto{suffix}", f"triton.row{suffix}",
                                               f"cute.auto{suffix}.unfused",
                                               f"cute.auto{suffix}.unfused.inductor"}
         assert all(p.endswith(suffix) for p in op.peers)
-    assert "flashinfer+fp8.static" in fp8.STATIC_PEERS and "copy.fp8.shape" in CEILINGS
+    assert "flashinfer+fp8.static" in fp8.STATIC_PEERS
+    assert {"copy.narrow.shape", "copy.fp8.shape"} <= set(CEILINGS)
+
+
+@pytest.mark.interpret
+def test_the_narrowing_copy_writes_each_values_high_byte():
+    """The ceiling moves the fp8 op's bytes (read 2, write 1 an element) and computes nothing:
+    the byte it writes is the high byte of x's bf16 (under the interpreter, on the CPU; a length
+    that is not a multiple of its block)."""
+    a = torch.randn(3, 4097).to(torch.bfloat16)
+    b = torch.full(a.shape, float("nan")).to(torch.float8_e4m3fn)
+    fp8.SAME_SHAPE["copy.narrow"][2]()(a, b)
+    high = (a.view(torch.int16) >> 8).to(torch.int8)
+    assert torch.equal(b.view(torch.int8), high)
 
 
 def test_the_unfused_chains_are_the_reference_on_the_cpu():

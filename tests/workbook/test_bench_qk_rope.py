@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 def test_the_ops_their_shapes_and_implementations():
     fwd, bwd = runner.OPS["fwd-qk-rope"], runner.OPS["bwd-qk-rope"]
     assert (fwd.name, bwd.name) == ("fwd", "bwd")
-    assert (fwd.same_shape, bwd.same_shape) == ("copy", "copy2r1w")
+    assert (fwd.same_shape, bwd.same_shape) == (("copy",), ("copy2r1w",))
     assert (8 * 40, 128) in fwd.sweep and (16384 * 40, 128) in fwd.sweep  # decode, prefill
     assert fwd.sweep == bwd.sweep and bwd.prepare is not None
     assert set(impls.lab_impls("bwd-qk-rope")) == {"cute.qk+rope", "triton.qk+rope",

@@ -47,33 +47,23 @@ def sum_of_products_x2(a: Uint32, b: Uint32, c: Uint32, d: Uint32, kind: str, *,
 
 
 @dsl_user_op
-def round_times_x2(lo: Float32, hi: Float32, w: Uint32, kind: str, *, loc=None,
-                   ip=None) -> Uint32:
-    """``round(lo) * w`` and ``round(hi) * w`` on two packed 16-bit values (``kind``: "bf16x2"
-    or "f16x2"): fp32 lo and hi rounded to nearest even into one word, then times the word w,
-    each product rounded once: eager torch's ``x.to(dtype) * w`` (module docstring)."""
-    args = [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip),
-            Uint32(w).ir_value(loc=loc, ip=ip)]
-    return Uint32(llvm.inline_asm(
-        T.i32(), args,
-        f"{{ .reg .b32 p; cvt.rn.{kind}.f32 p, $2, $1; mul.rn.{kind} $0, p, $3; }}",
-        "=r,f,f,r", loc=loc, ip=ip))
-
-
-@dsl_user_op
-def div_rn(y: Float32, s: Float32, r: Float32, *, loc=None, ip=None) -> Float32:
+def div_rn(y: Float32, s: Float32, r: Float32, finite: bool = False, *, loc=None,
+           ip=None) -> Float32:
     """``y / s`` rounded to nearest even as ``div.rn.f32`` computes it, for ``s > 0`` and
     ``r = 1 / s`` rounded to nearest (module docstring): five FMA-pipe instructions a value where
     its remainders are finite. Where they are not (y or s infinite, the product past fp32's
     range) the product ``y * r`` is kept, the division's infinity, zero or NaN; the sign is y's
-    always, which the corrections may drop from a zero (``-0 + 0 = +0``)."""
+    always, which the corrections may drop from a zero (``-0 + 0 = +0``). ``finite``: s is
+    finite and no finite y's quotient overflows (a scale no smaller than ``max|y| / 448``), so
+    only an infinite or NaN y meets a NaN remainder, and its NaN is kept: the test for it and
+    its select are left out."""
     args = [Float32(v).ir_value(loc=loc, ip=ip) for v in (y, s, r)]
+    keep_product = "" if finite else "setp.nan.f32 bad, q2, q2; selp.f32 q2, q0, q2, bad; "
     return Float32(llvm.inline_asm(
         T.f32(), args,
         "{ .reg .f32 ns, q0, q1, q2, e; .reg .pred bad; "
         "neg.f32 ns, $2; mul.rn.f32 q0, $1, $3; "
         "fma.rn.f32 e, ns, q0, $1; fma.rn.f32 q1, e, $3, q0; "
         "fma.rn.f32 e, ns, q1, $1; fma.rn.f32 q2, e, $3, q1; "
-        "setp.nan.f32 bad, q2, q2; selp.f32 q2, q0, q2, bad; "
-        "copysign.f32 $0, $1, q2; }",
+        f"{keep_product}copysign.f32 $0, $1, q2; }}",
         "=f,f,f,f", loc=loc, ip=ip))

@@ -408,7 +408,9 @@ class RMSNormForward(RowTiles):
             rstd_x = rstd.to(self.x_type).to(Float32)
             y = (xf * rstd_x).to(self.x_type).to(Float32)
         if cutlass.const_expr(tWrW is not None):
-            w = tWrW.load().to(Float32) + offset
+            w = tWrW.load().to(Float32)
+            if cutlass.const_expr(self.plan.offset):
+                w = w + offset
             if cutlass.const_expr(mode == "none"):
                 w = w.to(self.x_type).to(Float32)
             y = y * w

@@ -18,13 +18,16 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32
+from cutlass import Float32, Int32
 
 from ...reference import FP8_MAX, FP8_MIN_SCALE
-from ..device.arith import div_rn, round_times_x2
+from ..device.arith import div_rn
 from ..device.tiles import RowCopy
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
+
+#: fp32's largest finite value: the per-token divisor's bound (``token_scale``)
+FP32_MAX = 3.4028234663852886e38
 
 
 class QuantEpilogue:
@@ -83,38 +86,12 @@ class QuantEpilogue:
 
     @cute.jit
     def round_y(self, tXrX, rstd: Float32, tWrW, offset: Float32):
-        """Registers ``tXrX`` <- y rounded to x's dtype, where they held x (or h). The casting
-        mode "llama" on 16-bit rows, w of x's dtype and no offset, goes two values a word
-        (arith.round_times_x2: the same rounding points, bit for bit, in fewer
-        instructions)."""
-        # packed where the tile allows it (a compile-time test) and the offset is 0 (a run-time
-        # one, whose branches are both traced); the plain rounding otherwise, in either branch
-        if cutlass.const_expr(self.packed_llama):
-            if offset == Float32(0.0):
-                kind = "bf16x2" if self.x_type == cutlass.BFloat16 else "f16x2"
-                yw, ww = cute.recast_tensor(tXrX, Uint32), cute.recast_tensor(tWrW, Uint32)
-                for k in cutlass.range_constexpr(self.plan.vecs_per_thread):  # a copy at a time
-                    tXf = cute.make_fragment_like(tXrX[(None, k), 0, 0], Float32)
-                    tXf.store(tXrX[(None, k), 0, 0].load().to(Float32) * rstd)
-                    for i in cutlass.range_constexpr(self.plan.vec // 2):
-                        yw[(i, k), 0, 0] = round_times_x2(tXf[2 * i], tXf[2 * i + 1],
-                                                          ww[(i, k), 0, 0], kind)
-            else:
-                tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-                           .to(self.x_type))
-        else:
-            tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-                       .to(self.x_type))
-
-    @property
-    def packed_llama(self) -> bool:
-        """Does ``round_y`` take two values a word where the offset is 0? Not on warp tiles of
-        several copies a lane: there ptxas gives the two offset branches 13-25 more registers
-        (62 -> 75 static, 58 -> 83 a scale a row, at 1024 bf16 columns), a CTA fewer an SM."""
-        p = self.plan
-        return (p.casting_mode == "llama" and self.x_type.width == 16
-                and self.w_type == self.x_type and p.vec % 2 == 0
-                and (p.variant != "warp" or p.vecs_per_thread == 1))
+        """Registers ``tXrX`` <- y rounded to x's dtype, where they held x (or h). In the mode
+        "llama" with 16-bit x and w and no offset (``plan.offset``, known at compile time), the
+        fp32 product of two 16-bit values is exact, and the compiler multiplies two values a
+        word (``mul.bf16x2``): the same rounding, in fewer instructions."""
+        tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+                   .to(self.x_type))
 
     @cute.jit
     def chunk_amax(self, tXrX, rstd: Float32, tWrW, offset: Float32) -> Float32:
@@ -133,15 +110,20 @@ class QuantEpilogue:
     def token_scale(self, a: ForwardArgs, amax: Float32, row, writes):
         """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (the IEEE
         quotient, ``div_rn``), stored to ``mScale[row]`` by the thread for which ``writes``
-        holds; returned with its reciprocal rounded to nearest, as ``store_fp8`` divides by
-        it."""
+        holds; returned as the divisor ``store_fp8`` takes, with its reciprocal rounded to
+        nearest. Without a bound the divisor is at most fp32's largest finite value, its
+        reciprocal still 1 / s: in a row holding an infinity (s infinite, 1 / s zero) the finite
+        values then divide to zeros and the infinities to NaN, as by infinity, and ``div_rn``
+        needs no test of its remainders."""
         if cutlass.const_expr(self.plan.scale_ub):
             amax = cute.arch.fmin(amax, a.mScaleUb[0])
         s = cute.arch.fmax(div_rn(amax, Float32(FP8_MAX), Float32(1.0 / FP8_MAX)),
                            Float32(FP8_MIN_SCALE))
         if writes:
             a.mScale[row] = s
-        return s, Float32(1.0) / s
+        if cutlass.const_expr(self.plan.scale_ub):
+            return s, Float32(1.0) / s
+        return cute.arch.fmin(s, Float32(FP32_MAX)), Float32(1.0) / s
 
     @cute.jit
     def store_fp8(self, cp: RowCopy, mQ, tile, c: cutlass.Constexpr[int], tXrX, scale, row_ok):
@@ -157,7 +139,7 @@ class QuantEpilogue:
             tYf.store(tXrX[(None, k), 0, 0].load().to(Float32))
             for i in cutlass.range_constexpr(p.vec):
                 if cutlass.const_expr(p.quant == "token"):
-                    v = div_rn(tYf[i], scale[0], scale[1])
+                    v = div_rn(tYf[i], scale[0], scale[1], finite=not p.scale_ub)
                 else:
                     v = tYf[i] * scale
                 tYf[i] = cute.arch.fmin(v, Float32(FP8_MAX))

@@ -127,12 +127,12 @@ class ForwardLaunch:
 def forward_launch(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mode: str,
                    need_rstd: bool, snap: Snapshot, sms: int,
                    residual: Optional[torch.Tensor] = None, quant: str = "",
-                   scale_ub: bool = False) -> ForwardLaunch:
+                   scale_ub: bool = False, offset: bool = True) -> ForwardLaunch:
     """The launch of rows ``x2`` with ``weight`` (and the fused add's ``residual`` rows) under
     the settings ``snap``; ``casting_mode`` is a kernel's (an alias resolved by the caller). y
     (and h) are not looked at: the caching allocator hands out contiguous outputs 512-byte
-    aligned, so the inputs alone decide the alignment. ``quant``, ``scale_ub``: y as fp8
-    (``plan_forward``)."""
+    aligned, so the inputs alone decide the alignment. ``quant``, ``scale_ub``: y as fp8;
+    ``offset``: False where the call's offset is 0 (``plan_forward``)."""
     M, N = x2.shape
     ptrs = x2.data_ptr() | (weight.data_ptr() if weight is not None else 0)
     strides = x2.stride(0)
@@ -144,7 +144,7 @@ def forward_launch(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mod
     variant = snap.forward_variant
     rows = row_class(M) if variant == "auto" else 0  # auto's only use of M
     key = (variant, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned, x2.get_device(),
-           rows, snap.pdl, residual is not None, quant, scale_ub)
+           rows, snap.pdl, residual is not None, quant, scale_ub, offset)
     launch = _LAUNCHES.get(key)
     if launch is None:
         chosen = (auto_variant(N, aligned, x2.dtype, M, residual=residual is not None)
@@ -152,7 +152,7 @@ def forward_launch(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mod
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
                             arch=target_arch(x2.device), pdl=snap.pdl,
                             residual=residual is not None, row_class=rows, quant=quant,
-                            scale_ub=scale_ub)
+                            scale_ub=scale_ub, offset=offset)
         launch = _LAUNCHES[key] = ForwardLaunch(plan, x2.device, sms)
     return launch
 
@@ -220,7 +220,7 @@ def fp8_forward(x2: torch.Tensor, r2: Optional[torch.Tensor], weight: Optional[t
             check_int32_addressable(M, t.stride(0), t.shape[1])
     quant = "static" if scale is not None else "token"
     launch = forward_launch(x2, weight, casting_mode, False, snap, sms, residual=r2, quant=quant,
-                            scale_ub=scale_ub is not None)
+                            scale_ub=scale_ub is not None, offset=offset != 0.0)
     kernel = launch.kernel
     if kernel is None:
         kernel = launch.compiled()

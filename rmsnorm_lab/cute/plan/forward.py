@@ -101,6 +101,9 @@ class ForwardPlan(RowTilePlan):
     #: "token" (a scale per row, from the row's amax); ``scale_ub``: the amax bounded above
     quant: str = ""
     scale_ub: bool = False
+    #: w's scale is ``offset + w`` for the run-time offset; False, where the call's offset is 0,
+    #: adds none (fp8 plans: the compiler then takes llama's rounding two values a word)
+    offset: bool = True
 
     @property
     def cta_rows(self) -> int:
@@ -230,12 +233,6 @@ def check_int32_addressable(M: int, row_stride: int, N: int) -> None:
                          f"at most 2^31 - 1 with 32-bit indices: use backend='triton', or split x")
 
 
-def is_aligned(t: torch.Tensor) -> bool:
-    """16-byte vector copies need a 2-D tensor's base pointer and row stride 16-byte aligned."""
-    return (t.data_ptr() % COPY_BYTES == 0
-            and (t.stride(0) * t.element_size()) % COPY_BYTES == 0)
-
-
 def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -275,7 +272,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
                  casting_mode: str, store_rstd: bool, aligned: bool,
                  arch: Optional[str] = None, pdl: bool = False,
                  residual: bool = False, row_class: int = 0, quant: str = "",
-                 scale_ub: bool = False) -> ForwardPlan:
+                 scale_ub: bool = False, offset: bool = True) -> ForwardPlan:
     """The plan of ``variant`` for rows of N; ``arch`` (e.g. ``sm_90a``) is the target the plan
     will be compiled for, where a tile depends on it (the two-pass tile, PDL); None: any target.
     ``pdl``: launch with PDL where ``uses_pdl`` says it pays (the caller passes ``settings.pdl``).
@@ -283,7 +280,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     them (the register model counts both), and takes neither the persistent grid's prefetch nor
     the tiles of one copy a chunk (all measured without it). ``row_class``: ``auto``'s class of
     the row count, whose few-rows tiles cute/plan/auto.py describes. ``quant``: y written as fp8
-    (a static or per-token scale, ``scale_ub`` bounding its amax) or NVFP4 (plan/quant.py)."""
+    (a static or per-token scale, ``scale_ub`` bounding its amax) or NVFP4 (plan/quant.py).
+    ``offset``: False where the call's offset is 0 (ForwardPlan.offset)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     problem = quant_problem(quant, scale_ub, variant, N, ELEM_BYTES.get(x_dtype), store_rstd,
@@ -307,7 +305,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     n_vecs = N // vec
     common = dict(variant=variant, x_dtype=x_dtype, w_dtype=w_dtype, N=N,
                   casting_mode=casting_mode, store_rstd=store_rstd, vec=vec, residual=residual,
-                  quant=quant, scale_ub=scale_ub)
+                  quant=quant, scale_ub=scale_ub, offset=offset)
     w_bytes = ELEM_BYTES[w_dtype] if w_dtype is not None else 0
     x_bytes = elem * (2 if residual else 1)  # x, and the residual while it is added
 
@@ -337,7 +335,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         return ForwardPlan(threads_per_row=lanes, rows_per_cta=rows,
                            vecs_per_thread=vecs_per_thread, chunks=1, tiles_per_cta=tiles,
                            pdl=pdl and uses_pdl(variant, lanes * rows, arch, tiles_per_cta=tiles),
-                           **common)
+                           min_ctas_per_sm=fp8_launch_bound(quant, offset, lanes * rows,
+                                                            vecs_per_thread), **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
     few_rows = row_class > 0 and variant == "row" and chunks == 1 and not residual
@@ -349,7 +348,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     elif (variant == "row" and not residual and quant in ("static", "token") and chunks == 1
             and -(-n_vecs // fp8_threads) <= max_vecs_of(fp8_threads)):
         threads, vecs_per_thread = fp8_threads, -(-n_vecs // fp8_threads)
-        min_ctas_per_sm = fp8_launch_bound(quant, threads, vecs_per_thread)
+        min_ctas_per_sm = fp8_launch_bound(quant, offset, threads, vecs_per_thread)
     elif (variant == "row" and not residual and not quant and arch in TWO_PASS_ARCHS
             and two_pass_fits(x_dtype, w_dtype, casting_mode)):
         if n_vecs == TWO_PASS_ROW_COPIES:

@@ -18,16 +18,18 @@ NVFP4_VARIANTS = ("row", "warp")
 # two copies a thread issue-bound; four, half the threads a row, is the fastest of seven tiles
 # measured at 4096 bf16 columns (docs/design-record.md, 'Forward: fp8 output').
 FP8_COPIES_PER_THREAD = 4
-# ... and with a static scale, where a thread holds those four copies, a launch bound of this
-# many threads an SM (64 registers a thread): left to itself, ptxas takes 65 at 8192 columns, a
-# CTA fewer an SM. Not at eight copies, nor with a scale a row: bound, those tiles spill.
-FP8_THREADS_PER_SM = 1024
+# ... and with a static scale and no offset, at 256 threads a CTA, a launch bound: left to
+# itself, ptxas takes 198 registers at eight copies a thread (one CTA an SM), and at four copies
+# on a warp-per-row tile it spills at 64. Bound to these CTAs an SM, none spills (72 registers at
+# four copies, 128 at eight); four CTAs of four copies spill.
+FP8_BOUND_THREADS = 256
+FP8_BOUND_CTAS = {4: 3, 8: 2}  # copies a thread -> CTAs an SM
 
 
-def fp8_launch_bound(quant: str, threads: int, vecs_per_thread: int) -> int:
-    """``min_ctas_per_sm`` of the fp8 epilogue's one-row tile (0: no bound)."""
-    if quant == "static" and vecs_per_thread == FP8_COPIES_PER_THREAD:
-        return FP8_THREADS_PER_SM // threads
+def fp8_launch_bound(quant: str, offset: bool, threads: int, vecs_per_thread: int) -> int:
+    """``min_ctas_per_sm`` of an fp8 plan (0: no bound)."""
+    if quant == "static" and not offset and threads == FP8_BOUND_THREADS:
+        return FP8_BOUND_CTAS.get(vecs_per_thread, 0)
     return 0
 
 

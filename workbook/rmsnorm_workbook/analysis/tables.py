@@ -187,32 +187,34 @@ def fused_add_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.
 
 
 #: the fused ops' sweeps, beside the norm's: ``bench --op`` name -> (op, its rows' impl names,
-#: its same-shape ceiling, the lab's fused kernel)
+#: its same-shape copies (the ceiling first), the lab's fused kernel)
+_FP8_COPIES = ("copy.narrow.shape", "copy.fp8.shape")
 FUSIONS = {
-    "fwd-fp8": ("fwd", r"\+fp8(?:\.unfused(?:\.inductor)?)?$", "copy.fp8.shape", "cute.auto+fp8"),
-    "fwd-fp8-static": ("fwd", r"\+fp8\.static(?:\.unfused(?:\.inductor)?)?$", "copy.fp8.shape",
+    "fwd-fp8": ("fwd", r"\+fp8(?:\.unfused(?:\.inductor)?)?$", _FP8_COPIES, "cute.auto+fp8"),
+    "fwd-fp8-static": ("fwd", r"\+fp8\.static(?:\.unfused(?:\.inductor)?)?$", _FP8_COPIES,
                        "cute.auto+fp8.static"),
-    "fwd-qk-rope": ("fwd", r"\+rope(?:\.eager)?$|^liger\.rope$", "copy.shape", "cute.qk+rope"),
-    "bwd-qk-rope": ("bwd", r"\+rope(?:\.eager)?$|^liger\.rope$", "copy2r1w.shape", "cute.qk+rope"),
+    "fwd-qk-rope": ("fwd", r"\+rope(?:\.eager)?$|^liger\.rope$", ("copy.shape",), "cute.qk+rope"),
+    "bwd-qk-rope": ("bwd", r"\+rope(?:\.eager)?$|^liger\.rope$", ("copy2r1w.shape",),
+                    "cute.qk+rope"),
 }
 
 
 def fusion_table(df: pd.DataFrame, name: str, gpu: Optional[str] = None) -> pd.DataFrame:
     """A fused op's sweep (``FUSIONS[name]``) from its newest run: median µs per shape by
-    CUDA-graph replay of every implementation and the run's same-shape ceiling, then ``lab /
+    CUDA-graph replay of every implementation and the run's same-shape copies, then ``lab /
     best peer`` (the lab's fused kernel over the fastest implementation that is not the lab's;
     below 1: the lab is faster). Empty when the results hold no such run."""
-    op, pattern, ceiling, lab = FUSIONS[name]
+    op, pattern, copies, lab = FUSIONS[name]
     d, gpu = every_run(df, gpu)
     d = d[(d["op"] == op) & (d["path"] == "graph") & (d["metric"] == "time")]
     ours = d[d["impl"].astype(str).str.contains(pattern)]
     if ours.empty:
         return pd.DataFrame()
     run = d[d["timestamp"] == ours["timestamp"].max()]
-    run = run[run["impl"].astype(str).str.contains(pattern) | (run["impl"] == ceiling)]
+    run = run[run["impl"].astype(str).str.contains(pattern) | run["impl"].isin(copies)]
     t = run.pivot_table(index=["M", "N"], columns="impl", values="p50", aggfunc="last")
-    impls = [c for c in impl_order(t.columns) if c != ceiling]
-    t = t.reindex(columns=impls + ([ceiling] if ceiling in t.columns else []))
+    impls = [c for c in impl_order(t.columns) if c not in copies]
+    t = t.reindex(columns=impls + [c for c in copies if c in t.columns])
     peers = [c for c in impls if not c.startswith(("cute.", "triton."))]
     if lab in t.columns and peers:
         t["lab / best peer"] = t[lab] / t[peers].min(axis=1)

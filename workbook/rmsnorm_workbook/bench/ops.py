@@ -61,8 +61,8 @@ class Op:
     peers: Dict[str, Callable[[float], Optional[Impl]]]  # name -> factory(eps), None if absent
     sweep: Sequence[Tuple[int, int]]
     quick_sweep: Sequence[Tuple[int, int]]
-    #: the ceiling measured at each swept shape (``ceilings.SAME_SHAPE``), or None
-    same_shape: Optional[str] = None
+    #: the ceilings measured at each swept shape (``runner.SAME_SHAPE``)
+    same_shape: Tuple[str, ...] = ()
     #: per implementation and input set, untimed: turns ``make_inputs``' tuple into what ``run``
     #: takes (``bwd``: runs the forward and keeps its graph). None: ``run`` takes the inputs.
     prepare: Optional[Callable[[Impl, tuple], tuple]] = None
@@ -89,7 +89,7 @@ def _fwd_bytes(inputs: tuple) -> int:
 
 FWD = Op(
     name="fwd",
-    same_shape="copy",
+    same_shape=("copy",),
     make_inputs=_fwd_inputs,
     run=lambda impl, inputs: impl(*inputs),
     reference=lambda inputs: reference.rms_norm(inputs[0], inputs[1], EPS, 0.0, "llama"),
@@ -164,7 +164,7 @@ _GRADIENT_OP = dict(make_inputs=_bwd_inputs, reference=_bwd_reference,
                     peers=peers_mod.BACKWARD_PEERS, sweep=BWD_SWEEP, quick_sweep=QUICK_BWD_SWEEP)
 
 BWD = Op(name="bwd", run=_bwd_run, bytes_moved=_bwd_bytes, prepare=_bwd_prepare,
-         same_shape="copy2r1w", **_GRADIENT_OP)
+         same_shape=("copy2r1w",), **_GRADIENT_OP)
 
 FULL_OP = Op(name="full", run=_full_run, bytes_moved=_full_bytes, **_GRADIENT_OP)
 
@@ -172,17 +172,17 @@ FULL_OP = Op(name="full", run=_full_run, bytes_moved=_full_bytes, **_GRADIENT_OP
 FWD_ADD = Op(name="fwd", make_inputs=fused_add.inputs, run=fused_add.fwd_run,
              reference=fused_add.fwd_reference, bytes_moved=fused_add.fwd_bytes,
              peers=fused_add.FORWARD_PEERS, sweep=fused_add.ADD_SWEEP,
-             quick_sweep=fused_add.QUICK_ADD_SWEEP, same_shape="copy2r2w")
+             quick_sweep=fused_add.QUICK_ADD_SWEEP, same_shape=("copy2r2w",))
 BWD_ADD = Op(name="bwd", make_inputs=fused_add.grad_inputs, run=fused_add.bwd_run,
              reference=fused_add.bwd_reference, bytes_moved=fused_add.bwd_bytes,
              peers=fused_add.BACKWARD_PEERS, sweep=fused_add.ADD_SWEEP,
-             quick_sweep=fused_add.QUICK_ADD_SWEEP, same_shape="copy3r1w",
+             quick_sweep=fused_add.QUICK_ADD_SWEEP, same_shape=("copy3r1w",),
              prepare=fused_add.bwd_prepare)
 
 # the fp8 output (fp8.py): op fwd, rows in fwd-fp8.csv and fwd-fp8-static.csv
 FWD_FP8 = Op(name="fwd", make_inputs=fp8.inputs, run=fp8.run, reference=fp8.reference_out,
              bytes_moved=fp8.bytes_moved, peers=fp8.PEERS, sweep=fp8.SWEEP,
-             quick_sweep=fp8.QUICK_SWEEP, same_shape="copy.fp8", rel_tol=fp8.REL_TOL)
+             quick_sweep=fp8.QUICK_SWEEP, same_shape=fp8.CEILINGS, rel_tol=fp8.REL_TOL)
 FWD_FP8_STATIC = dataclasses.replace(FWD_FP8, make_inputs=fp8.static_inputs,
                                      peers=fp8.STATIC_PEERS)
 
@@ -190,10 +190,10 @@ FWD_FP8_STATIC = dataclasses.replace(FWD_FP8, make_inputs=fp8.static_inputs,
 FWD_QK_ROPE = Op(name="fwd", make_inputs=qk_rope.inputs, run=qk_rope.fwd_run,
                  reference=qk_rope.fwd_reference, bytes_moved=qk_rope.fwd_bytes,
                  peers=qk_rope.PEERS, sweep=qk_rope.SWEEP, quick_sweep=qk_rope.QUICK_SWEEP,
-                 same_shape="copy", host_shape=qk_rope.HOST_SHAPE)
+                 same_shape=("copy",), host_shape=qk_rope.HOST_SHAPE)
 BWD_QK_ROPE = dataclasses.replace(FWD_QK_ROPE, name="bwd", make_inputs=qk_rope.grad_inputs,
                                   run=qk_rope.bwd_run, reference=qk_rope.bwd_reference,
-                                  bytes_moved=qk_rope.bwd_bytes, same_shape="copy2r1w",
+                                  bytes_moved=qk_rope.bwd_bytes, same_shape=("copy2r1w",),
                                   prepare=qk_rope.bwd_prepare)
 
 #: by the name ``bench --op`` takes (and its results file's)

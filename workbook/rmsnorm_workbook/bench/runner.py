@@ -235,8 +235,8 @@ class _Sweep:
             self.bar.update()
         device = next(t.device for t in first if isinstance(t, torch.Tensor))
         del sets, first, expected
-        if op.same_shape:
-            self.ceiling_at_shape(M, N, op.same_shape, device)
+        for ceiling in op.same_shape:
+            self.ceiling_at_shape(M, N, ceiling, device)
         torch.cuda.empty_cache()
 
     def ceiling_at_shape(self, M: int, N: int, ceiling: str, device: torch.device) -> None:
