@@ -481,7 +481,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     tokens = q.shape[:-2] + (D,)
     try:  # one row a token, or rows that broadcast to them (a batch of one: (1, S, D))
-        cos, sin = cos.expand(tokens), sin.expand(tokens)
+        if cos.shape != tokens or sin.shape != tokens:
+            cos, sin = cos.expand(tokens), sin.expand(tokens)
     except RuntimeError:
         raise ValueError(f"cos and sin must be {tuple(tokens)} (one row a token) or broadcast "
                          f"to it, got {tuple(cos.shape)} and {tuple(sin.shape)}") from None

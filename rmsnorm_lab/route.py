@@ -54,10 +54,13 @@ def torch_machinery(*tensors: Optional[torch.Tensor]) -> Optional[str]:
     subclass (a FakeTensor, say), a meta tensor or an active dispatch mode; the custom op then
     runs, so a mode sees one op and a fake tensor gets the op's fake implementation. None: a
     plain call, for the kernels."""
-    for t in tensors:
-        if t is not None and (torch._C._functorch.is_functorch_wrapped_tensor(t)
-                              or forward_ad.unpack_dual(t).tangent is not None):
-            return "transform"
+    # a tensor is wrapped, or has a tangent, only inside a transform or a dual level: two
+    # global tests spare a plain call the per-tensor ones
+    if torch._C._functorch.maybe_current_level() is not None or forward_ad._current_level >= 0:
+        for t in tensors:
+            if t is not None and (torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                  or forward_ad.unpack_dual(t).tangent is not None):
+                return "transform"
     if torch._C._len_torch_dispatch_stack() > 0:
         return "dispatcher"
     for t in tensors:

@@ -18,6 +18,7 @@ from cutlass.cute.runtime import make_fake_stream
 
 from ..dtypes import TORCH_TO_CUTE
 from ..kernels.qk_rope import RMSNormQkRopeBackward, RMSNormQkRopeForward
+from ...common.rows import INT32_LIMIT
 from ..plan.forward import ForwardPlan, NotEligible, check_int32_addressable, plan_forward
 from .backward import compile_dw_reduce
 from .compile import assumed_align, compile_tvm_ffi, fake_rows, fake_rstd, fake_vector, target_arch
@@ -116,7 +117,8 @@ def _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode: str, pdl: bool) 
     """The plan of these rows (cached by what decides it), or ``NotEligible``."""
     D = q2.shape[1]
     for t in (q2, k2, cos2, sin2):
-        check_int32_addressable(t.shape[0], t.stride(0), D)
+        if t.shape[0] * max(t.stride(0), D) >= INT32_LIMIT:  # the plain test inline: hot path
+            check_int32_addressable(t.shape[0], t.stride(0), D)
     if k_weight.dtype != q_weight.dtype or q_weight.stride(0) != 1 or k_weight.stride(0) != 1:
         raise NotEligible("the weights are not contiguous vectors of one dtype")
     aligned = (_aligned(q2, k2, cos2, sin2)
@@ -140,8 +142,8 @@ def qk_norm_rope_forward(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     cos2, sin2 = _tables(cos, sin, D)
     plan = _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode, pdl)
     kernel = compile_qk_rope(plan, target_arch(q.device))
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
     q_rstd = q.new_empty(q.shape[:-1], dtype=torch.float32)
     k_rstd = k.new_empty(k.shape[:-1], dtype=torch.float32)
     if q2.shape[0]:
