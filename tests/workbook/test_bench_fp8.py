@@ -129,3 +129,15 @@ def test_graph_times_now_reads_back_one_shape_of_its_run(monkeypatch):
     got = runner.graph_times_now("fwd-fp8", 16, 16384)
     assert calls == [("fwd-fp8", "live", [(16, 16384)])]
     assert got.to_dict() == {"cute.auto+fp8": 2.5, "triton.row+fp8": 3.5}
+
+
+def test_the_reports_caption_names_the_copies_its_table_shows():
+    """The ceiling moves the same bytes; torch's cast is named for what it is; a run without
+    the ceiling's rows says nothing of it."""
+    from rmsnorm_workbook.cli.report import _copies_said
+
+    cast = "; copy.fp8.shape: torch's cast into fp8 (no ceiling)"
+    assert _copies_said(["copy.narrow.shape", "copy.fp8.shape"]) == (
+        "; copy.narrow.shape moves the same bytes" + cast)
+    assert _copies_said(["copy.fp8.shape"]) == cast
+    assert _copies_said(["copy2r1w.shape"]) == "; copy2r1w.shape moves the same bytes"

@@ -125,11 +125,13 @@ def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
     return [caption, "", tables.markdown_table(host, 1, right_align=True), ""]
 
 
-def _copies_said(copies: Tuple[str, ...]) -> str:
-    """The same-shape copies of a fused op's table: the ceiling, then any other copy with what
-    it is (``copy.fp8.shape``: torch's cast)."""
-    return "; ".join([f"{copies[0]} moves the same bytes"]
-                     + [f"{c}: {impl(c).label or c}" for c in copies[1:]])
+def _copies_said(copies: List[str]) -> str:
+    """What a fused op's table says of the same-shape copies it shows (``FUSIONS``' order, the
+    ceiling first): "; <ceiling> moves the same bytes", any other copy with what it is
+    (``copy.fp8.shape``: torch's cast)."""
+    ceiling = tables.FUSIONS_CEILINGS
+    return "".join(f"; {c} moves the same bytes" if c in ceiling else
+                   f"; {c}: {impl(c).label or c}" for c in copies)
 
 
 def _save(fig, path: Path) -> str:
@@ -394,7 +396,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
         for name, t in fusions[gpu].items():
             md += [f"### {name}", "",
                    f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest "
-                   f"run; {_copies_said(tables.FUSIONS[name][2])}:", "",
+                   f"run{_copies_said([c for c in tables.FUSIONS[name][2] if c in t])}:", "",
                    tables.markdown_table(t, 2, right_align=True), ""]
         progress(f"[{next(step)}/{total}] {gpu}: the fused ops' sweeps, backward and host "
                  "figures (notebooks 02 and 03)")
