@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from rmsnorm_workbook import results
 from rmsnorm_workbook.analysis import compiled, crossover, model, reported, specs
@@ -477,3 +478,16 @@ def test_report_model_section_compares_each_norm_with_torch_in_the_same_run(tmp_
     assert (tmp_path / "h200-model-vs-torch.png").exists()
     assert headline[0] == ("H200 llama in a model, lab / torch: train 0.900, decode 0.900 eager, "
                            "0.900 from a graph")
+
+
+def test_eager_kernels_counts_each_operator_but_views_and_its_bytes():
+    """One row an operator eager torch dispatches, views aside; a factory like ``zeros_like``
+    reads nothing; a cast reads one dtype and writes the other."""
+    from rmsnorm_workbook.analysis.eager import eager_kernels
+
+    x = torch.randn(8, 16)
+    k = eager_kernels(lambda t: (t.abs() + 1).view(-1), x)
+    assert list(k.op) == ["abs", "add"] and list(k.bytes) == [1024, 1024]
+    k = eager_kernels(lambda t: torch.zeros_like(t).to(torch.bfloat16), x)
+    assert list(k.op) == ["zeros_like", "_to_copy"]
+    assert list(k.reads) == [0, 512] and list(k.writes) == [512, 256]
