@@ -16,9 +16,9 @@ import cutlass
 import torch
 from cutlass.cute.runtime import make_fake_stream
 
+from ...common.rows import INT32_LIMIT
 from ..dtypes import TORCH_TO_CUTE
 from ..kernels.qk_rope import RMSNormQkRopeBackward, RMSNormQkRopeForward
-from ...common.rows import INT32_LIMIT
 from ..plan.forward import ForwardPlan, NotEligible, check_int32_addressable, plan_forward
 from .backward import compile_dw_reduce
 from .compile import assumed_align, compile_tvm_ffi, fake_rows, fake_rstd, fake_vector, target_arch
