@@ -157,5 +157,5 @@ def _copy_to_fp8():
 #: written)
 SAME_SHAPE = {"copy.narrow": (1, 1, _narrowing_copy, torch.float8_e4m3fn),
               "copy.fp8": (1, 1, _copy_to_fp8, torch.float8_e4m3fn)}
-#: what the fp8 ops measure at each shape: the ceiling, then torch's cast
-CEILINGS = ("copy.narrow", "copy.fp8")
+#: the copies the fp8 ops measure at each shape: the ceiling, then torch's cast
+COPIES = ("copy.narrow", "copy.fp8")
