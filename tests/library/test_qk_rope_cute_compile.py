@@ -11,6 +11,8 @@ import tempfile
 import pytest
 import torch
 
+from rmsnorm_lab.cute.inspect_ptx import ptxas_report
+from rmsnorm_lab.cute.kernels.qk_rope import backward_ctas_per_sm
 from rmsnorm_lab.cute.launch.qk_rope import compile_qk_rope, qk_rope_plan
 from rmsnorm_lab.cute.plan.forward import NotEligible
 
@@ -69,12 +71,14 @@ def test_rows_it_refuses():
 def test_the_backward_compiles_without_atomics_or_local_memory(arch, dtype, D):
     """16-byte loads of the rows (rstd's words aside) and stores, no local memory, no atomics
     (dW as partial rows), shuffles for the other half of ``dy * sin`` where the halves are in
-    other lanes, and the next tile's loads issued before this tile's math."""
+    other lanes, the next tile's loads issued before this tile's math, and registers for every
+    CTA of the persistent grid on an SM at once."""
     plan = qk_rope_plan(D, dtype, dtype, "llama", True, arch, pdl=arch == "sm_90a")
     with tempfile.TemporaryDirectory() as d:
         compile_qk_rope(plan, arch, keep_ptx_dir=d, backward=True)
         (path,) = glob.glob(f"{d}/*.ptx")
         ptx = open(path).read()
+        report = ptxas_report(path, arch)
     wide = {"v4.b32", "v2.b64"}
     assert ".local" not in ptx and not re.search(r"\b(atom|red)\.", ptx)
     assert set(re.findall(r"\bld\.global\.(\S*)", ptx)) - wide == {"b32"}  # rstd
@@ -91,3 +95,8 @@ def test_the_backward_compiles_without_atomics_or_local_memory(arch, dtype, D):
     shuffles = [m.start() for m in re.finditer(r"shfl\.sync", ptx)]
     loads = re.findall(r"\bld\.global\.(?:v4\.b32|v2\.b64)", ptx[:shuffles[1]])
     assert len(loads) >= 9 * plan.vecs_per_thread
+    # the persistent grid's CTAs all resident: their registers fit an SM, with no spill
+    if report is not None:
+        ctas = backward_ctas_per_sm(plan)
+        assert report["spill_bytes"] == 0 and ctas >= 2
+        assert report["registers"] * plan.threads * ctas <= 65536, report

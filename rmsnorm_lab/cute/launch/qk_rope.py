@@ -18,7 +18,7 @@ from cutlass.cute.runtime import make_fake_stream
 
 from ...common.rows import INT32_LIMIT
 from ..dtypes import TORCH_TO_CUTE
-from ..kernels.qk_rope import RMSNormQkRopeBackward, RMSNormQkRopeForward
+from ..kernels.qk_rope import RMSNormQkRopeBackward, RMSNormQkRopeForward, backward_ctas_per_sm
 from ..plan.forward import ForwardPlan, NotEligible, check_int32_addressable, plan_forward
 from .backward import compile_dw_reduce
 from .compile import assumed_align, compile_tvm_ffi, fake_rows, fake_rstd, fake_vector, target_arch
@@ -57,10 +57,6 @@ def fake_args(plan: ForwardPlan):
     return (*rows, *w, *tables, *outs, fake_rstd(), fake_rstd(), cutlass.Int32(1),
             cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Float32(1e-6),
             make_fake_stream(use_tvm_ffi_env_stream=True))
-
-
-#: the backward's CTAs an SM (a persistent grid over the tokens, capped by their count)
-BACKWARD_CTAS_PER_SM = 4
 
 
 def fake_backward_args(plan: ForwardPlan):
@@ -175,7 +171,7 @@ def qk_norm_rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, q: torch.T
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     T = cos2.shape[0]
-    grid = max(1, min(T, sms * BACKWARD_CTAS_PER_SM))
+    grid = max(1, min(T, sms * backward_ctas_per_sm(plan)))  # persistent, capped by the tokens
     partials = torch.empty((2, grid, D), dtype=torch.float32, device=q.device)
     if T:
         kernel(dq2, dk2, q2, k2, q_weight, k_weight, cos2, sin2, q_rstd.view(-1),
