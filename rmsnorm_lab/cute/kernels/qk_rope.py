@@ -201,18 +201,6 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
                                                       sw[(i, k), 0, 0], kind)
 
 
-#: The backward's persistent grid fills an SM with this many threads: 5 CTAs of 128 (16-bit
-#: rows take 87-96 registers), 2 of 256 (fp32 rows of 256: 117-122); the CPU tests hold the
-#: registers to that. A grid of more CTAs than are resident would run its strips in a second
-#: wave, after the first's.
-BACKWARD_THREADS_PER_SM = 640
-
-
-def backward_ctas_per_sm(plan: ForwardPlan) -> int:
-    """The backward's CTAs an SM: its grid's multiple."""
-    return max(1, BACKWARD_THREADS_PER_SM // plan.threads)
-
-
 @dataclasses.dataclass(frozen=True)
 class HeadRows:
     """One tensor's part of the backward, at trace time: the gradient at its output, its input,
@@ -225,6 +213,18 @@ class HeadRows:
     tWrW: cute.Tensor
     tAcc: cute.Tensor
     heads: Int32
+
+
+#: The backward's persistent grid fills an SM with this many threads: 5 CTAs of 128 (16-bit
+#: rows take 87-96 registers), 2 of 256 (fp32 rows of 256: 117-122); the CPU tests hold the
+#: registers to that. A grid of more CTAs than are resident would run its strips in a second
+#: wave, after the first's.
+BACKWARD_THREADS_PER_SM = 640
+
+
+def backward_ctas_per_sm(plan: ForwardPlan) -> int:
+    """The backward's CTAs an SM: its grid's multiple."""
+    return max(1, BACKWARD_THREADS_PER_SM // plan.threads)
 
 
 class RMSNormQkRopeBackward(RowHalves, RowTiles):
