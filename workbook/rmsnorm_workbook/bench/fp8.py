@@ -153,9 +153,7 @@ def _copy_to_fp8():
     return lambda a, b: b.copy_(a)
 
 
-#: same-shape ceiling name -> (tensors read, tensors written, the kernel's factory, the dtype
-#: written)
+#: the copies the fp8 ops measure at each shape, the ceiling first, then torch's cast: name ->
+#: (tensors read, tensors written, the kernel's factory, the dtype written)
 SAME_SHAPE = {"copy.narrow": (1, 1, _narrowing_copy, torch.float8_e4m3fn),
               "copy.fp8": (1, 1, _copy_to_fp8, torch.float8_e4m3fn)}
-#: the copies the fp8 ops measure at each shape: the ceiling, then torch's cast
-COPIES = ("copy.narrow", "copy.fp8")

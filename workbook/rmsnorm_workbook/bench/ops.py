@@ -182,7 +182,7 @@ BWD_ADD = Op(name="bwd", make_inputs=fused_add.grad_inputs, run=fused_add.bwd_ru
 # the fp8 output (fp8.py): op fwd, rows in fwd-fp8.csv and fwd-fp8-static.csv
 FWD_FP8 = Op(name="fwd", make_inputs=fp8.inputs, run=fp8.run, reference=fp8.reference_out,
              bytes_moved=fp8.bytes_moved, peers=fp8.PEERS, sweep=fp8.SWEEP,
-             quick_sweep=fp8.QUICK_SWEEP, same_shape=fp8.COPIES, rel_tol=fp8.REL_TOL)
+             quick_sweep=fp8.QUICK_SWEEP, same_shape=tuple(fp8.SAME_SHAPE), rel_tol=fp8.REL_TOL)
 FWD_FP8_STATIC = dataclasses.replace(FWD_FP8, make_inputs=fp8.static_inputs,
                                      peers=fp8.STATIC_PEERS)
 
