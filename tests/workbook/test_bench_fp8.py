@@ -136,8 +136,9 @@ def test_the_reports_caption_names_the_copies_its_table_shows():
     the ceiling's rows says nothing of it."""
     from rmsnorm_workbook.cli.report import _copies_said
 
-    cast = "; copy.fp8.shape: torch's cast into fp8 (no ceiling)"
+    cast = "; copy.fp8.shape: torch's cast into fp8, the same bytes (not a ceiling)"
+    ceiling = ", the ceiling, moves the same bytes with no arithmetic"
     assert _copies_said(["copy.narrow.shape", "copy.fp8.shape"]) == (
-        "; copy.narrow.shape moves the same bytes" + cast)
+        "; copy.narrow.shape" + ceiling + cast)
     assert _copies_said(["copy.fp8.shape"]) == cast
-    assert _copies_said(["copy2r1w.shape"]) == "; copy2r1w.shape moves the same bytes"
+    assert _copies_said(["copy2r1w.shape"]) == "; copy2r1w.shape" + ceiling

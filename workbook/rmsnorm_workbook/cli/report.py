@@ -130,8 +130,8 @@ def _copies_said(copies: List[str]) -> str:
     ceiling first): "; <ceiling> moves the same bytes", any other copy with what it is
     (``copy.fp8.shape``: torch's cast)."""
     ceiling = tables.FUSIONS_CEILINGS
-    return "".join(f"; {c} moves the same bytes" if c in ceiling else
-                   f"; {c}: {impl(c).label or c}" for c in copies)
+    return "".join(f"; {c}, the ceiling, moves the same bytes with no arithmetic" if c in ceiling
+                   else f"; {c}: {impl(c).label or c}" for c in copies)
 
 
 def _save(fig, path: Path) -> str:
@@ -396,7 +396,9 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
         for name, t in fusions[gpu].items():
             md += [f"### {name}", "",
                    f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest "
-                   f"run{_copies_said([c for c in tables.FUSIONS[name][2] if c in t])}:", "",
+                   f"run{_copies_said([c for c in tables.FUSIONS[name][2] if c in t])}; "
+                   "lab / best peer: the lab's fused kernel's time over the fastest peer's "
+                   "(below 1: the lab is faster):", "",
                    tables.markdown_table(t, 2, right_align=True), ""]
         progress(f"[{next(step)}/{total}] {gpu}: the fused ops' sweeps, backward and host "
                  "figures (notebooks 02 and 03)")
