@@ -3,6 +3,7 @@ data the way the lab claims: 16-byte global loads (scalar ones on the fallback),
 and ptxas -v reports no spills."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -110,6 +111,24 @@ def test_dw_reduce_compiles_with_unrolled_loads_and_one_rounding_store(arch, w_d
     if report is None:
         pytest.skip("no ptxas new enough for this PTX; PTX-level checks passed")
     assert report["spill_bytes"] == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_pair_reduction_stores_each_half_of_its_columns_into_its_own_weight(arch, tmp_path):
+    """``DwReducePair`` (the q/k-norm backward's two weights in one launch): the row-lane loop
+    unrolled as the single reduction's, and two rounding stores, one into each weight's dW."""
+    import glob
+
+    from rmsnorm_lab.cute.kernels import dw_reduce
+    from rmsnorm_lab.cute.launch.backward import compile_dw_reduce
+    from rmsnorm_lab.cute.inspect_ptx import ptx_facts
+
+    compile_dw_reduce(128, BF16, arch, keep_ptx_dir=str(tmp_path), pair=True)
+    (path,) = glob.glob(str(tmp_path / "*.ptx"))
+    ptx = open(path).read()
+    facts = ptx_facts(ptx, arch)
+    assert facts.global_loads_scalar >= dw_reduce.UNROLL and facts.local_accesses == 0
+    assert len(re.findall(r"\bst\.global\.b16", ptx)) == 2, "one store into each weight's dW"
 
 
 # The fused residual add's backward (dh joins dx): the fused and dx kernels, every dtype, with

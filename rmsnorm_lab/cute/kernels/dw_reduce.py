@@ -11,6 +11,10 @@ l + 32, l + 64, ... of those columns (a warp reads 128 contiguous bytes of one r
 the loop is unrolled so each thread has several loads in flight), then the 32 lane sums of each
 column meet in shared memory and warp 0 adds them in lane order. The order of additions is fixed,
 so dW is bitwise reproducible run to run (no atomics).
+
+``DwReducePair`` sums two weights' partials, side by side in (G, 2N) rows, into two vectors in one
+launch: the q/k-norm backward's two weights, whose narrow rows (a head, 64 to 256 columns) leave
+each launch a few CTAs of latency, so a second launch would cost as long as the first.
 """
 
 from __future__ import annotations
@@ -35,22 +39,31 @@ class DwReduce:
         self.N = N
         self.w_type = w_type
         self.pdl = pdl  # programmatic dependent launch (device/pdl.py)
+        self.vectors = 1  # weights whose partials sit side by side in a row
 
     @cute.jit
     def __call__(self, gPart: cute.Tensor, gDw: cute.Tensor, stream: cuda.CUstream):
+        self.launch(gPart, gDw, None, stream)
+
+    @cute.jit
+    def launch(self, gPart: cute.Tensor, gDw: cute.Tensor, gDw2, stream: cuda.CUstream):
+        cols = self.N * self.vectors
         G = Int32(gPart.shape[0])
-        mPart = cute.make_tensor(gPart.iterator,
-                                 cute.make_layout((G, self.N), stride=(self.N, 1)))
+        mPart = cute.make_tensor(gPart.iterator, cute.make_layout((G, cols), stride=(cols, 1)))
         mDw = cute.make_tensor(gDw.iterator, cute.make_layout((self.N,)))
-        self.kernel(mPart, mDw).launch(
-            grid=[-(-self.N // COLS_PER_CTA), 1, 1], block=[COLS_PER_CTA * ROW_LANES, 1, 1],
+        mDw2 = None
+        if cutlass.const_expr(gDw2 is not None):
+            mDw2 = cute.make_tensor(gDw2.iterator, cute.make_layout((self.N,)))
+        self.kernel(mPart, mDw, mDw2).launch(
+            grid=[-(-cols // COLS_PER_CTA), 1, 1], block=[COLS_PER_CTA * ROW_LANES, 1, 1],
             smem=ROW_LANES * COLS_PER_CTA * 4, stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mPart: cute.Tensor, mDw: cute.Tensor):
+    def kernel(self, mPart: cute.Tensor, mDw: cute.Tensor, mDw2):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         G = mPart.shape[0]
+        cols = self.N * self.vectors
         c = tidx % COLS_PER_CTA
         lane = tidx // COLS_PER_CTA
         col = bidx * COLS_PER_CTA + c
@@ -58,7 +71,7 @@ class DwReduce:
             wait_for_previous_grid()
 
         total = Float32(0.0)
-        if col < self.N:
+        if col < cols:
             for g in cutlass.range(lane, G, ROW_LANES, unroll=UNROLL):
                 total = total + mPart[g, col]
 
@@ -74,3 +87,20 @@ class DwReduce:
                 acc = acc + sSum[l, c]
             if col < self.N:
                 mDw[col] = acc.to(self.w_type)
+            if cutlass.const_expr(mDw2 is not None):
+                if col >= self.N and col < cols:
+                    mDw2[col - self.N] = acc.to(self.w_type)
+
+
+class DwReducePair(DwReduce):
+    """``__call__(partials (G, 2N) fp32, dw (N,), dw2 (N,), stream)``: row g holds the first
+    weight's partial row in its first N columns, the second's in the rest."""
+
+    def __init__(self, N: int, w_type, pdl: bool = False):
+        super().__init__(N, w_type, pdl)
+        self.vectors = 2
+
+    @cute.jit
+    def __call__(self, gPart: cute.Tensor, gDw: cute.Tensor, gDw2: cute.Tensor,
+                 stream: cuda.CUstream):
+        self.launch(gPart, gDw, gDw2, stream)

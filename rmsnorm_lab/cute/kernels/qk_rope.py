@@ -248,10 +248,11 @@ class RMSNormQkRopeBackward(RowHalves, RowTiles):
     def __call__(self, gDq: cute.Tensor, gDk: cute.Tensor, gQ: cute.Tensor, gK: cute.Tensor,
                  gWq: cute.Tensor, gWk: cute.Tensor, gCos: cute.Tensor, gSin: cute.Tensor,
                  gRq: cute.Tensor, gRk: cute.Tensor, gDqx: cute.Tensor, gDkx: cute.Tensor,
-                 gPq: cute.Tensor, gPk: cute.Tensor, heads_q: Int32, heads_k: Int32,
-                 grid: Int32, stream: cuda.CUstream):
+                 gP: cute.Tensor, heads_q: Int32, heads_k: Int32, grid: Int32,
+                 stream: cuda.CUstream):
         """Host side: the outputs' gradients, q, k and the inputs' gradients as (rows, D)
-        head rows, cos and sin (T, D), rstd (rows,), the partial rows (grid, D) fp32."""
+        head rows, cos and sin (T, D), rstd (rows,), the partial rows (grid, 2D) fp32: q's
+        weight's in the first D columns, k's in the rest (one ``DwReducePair`` sums both)."""
         p = self.plan
         Mq, Mk = Int32(gQ.shape[0]), Int32(gK.shape[0])
         T = Int32(gCos.shape[0])
@@ -262,8 +263,9 @@ class RMSNormQkRopeBackward(RowHalves, RowTiles):
                    for g in (gWq, gWk)]
         rstd = [cute.make_tensor(g.iterator, cute.make_layout((M,)))
                 for g, M in ((gRq, Mq), (gRk, Mk))]
-        partial = [cute.make_tensor(g.iterator, cute.make_layout((grid, p.N), stride=(p.N, 1)))
-                   for g in (gPq, gPk)]
+        partial = [cute.make_tensor(gP.iterator + side * p.N,
+                                    cute.make_layout((grid, p.N), stride=(2 * p.N, 1)))
+                   for side in (0, 1)]
         warps = p.threads // 32
         self.kernel(*rows, *weights, self.row_tensor(gCos, T), self.row_tensor(gSin, T), *rstd,
                     *partial, heads_q, heads_k).launch(

@@ -33,7 +33,7 @@ from ..kernels.backward import RMSNormBackward, RMSNormBackwardDh
 from ..kernels.backward_cluster import RMSNormClusterBackward
 from ..kernels.backward_dw import RMSNormBackwardDW
 from ..kernels.backward_staged import RMSNormStagedBackward, RMSNormStagedBackwardDh
-from ..kernels.dw_reduce import DwReduce
+from ..kernels.dw_reduce import DwReduce, DwReducePair
 from ..plan.backward import (MODES, BackwardPlan, RowsRule, auto_mode, backward_uses_pdl,
                              dw_row_groups_rule, fused_strips_rule, plan_backward,
                              plan_cluster_backward, plan_staged_backward, plan_split,
@@ -83,14 +83,17 @@ def compile_backward(plan: BackwardPlan, arch: str, keep_ptx_dir: Optional[str] 
 
 
 def compile_dw_reduce(N: int, w_dtype: torch.dtype, arch: str,
-                      keep_ptx_dir: Optional[str] = None, pdl: bool = False):
+                      keep_ptx_dir: Optional[str] = None, pdl: bool = False, pair: bool = False):
     """The TVM-FFI compilation of the partial-row reduction for width N into ``w_dtype``: (G, N)
-    fp32 partials, the (N,) dW, the environment stream."""
-    args = (fake_rows(cutlass.Float32, "G", "ldp", 4),
-            fake_vector(TORCH_TO_CUTE[w_dtype], "Nw", w_dtype.itemsize),
-            make_fake_stream(use_tvm_ffi_env_stream=True))
-    return compile_tvm_ffi(_COMPILED, ("dw_reduce", N, w_dtype, arch, pdl), arch, "dw_reduce",
-                           lambda: (DwReduce(N, TORCH_TO_CUTE[w_dtype], pdl), args),
+    fp32 partials, the (N,) dW, the environment stream; ``pair``: two weights' partials side by
+    side, (G, 2N), into two (N,) vectors (``DwReducePair``)."""
+    dw = fake_vector(TORCH_TO_CUTE[w_dtype], "Nw", w_dtype.itemsize)
+    args = ((fake_rows(cutlass.Float32, "G", "ldp", 4), dw)
+            + ((fake_vector(TORCH_TO_CUTE[w_dtype], "Nw2", w_dtype.itemsize),) if pair else ())
+            + (make_fake_stream(use_tvm_ffi_env_stream=True),))
+    kind = DwReducePair if pair else DwReduce
+    return compile_tvm_ffi(_COMPILED, ("dw_reduce", N, w_dtype, arch, pdl, pair), arch,
+                           "dw_reduce", lambda: (kind(N, TORCH_TO_CUTE[w_dtype], pdl), args),
                            keep_ptx_dir)
 
 

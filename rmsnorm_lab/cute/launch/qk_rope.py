@@ -1,6 +1,6 @@
 """Launching the CuTe q/k-norm + RoPE kernels (kernels/qk_rope.py): their plan, their compile
-cache, one launch for q's and k's head rows each way (and, backward, the partial rows of dW of
-each weight summed by ``dw_reduce``).
+cache, one launch for q's and k's head rows each way (and, backward, the partial rows of both weights'
+dW, side by side, summed by one ``dw_reduce`` launch).
 
 The plan is the forward's per-head tile (``plan_forward("warp", D, ...)``, rstd kept for the
 backward); ``qk_rope_plan`` raises ``NotEligible`` where the kernel cannot take the rows (a
@@ -61,7 +61,7 @@ def fake_args(plan: ForwardPlan):
 
 def fake_backward_args(plan: ForwardPlan):
     """Typed stand-ins for the backward: the outputs' gradients, q and k, the weights, cos and
-    sin, rstd, the inputs' gradients, the two (G, D) partials, the heads and the grid."""
+    sin, rstd, the inputs' gradients, the (G, 2D) partials, the heads and the grid."""
     x_type = TORCH_TO_CUTE[plan.x_dtype]
     align = assumed_align(plan.vec, plan.x_dtype)
     rows = [fake_rows(x_type, m, ld, align, plan.N)
@@ -70,8 +70,8 @@ def fake_backward_args(plan: ForwardPlan):
          for _ in range(2)]
     tables = [fake_rows(x_type, "T", ld, align, plan.N) for ld in ("ldc", "lds")]
     grads = [fake_rows(x_type, m, ld, align, plan.N) for m, ld in (("Mq", "ld5"), ("Mk", "ld6"))]
-    partials = [fake_rows(cutlass.Float32, "G", ld, 16, plan.N) for ld in ("ldp", "ldr")]
-    return (*rows, *w, *tables, fake_rstd(), fake_rstd(), *grads, *partials, cutlass.Int32(1),
+    partials = fake_rows(cutlass.Float32, "G", "ldp", 16, 2 * plan.N)
+    return (*rows, *w, *tables, fake_rstd(), fake_rstd(), *grads, partials, cutlass.Int32(1),
             cutlass.Int32(1), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
@@ -172,15 +172,15 @@ def qk_norm_rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, q: torch.T
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     T = cos2.shape[0]
     grid = max(1, min(T, sms * backward_ctas_per_sm(plan)))  # persistent, capped by the tokens
-    partials = torch.empty((2, grid, D), dtype=torch.float32, device=q.device)
+    # q's partial row and k's side by side, (grid, 2D): one reduction launch sums both
+    partials = torch.empty((grid, 2 * D), dtype=torch.float32, device=q.device)
     if T:
         kernel(dq2, dk2, q2, k2, q_weight, k_weight, cos2, sin2, q_rstd.view(-1),
-               k_rstd.view(-1), dq.view(-1, D), dk.view(-1, D), partials[0], partials[1],
-               q.shape[-2], k.shape[-2], grid)
+               k_rstd.view(-1), dq.view(-1, D), dk.view(-1, D), partials, q.shape[-2],
+               k.shape[-2], grid)
     else:
         partials.zero_()
-    reduce = compile_dw_reduce(D, q_weight.dtype, arch, pdl=plan.pdl)
+    reduce = compile_dw_reduce(D, q_weight.dtype, arch, pdl=plan.pdl, pair=True)
     dwq, dwk = torch.empty_like(q_weight), torch.empty_like(k_weight)
-    reduce(partials[0], dwq)
-    reduce(partials[1], dwk)
+    reduce(partials, dwq, dwk)
     return dq, dk, dwq, dwk
