@@ -21,6 +21,8 @@ ARCHS = ["sm_90a", "sm_100a"]
 # 16 KB two-pass tile, column chunks (pipelined, and with a residual), warp-per-row (per-head rows
 # in tile groups), the fallback, every dtype and mode, with and without an offset
 CASES = [
+    ("row", 1024, BF16, BF16, "llama", "static", False, False, False),
+    ("row", 1024, BF16, BF16, "llama", "token", False, False, False),
     ("row", 4096, BF16, BF16, "llama", "token", False, False, False),
     ("row", 4096, F16, F16, "llama", "token", False, False, True),
     ("row", 4096, BF16, BF16, "llama", "static", False, True, False),

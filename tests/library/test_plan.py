@@ -138,6 +138,20 @@ def test_auto_takes_the_chunked_row_for_wide_rows_never_a_cluster_nor_staged():
     assert auto_variant(65536, False, BF16, 16384) == "fallback"
 
 
+def test_auto_variant_fp8_output_takes_the_row_tile_where_it_fills_a_warp():
+    """fp8 output from 2 KB rows on (FP8_ROW_MIN_BYTES): the row variant's one-row CTA of the
+    fp8 epilogue's copies a thread; narrower rows, and the fused add, keep warp-per-row."""
+    for quant in ("static", "token"):
+        assert auto_variant(1024, True, BF16, 16384, quant=quant) == "row"
+        assert auto_variant(512, True, F32, 16384, quant=quant) == "row"
+        assert auto_variant(512, True, BF16, 16384, quant=quant) == "warp"
+        assert auto_variant(128, True, BF16, 65536, quant=quant) == "warp"
+        assert auto_variant(1024, True, BF16, 16384, residual=True, quant=quant) == "warp"
+    plan = plan_forward("row", 1024, BF16, BF16, "llama", False, True, arch="sm_90a",
+                        quant="static", offset=False)
+    assert (plan.threads_per_row, plan.vecs_per_thread, plan.rows_per_cta) == (32, 4, 1)
+
+
 def test_auto_variant_fused_add_keeps_warp_per_row_at_few_rows():
     assert auto_variant(4096, True, BF16, 1024, residual=True) == "row"
     assert auto_variant(65536, True, BF16, 4096, residual=True) == "row"

@@ -147,8 +147,8 @@ def forward_launch(x2: torch.Tensor, weight: Optional[torch.Tensor], casting_mod
            rows, snap.pdl, residual is not None, quant, scale_ub, offset)
     launch = _LAUNCHES.get(key)
     if launch is None:
-        chosen = (auto_variant(N, aligned, x2.dtype, M, residual=residual is not None)
-                  if variant == "auto" else variant)
+        chosen = (auto_variant(N, aligned, x2.dtype, M, residual=residual is not None,
+                               quant=quant) if variant == "auto" else variant)
         plan = plan_forward(chosen, N, x2.dtype, w_dtype, casting_mode, need_rstd, aligned,
                             arch=target_arch(x2.device), pdl=snap.pdl,
                             residual=residual is not None, row_class=rows, quant=quant,
