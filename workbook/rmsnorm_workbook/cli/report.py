@@ -398,7 +398,9 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                    f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest "
                    f"run{_copies_said([c for c in tables.FUSIONS[name][2] if c in t])}; "
                    "lab / best peer: the lab's fused kernel's time over the fastest peer's "
-                   "(below 1: the lab is faster):", "",
+                   "(below 1: the lab is faster). At ten µs a call or less, launch and the "
+                   "last wave of CTAs weigh as much as bytes, and a kernel can finish under "
+                   "its copy:", "",
                    tables.markdown_table(t, 2, right_align=True), ""]
         progress(f"[{next(step)}/{total}] {gpu}: the fused ops' sweeps, backward and host "
                  "figures (notebooks 02 and 03)")
