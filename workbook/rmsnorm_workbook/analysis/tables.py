@@ -205,7 +205,8 @@ def fusion_table(df: pd.DataFrame, name: str, gpu: Optional[str] = None) -> pd.D
     """A fused op's sweep (``FUSIONS[name]``) from its newest run: median µs per shape by
     CUDA-graph replay of every implementation and the run's same-shape copies, then ``lab /
     best peer`` (the lab's fused kernel over the fastest implementation that is not the lab's;
-    below 1: the lab is faster). Empty when the results hold no such run."""
+    below 1: the lab is faster); ``attrs["run"]``: the run's commit and date. Empty when the
+    results hold no such run."""
     op, pattern, copies, lab = FUSIONS[name]
     d, gpu = every_run(df, gpu)
     d = d[(d["op"] == op) & (d["path"] == "graph") & (d["metric"] == "time")]
@@ -221,7 +222,9 @@ def fusion_table(df: pd.DataFrame, name: str, gpu: Optional[str] = None) -> pd.D
     if lab in t.columns and peers:
         t["lab / best peer"] = t[lab] / t[peers].min(axis=1)
     t.columns.name = None
-    return t.sort_index(level=["N", "M"])
+    t = t.sort_index(level=["N", "M"])
+    t.attrs["run"] = (str(run["commit"].iloc[0]), str(run["timestamp"].iloc[0])[:10])
+    return t
 
 
 def host_benchmark_run(d: pd.DataFrame) -> pd.DataFrame:

@@ -394,10 +394,13 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes:", "",
                        tables.markdown_table(add, 2, right_align=True), ""]
         for name, t in fusions[gpu].items():
+            commit, day = t.attrs["run"]
             md += [f"### {name}", "",
                    f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest "
-                   f"run{_copies_said([c for c in tables.FUSIONS[name][2] if c in t])}; "
-                   "lab / best peer: the lab's fused kernel's time over the fastest peer's "
+                   f"run (commit {commit}, {day})"
+                   f"{_copies_said([c for c in tables.FUSIONS[name][2] if c in t])}; "
+                   "lab / best peer: the lab's fused kernel's time over the fastest peer's, a "
+                   "peer being any implementation not the lab's (`cute.*`, `triton.*`) "
                    "(below 1: the lab is faster). At ten µs a call or less, launch and the "
                    "last wave of CTAs weigh as much as bytes, and a kernel can finish under "
                    "its copy:", "",
