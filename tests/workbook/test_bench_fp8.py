@@ -131,14 +131,21 @@ def test_graph_times_now_reads_back_one_shape_of_its_run(monkeypatch):
     assert got.to_dict() == {"cute.auto+fp8": 2.5, "triton.row+fp8": 3.5}
 
 
-def test_the_reports_caption_names_the_copies_its_table_shows():
-    """The ceiling moves the same bytes; torch's cast is named for what it is; a run without
-    the ceiling's rows says nothing of it."""
-    from rmsnorm_workbook.cli.report import _copies_said
+def test_the_reports_caption_names_the_run_and_the_copies_its_table_shows():
+    """The run's commit and date; the ceiling moves the same bytes; torch's cast is named for
+    what it is; a run without the ceiling's rows says nothing of it."""
+    import pandas as pd
+
+    from rmsnorm_workbook.cli.report_sections import fusion_caption
+
+    def caption(name, copies):
+        t = pd.DataFrame({c: [1.0] for c in ["cute.auto+fp8", *copies]})
+        t.attrs["run"] = ("abc123", "2026-12-05")
+        return fusion_caption(name, t)
 
     cast = "; copy.fp8.shape: torch's cast into fp8, the same bytes (not a ceiling)"
     ceiling = ", the ceiling, moves the same bytes with no arithmetic"
-    assert _copies_said(["copy.narrow.shape", "copy.fp8.shape"]) == (
-        "; copy.narrow.shape" + ceiling + cast)
-    assert _copies_said(["copy.fp8.shape"]) == cast
-    assert _copies_said(["copy2r1w.shape"]) == "; copy2r1w.shape" + ceiling
+    both = caption("fwd-fp8", ["copy.narrow.shape", "copy.fp8.shape"])
+    assert "its newest run (commit abc123, 2026-12-05); copy.narrow.shape" + ceiling + cast in both
+    assert "(commit abc123, 2026-12-05)" + cast + ";" in caption("fwd-fp8", ["copy.fp8.shape"])
+    assert "; copy2r1w.shape" + ceiling in caption("bwd-qk-rope", ["copy2r1w.shape"])

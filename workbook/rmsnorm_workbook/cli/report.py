@@ -22,6 +22,7 @@ from ..viz import sweeps
 from .bench import run_bench
 from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
                      writable_dir)
+from .report_sections import fusion_caption
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
 
 
@@ -123,15 +124,6 @@ def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
                    "timings, not interleaved with the others, so rows of different runs and "
                    "hosts compare loosely:")
     return [caption, "", tables.markdown_table(host, 1, right_align=True), ""]
-
-
-def _copies_said(copies: List[str]) -> str:
-    """What a fused op's table says of the same-shape copies it shows (``FUSIONS``' order, the
-    ceiling first): "; <ceiling> moves the same bytes", any other copy with what it is
-    (``copy.fp8.shape``: torch's cast)."""
-    ceiling = tables.FUSIONS_CEILINGS
-    return "".join(f"; {c}, the ceiling, moves the same bytes with no arithmetic" if c in ceiling
-                   else f"; {c}: {impl(c).label or c}" for c in copies)
 
 
 def _save(fig, path: Path) -> str:
@@ -394,16 +386,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes:", "",
                        tables.markdown_table(add, 2, right_align=True), ""]
         for name, t in fusions[gpu].items():
-            commit, day = t.attrs["run"]
-            md += [f"### {name}", "",
-                   f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest "
-                   f"run (commit {commit}, {day})"
-                   f"{_copies_said([c for c in tables.FUSIONS[name][2] if c in t])}; "
-                   "lab / best peer: the lab's fused kernel's time over the fastest peer's, a "
-                   "peer being any implementation not the lab's (`cute.*`, `triton.*`) "
-                   "(below 1: the lab is faster). At ten µs a call or less, launch and the "
-                   "last wave of CTAs weigh as much as bytes, and a kernel can finish under "
-                   "its copy:", "",
+            md += [f"### {name}", "", fusion_caption(name, t), "",
                    tables.markdown_table(t, 2, right_align=True), ""]
         progress(f"[{next(step)}/{total}] {gpu}: the fused ops' sweeps, backward and host "
                  "figures (notebooks 02 and 03)")

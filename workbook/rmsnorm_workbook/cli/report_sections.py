@@ -14,7 +14,9 @@ import pandas as pd
 from ..viz import gpus as figures
 from ..results.provenance import gpu_title
 from ..analysis import MODELLED, compiled, model, model_step, speed
+from ..analysis import tables
 from ..analysis.tables import markdown_table
+from ..legend import impl
 from ..analysis.reported import load_reported, pr_era_host
 from ..analysis.specs import SPECS, bandwidth_table
 
@@ -43,6 +45,21 @@ def calibration_caveat(check: pd.DataFrame) -> str:
             f"`do_bench` measured {measured}: off by up to {factor:.1f}×. The "
             f"verdicts are statements about the model with the host costs measured on the "
             f"{gpu}'s host, not measurements of those GPUs.")
+
+
+def fusion_caption(name: str, t: pd.DataFrame) -> str:
+    """The caption of a fused op's table (``tables.fusion_table``): its run, the same-shape
+    copies it shows (``FUSIONS``' order, the ceiling first, any other copy with what it is:
+    ``copy.fp8.shape``, torch's cast) and what ``lab / best peer`` compares."""
+    commit, day = t.attrs["run"]
+    copies = "".join(f"; {c}, the ceiling, moves the same bytes with no arithmetic"
+                     if c in tables.FUSIONS_CEILINGS else f"; {c}: {impl(c).label or c}"
+                     for c in tables.FUSIONS[name][2] if c in t)
+    return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
+            f"(commit {commit}, {day}){copies}; lab / best peer: the lab's fused kernel's time "
+            "over the fastest peer's, a peer being any implementation not the lab's (`cute.*`, "
+            "`triton.*`) (below 1: the lab is faster). At ten µs a call or less, launch and the "
+            "last wave of CTAs weigh as much as bytes, and a kernel can finish under its copy:")
 
 
 def _title(key: str) -> str:
