@@ -1,6 +1,6 @@
 """Launching the CuTe q/k-norm + RoPE kernels (kernels/qk_rope.py): their plan, their compile
-cache, one launch for q's and k's head rows each way (and, backward, the partial rows of both weights'
-dW, side by side, summed by one ``dw_reduce`` launch).
+cache, one launch for q's and k's head rows each way (and, backward, the partial rows of both
+weights' dW, side by side, summed by one ``dw_reduce`` launch).
 
 The plan is the forward's per-head tile (``plan_forward("warp", D, ...)``, rstd kept for the
 backward); ``qk_rope_plan`` raises ``NotEligible`` where the kernel cannot take the rows (a
