@@ -101,7 +101,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
           "/ (efficiency x datasheet bandwidth), fitted on the H200's CUDA-graph times, host time "
           "as measured on the H200's host; per call as `triton.testing.do_bench` sees it "
           "(device + host time beyond its 256 MiB L2 flush). Reported: quoted from elsewhere "
-          "with its source (`results/reported/`). Details: `notebooks/04_gpus.ipynb`.", ""]
+          "with its source (`results/reported/`). The model: `notebooks/04_gpus.ipynb`; the "
+          "verdicts on reported claims below are this section's own.", ""]
     headline: List[str] = []
     if cal.empty:
         md += ["No CUDA-graph measurements to calibrate the model on: nothing to model.", ""]
