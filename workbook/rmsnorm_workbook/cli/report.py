@@ -22,7 +22,7 @@ from ..viz import sweeps
 from .bench import run_bench
 from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
                      writable_dir)
-from .report_sections import fusion_caption
+from .report_sections import PEER_RATIO, fusion_caption
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
 
 
@@ -383,7 +383,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                 md += [f"### fused residual add, {op}", "",
                        f"`bench --op {op}-add`: µs per call, CUDA-graph replay, median, each "
                        "shape from the newest run that measured it; "
-                       f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes:", "",
+                       f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes; {PEER_RATIO}:",
+                       "",
                        tables.markdown_table(add, 2, right_align=True), ""]
         for name, t in fusions[gpu].items():
             md += [f"### {name}", "", fusion_caption(name, t), "",

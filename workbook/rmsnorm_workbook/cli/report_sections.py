@@ -47,6 +47,12 @@ def calibration_caveat(check: pd.DataFrame) -> str:
             f"{gpu}'s host, not measurements of those GPUs.")
 
 
+#: what a fused op's ``lab / best peer`` column compares
+PEER_RATIO = ("lab / best peer: the lab's fused kernel's time over the fastest peer's, a peer "
+              "being any implementation not the lab's (`cute.*`, `triton.*`) (below 1: the "
+              "lab is faster)")
+
+
 def fusion_caption(name: str, t: pd.DataFrame) -> str:
     """The caption of a fused op's table (``tables.fusion_table``): its run, the same-shape
     copies it shows (``FUSIONS``' order, the ceiling first, any other copy with what it is:
@@ -56,10 +62,9 @@ def fusion_caption(name: str, t: pd.DataFrame) -> str:
                      if c in tables.FUSIONS_CEILINGS else f"; {c}: {impl(c).label or c}"
                      for c in tables.FUSIONS[name][2] if c in t)
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
-            f"(commit {commit}, {day}){copies}; lab / best peer: the lab's fused kernel's time "
-            "over the fastest peer's, a peer being any implementation not the lab's (`cute.*`, "
-            "`triton.*`) (below 1: the lab is faster). At ten µs a call or less, launch and the "
-            "last wave of CTAs weigh as much as bytes, and a kernel can finish under its copy:")
+            f"(commit {commit}, {day}){copies}; {PEER_RATIO}. At ten µs a call or less, launch "
+            "and the last wave of CTAs weigh as much as bytes, and a kernel can finish under its "
+            "copy:")
 
 
 def _title(key: str) -> str:
