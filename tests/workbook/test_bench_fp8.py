@@ -149,3 +149,13 @@ def test_the_reports_caption_names_the_run_and_the_copies_its_table_shows():
     assert "its newest run (commit abc123, 2026-12-05); copy.narrow.shape" + ceiling + cast in both
     assert "(commit abc123, 2026-12-05)" + cast + ";" in caption("fwd-fp8", ["copy.fp8.shape"])
     assert "; copy2r1w.shape" + ceiling in caption("bwd-qk-rope", ["copy2r1w.shape"])
+
+
+def test_each_fused_ops_table_shows_the_copies_its_bench_measures():
+    """The report's fused-op tables (``tables.FUSIONS``) name, in order, the same-shape copies
+    the op's benchmark times (``ops.OPS[name].same_shape``, as ``.shape`` rows)."""
+    from rmsnorm_workbook.analysis import tables
+    from rmsnorm_workbook.bench.ops import OPS
+
+    for name, (_, _, copies, _) in tables.FUSIONS.items():
+        assert copies == tuple(f"{c}.shape" for c in OPS[name].same_shape), name

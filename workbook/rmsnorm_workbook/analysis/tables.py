@@ -187,7 +187,8 @@ def fused_add_table(df: pd.DataFrame, op: str, gpu: Optional[str] = None) -> pd.
 
 
 #: the fused ops' sweeps, beside the norm's: ``bench --op`` name -> (op, its rows' impl names,
-#: its same-shape copies (the ceiling first), the lab's fused kernel)
+#: its same-shape copies (the ceiling first; the bench's ``Op.same_shape``, a test holds them
+#: equal), the lab's fused kernel)
 _FP8_COPIES = ("copy.narrow.shape", "copy.fp8.shape")
 FUSIONS = {
     "fwd-fp8": ("fwd", r"\+fp8(?:\.unfused(?:\.inductor)?)?$", _FP8_COPIES, "cute.auto+fp8"),
