@@ -24,7 +24,7 @@ from .backward import compile_dw_reduce
 from .compile import assumed_align, compile_tvm_ffi, fake_rows, fake_rstd, fake_vector, target_arch
 
 _COMPILED: Dict[Tuple, object] = {}
-_PLANS: Dict[Tuple, ForwardPlan] = {}
+_LAUNCHES: Dict[Tuple, "QkRopeLaunch"] = {}
 
 
 def qk_rope_plan(D: int, x_dtype: torch.dtype, w_dtype: torch.dtype, casting_mode: str,
@@ -109,8 +109,34 @@ def _tables(cos: torch.Tensor, sin: torch.Tensor, D: int):
     return tuple(t if t.stride(1) == 1 else t.contiguous() for t in rows)
 
 
-def _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode: str, pdl: bool) -> ForwardPlan:
-    """The plan of these rows (cached by what decides it), or ``NotEligible``."""
+class QkRopeLaunch:
+    """What launching one configuration needs, found with one dict probe a call (as the norm's
+    ``ForwardLaunch``; docs/design-record.md, 'Host: one dict probe per call'): the plan, the
+    forward's grid as a rule of rows for this device's SMs, and the kernels, each compiled on
+    its first call (``forward_kernel``, ``backward_kernels``)."""
+    __slots__ = ("plan", "arch", "grid", "forward", "backward", "reduce")
+
+    def __init__(self, plan: ForwardPlan, arch: str, sms: int):
+        self.plan, self.arch, self.grid = plan, arch, plan.grid(sms)
+        self.forward = self.backward = self.reduce = None
+
+    def forward_kernel(self):
+        if self.forward is None:
+            self.forward = compile_qk_rope(self.plan, self.arch)
+        return self.forward
+
+    def backward_kernels(self):
+        """The backward and the reduction of both weights' partial rows (``DwReducePair``)."""
+        if self.backward is None:
+            p = self.plan
+            self.reduce = compile_dw_reduce(p.N, p.w_dtype, self.arch, pdl=p.pdl, pair=True)
+            self.backward = compile_qk_rope(p, self.arch, backward=True)
+        return self.backward, self.reduce
+
+
+def _launch(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode: str, pdl: bool,
+            sms: int) -> QkRopeLaunch:
+    """The launch of these rows (cached by what decides it), or ``NotEligible``."""
     D = q2.shape[1]
     for t in (q2, k2, cos2, sin2):
         if t.shape[0] * max(t.stride(0), D) >= INT32_LIMIT:  # the plain test inline: hot path
@@ -119,12 +145,13 @@ def _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode: str, pdl: bool) 
         raise NotEligible("the weights are not contiguous vectors of one dtype")
     aligned = (_aligned(q2, k2, cos2, sin2)
                and (q_weight.data_ptr() | k_weight.data_ptr()) % 16 == 0)
-    key = (D, q2.dtype, q_weight.dtype, casting_mode, aligned, q2.get_device(), pdl)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = qk_rope_plan(D, q2.dtype, q_weight.dtype, casting_mode, aligned,
-                                          target_arch(q2.device), pdl)
-    return plan
+    key = (D, q2.dtype, q_weight.dtype, casting_mode, aligned, q2.get_device(), pdl, sms)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        arch = target_arch(q2.device)
+        plan = qk_rope_plan(D, q2.dtype, q_weight.dtype, casting_mode, aligned, arch, pdl)
+        launch = _LAUNCHES[key] = QkRopeLaunch(plan, arch, sms)
+    return launch
 
 
 def qk_norm_rope_forward(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
@@ -136,14 +163,14 @@ def qk_norm_rope_forward(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     D, heads_q, heads_k = q.shape[-1], q.shape[-2], k.shape[-2]
     q2, k2 = _head_rows("q", q, D), _head_rows("k", k, D)
     cos2, sin2 = _tables(cos, sin, D)
-    plan = _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode, pdl)
-    kernel = compile_qk_rope(plan, target_arch(q.device))
+    launch = _launch(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode, pdl, sms)
+    kernel = launch.forward_kernel()
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
     q_rstd = q.new_empty(q.shape[:-1], dtype=torch.float32)
     k_rstd = k.new_empty(k.shape[:-1], dtype=torch.float32)
     if q2.shape[0]:
-        rule = plan.grid(sms)
+        rule = launch.grid
         q_ctas = rule.of(q2.shape[0])
         kernel(q2, k2, q_weight, k_weight, cos2, sin2, q_out.view(-1, D), k_out.view(-1, D),
                q_rstd.view(-1), k_rstd.view(-1), heads_q, heads_k, q_ctas,
@@ -163,15 +190,14 @@ def qk_norm_rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, q: torch.T
     q2, k2 = _head_rows("q", q, D), _head_rows("k", k, D)
     dq2, dk2 = _head_rows("dq", dq_out, D), _head_rows("dk", dk_out, D)
     cos2, sin2 = _tables(cos, sin, D)
-    plan = _plan(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode, pdl)
+    launch = _launch(q2, k2, q_weight, k_weight, cos2, sin2, casting_mode, pdl, sms)
     if not _aligned(dq2, dk2):
         raise NotEligible("the outputs' gradients are not 16-byte aligned rows")
-    arch = target_arch(q.device)
-    kernel = compile_qk_rope(plan, arch, backward=True)
+    kernel, reduce = launch.backward_kernels()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     T = cos2.shape[0]
-    grid = max(1, min(T, sms * backward_ctas_per_sm(plan)))  # persistent, capped by the tokens
+    grid = max(1, min(T, sms * backward_ctas_per_sm(launch.plan)))  # persistent, capped: tokens
     # q's partial row and k's side by side, (grid, 2D): one reduction launch sums both
     partials = torch.empty((grid, 2 * D), dtype=torch.float32, device=q.device)
     if T:
@@ -180,7 +206,6 @@ def qk_norm_rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, q: torch.T
                k.shape[-2], grid)
     else:
         partials.zero_()
-    reduce = compile_dw_reduce(D, q_weight.dtype, arch, pdl=plan.pdl, pair=True)
     dwq, dwk = torch.empty_like(q_weight), torch.empty_like(k_weight)
     reduce(partials, dwq, dwk)
     return dq, dk, dwq, dwk
