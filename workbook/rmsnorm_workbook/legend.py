@@ -62,7 +62,8 @@ IMPLS: Tuple[Impl, ...] = (
     Impl("copy2r2w.shape", "ceiling", _GREY, ":", "x", "copy of the same shape (2 in, 2 out)"),
     Impl("copy3r1w.shape", "ceiling", _GREY, ":", "x", "copy of the same shape (3 reads)"),
     Impl("copy.narrow.shape", "ceiling", _GREY, ":", "x", "copy of the same bytes (2 in, 1 out)"),
-    Impl("copy.fp8.shape", "ceiling", _GREY, "-.", "x", "torch's cast into fp8, the same bytes (not a ceiling)"),
+    Impl("copy.fp8.shape", "ceiling", _GREY, "-.", "x",
+         "torch's cast into fp8, the same bytes (not a ceiling)"),
 )
 _IMPL_BY_NAME = {i.name: i for i in IMPLS}
 #: prefixes of the lab's own implementation names

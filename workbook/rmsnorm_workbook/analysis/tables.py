@@ -198,8 +198,6 @@ FUSIONS = {
     "bwd-qk-rope": ("bwd", r"\+rope(?:\.eager)?$|^liger\.rope$", ("copy2r1w.shape",),
                     "cute.qk+rope"),
 }
-#: the copies of ``FUSIONS`` that are ceilings (the first of each op's)
-FUSIONS_CEILINGS = frozenset(copies[0] for _, _, copies, _ in FUSIONS.values())
 
 
 def fusion_table(df: pd.DataFrame, name: str, gpu: Optional[str] = None) -> pd.DataFrame:

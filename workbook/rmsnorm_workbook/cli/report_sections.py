@@ -58,9 +58,10 @@ def fusion_caption(name: str, t: pd.DataFrame) -> str:
     copies it shows (``FUSIONS``' order, the ceiling first, any other copy with what it is:
     ``copy.fp8.shape``, torch's cast) and what ``lab / best peer`` compares."""
     commit, day = t.attrs["run"]
+    ceiling, *others = tables.FUSIONS[name][2]
     copies = "".join(f"; {c}, the ceiling, moves the same bytes with no arithmetic"
-                     if c in tables.FUSIONS_CEILINGS else f"; {c}: {impl(c).label or c}"
-                     for c in tables.FUSIONS[name][2] if c in t)
+                     if c == ceiling else f"; {c}: {impl(c).label or c}"
+                     for c in (ceiling, *others) if c in t)
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
             f"(commit {commit}, {day}){copies}; {PEER_RATIO}. At ten µs a call or less, launch "
             "and the last wave of CTAs weigh as much as bytes, and a kernel can finish under its "
