@@ -194,12 +194,12 @@ def qk_norm_rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, q: torch.T
     if not _aligned(dq2, dk2):
         raise NotEligible("the outputs' gradients are not 16-byte aligned rows")
     kernel, reduce = launch.backward_kernels()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     T = cos2.shape[0]
     grid = max(1, min(T, sms * backward_ctas_per_sm(launch.plan)))  # persistent, capped: tokens
     # q's partial row and k's side by side, (grid, 2D): one reduction launch sums both
-    partials = torch.empty((grid, 2 * D), dtype=torch.float32, device=q.device)
+    partials = q.new_empty((grid, 2 * D), dtype=torch.float32)
     if T:
         kernel(dq2, dk2, q2, k2, q_weight, k_weight, cos2, sin2, q_rstd.view(-1),
                k_rstd.view(-1), dq.view(-1, D), dk.view(-1, D), partials, q.shape[-2],
