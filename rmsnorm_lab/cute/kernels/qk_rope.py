@@ -65,17 +65,11 @@ class RowHalves:
     def tables(self, cp: RowCopy, rope: Rope, token, row_ok, like):
         """``(cos, sin)``: registers shaped like ``like`` holding the token's cos and sin at this
         thread's columns (16-byte copies; zeros where the row or the column is out)."""
-        tCr, tSr = cute.make_fragment_like(like, self.x_type), cute.make_fragment_like(
-            like, self.x_type)
-        self.load_tables(cp, rope, token, row_ok, tCr, tSr)
-        return tCr, tSr
-
-    @cute.jit
-    def load_tables(self, cp: RowCopy, rope: Rope, token, row_ok, tCr, tSr):
-        """Registers ``tCr``, ``tSr`` <- the token's cos and sin (as ``tables``)."""
         p = self.plan
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_type,
                                    num_bits_per_copy=p.vec * self.x_type.width)
+        tCr, tSr = cute.make_fragment_like(like, self.x_type), cute.make_fragment_like(
+            like, self.x_type)
         tCr.fill(0)
         tSr.fill(0)
         for k in cutlass.range_constexpr(p.vecs_per_thread):
@@ -85,6 +79,7 @@ class RowHalves:
                 gS = cute.zipped_divide(rope.mSin[token, None], (p.vec,))
                 cute.copy(atom, gC[None, block], tCr[(None, k), 0, 0])
                 cute.copy(atom, gS[None, block], tSr[(None, k), 0, 0])
+        return tCr, tSr
 
     @cute.jit
     def other_half(self, tVr, tPr, cp: RowCopy, k: cutlass.Constexpr[int]):
@@ -220,14 +215,11 @@ class HeadRows:
     heads: Int32
 
 
-#: The backward's persistent grid fills an SM with this many threads, bound so (4 CTAs of 128,
-#: 2 of 256: at most 128 registers); the CPU tests hold the kernel to no spill. A grid of more
-#: CTAs than are resident would run its strips in a second wave, after the first's.
-BACKWARD_THREADS_PER_SM = 512
-#: Tiles whose loads are in flight while the backward works on one: the bytes in flight an SM
-#: set its pace
-#: (docs/design-record.md, 'Attention prologue: q/k norms with RoPE in one pass').
-TILES_AHEAD = 2
+#: The backward's persistent grid fills an SM with this many threads: 5 CTAs of 128 (16-bit
+#: rows take 87-96 registers), 2 of 256 (fp32 rows of 256: 117-122); the CPU tests hold the
+#: registers to that. A grid of more CTAs than are resident would run its strips in a second
+#: wave, after the first's.
+BACKWARD_THREADS_PER_SM = 640
 
 
 def backward_ctas_per_sm(plan: ForwardPlan) -> int:
@@ -238,8 +230,8 @@ def backward_ctas_per_sm(plan: ForwardPlan) -> int:
 class RMSNormQkRopeBackward(RowHalves, RowTiles):
     """The backward of q's and k's rows in one launch: a persistent grid, CTA g walking strip g
     of the tokens, q's rows of the strip then k's (a token's heads are consecutive rows, so a
-    strip's rows of each are one run), ``rows_per_cta`` at a time, the next ``TILES_AHEAD``
-    tiles' dy, x and rstd loading while this one is worked on. A row's gradient goes back through the
+    strip's rows of each are one run), ``rows_per_cta`` at a time, the next tile's dy, x, cos,
+    sin and rstd loaded while this one is worked on. A row's gradient goes back through the
     rotation first, in fp32 (reference.rope_backward: ``dy·cos`` plus the other half's
     ``dy·sin``, added in the first half and subtracted in the second), then through the norm
     (reference.rms_norm_backward); a tensor's dW stays in registers for its run, is summed over
@@ -278,7 +270,7 @@ class RMSNormQkRopeBackward(RowHalves, RowTiles):
         self.kernel(*rows, *weights, self.row_tensor(gCos, T), self.row_tensor(gSin, T), *rstd,
                     *partial, heads_q, heads_k).launch(
             grid=[grid, 1, 1], block=[p.threads, 1, 1], smem=warps * p.N * 4, stream=stream,
-            use_pdl=p.pdl, min_blocks_per_mp=backward_ctas_per_sm(p), preferred_smem_carveout=0)
+            use_pdl=p.pdl)
 
     @cute.kernel
     def kernel(self, mDq: cute.Tensor, mDk: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor,
@@ -298,48 +290,37 @@ class RMSNormQkRopeBackward(RowHalves, RowTiles):
             part = HeadRows(mDy, mX, mR, mDx, cp.weight(mW, 0), tAcc, heads)
             rope = Rope(mCos, mSin, heads)
             first, last = start * heads, end * heads  # the strip's rows of this tensor
-            step = p.rows_per_cta
-            # A ring of register tiles, TILES_AHEAD in flight while one is worked on: tile j
-            # of a turn is worked on from slot j, and its slot refilled TILES_AHEAD + 1 tiles
-            # on; tiles past the strip load zeros and store nothing.
-            ring = [self.tile_fragments(cp, part) for _ in range(TILES_AHEAD + 1)]
-            for j in cutlass.range_constexpr(TILES_AHEAD):
-                self.load_tile(cp, part, first + j * step, last, tidx, ring[j])
-            for row0 in cutlass.range(first, last, (TILES_AHEAD + 1) * step):
-                for j in cutlass.range_constexpr(TILES_AHEAD + 1):
-                    self.load_tile(cp, part, row0 + (j + TILES_AHEAD) * step, last, tidx,
-                                   ring[(j + TILES_AHEAD) % (TILES_AHEAD + 1)])
-                    self.head_rows(cp, part, rope, ring[j], row0 + j * step, last, tidx)
+            tiles = self.tile_loads(cp, part, rope, first, last, tidx)
+            for row0 in cutlass.range(first, last, p.rows_per_cta):
+                ahead = self.tile_loads(cp, part, rope, row0 + p.rows_per_cta, last, tidx)
+                self.head_rows(cp, part, tiles, row0, last, tidx)
+                for now, nxt in zip(tiles, ahead):  # the next tile's registers become this one's
+                    now.store(nxt.load())
             self.write_partial(cp, tAcc, sDw, mP, bidx, tidx)
 
-    def tile_fragments(self, cp: RowCopy, part: HeadRows):
-        """Registers of one tile of rows: dy, x and rstd."""
-        return (cp.fragment(part.mX), cp.fragment(part.mX),
-                cute.make_rmem_tensor(cute.make_layout(1), Float32))
-
     @cute.jit
-    def load_tile(self, cp: RowCopy, part: HeadRows, row0, last, tidx, tiles):
-        """Registers ``tiles`` (``tile_fragments``) <- the tile of rows from ``row0`` (those
-        before ``last``; zeros past it)."""
+    def tile_loads(self, cp: RowCopy, part: HeadRows, rope: Rope, row0, last, tidx):
+        """Registers of the tile of rows from ``row0`` (those before ``last``): dy, x, their
+        tokens' cos and sin, rstd (zeros past ``last``)."""
         p = self.plan
-        tDyr, tXr, tRr = tiles
         row = row0 + tidx // p.threads_per_row
         row_ok = row < last
+        tDyr, tXr = cp.fragment(part.mX), cp.fragment(part.mX)
         cp.load_rows((part.mDy, part.mX), (tDyr, tXr), row0, 0, row_ok)
+        tCr, tSr = self.tables(cp, rope, row // rope.heads, row_ok, tXr)
+        tRr = cute.make_rmem_tensor(cute.make_layout(1), Float32)
         tRr[0] = Float32(0.0)
         if row_ok:
             tRr[0] = part.mRstd[row]
+        return tDyr, tXr, tCr, tSr, tRr
 
     @cute.jit
-    def head_rows(self, cp: RowCopy, part: HeadRows, rope: Rope, tiles, row0, last, tidx):
-        """The tile of rows from ``row0`` (``tiles``: its dy, x and rstd, from ``load_tile``;
-        its tokens' cos and sin loaded here, from L1 mostly: a tile's rows are heads of one or
-        two tokens): rope's transpose, then the norm's backward; dx stored, dW accumulated."""
+    def head_rows(self, cp: RowCopy, part: HeadRows, tiles, row0, last, tidx):
+        """The tile of rows from ``row0`` (``tiles``: its registers, from ``tile_loads``):
+        rope's transpose, then the norm's backward; dx stored, dW accumulated."""
         p = self.plan
-        tDyr, tXr, tRr = tiles
-        row = row0 + tidx // p.threads_per_row
-        tCr, tSr = self.tables(cp, rope, row // rope.heads, row < last, tXr)
-        pred = cp.column_predicate(0, row < last)
+        tDyr, tXr, tCr, tSr, tRr = tiles
+        pred = cp.column_predicate(0, row0 + tidx // p.threads_per_row < last)
         rstd = tRr[0]
         dy = tDyr.load().to(Float32)
         tGs = cute.make_fragment_like(tXr, Float32)  # dy * sin, whose other half each copy takes
