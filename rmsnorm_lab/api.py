@@ -355,11 +355,12 @@ def rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
                  casting_mode: str = reference.DEFAULT_CASTING_MODE,
                  backend: Optional[str] = None):
     """RMSNorm over the last dimension of ``x``, written as ``torch.float8_e4m3fn`` for the GEMM
-    that reads it; inference only. vLLM's convention (``rms_norm_static_fp8_quant``,
-    ``rms_norm_dynamic_per_token_quant``) on the lab's norm: y is ``rms_norm(x, weight, eps,
-    offset=offset, casting_mode=casting_mode)`` in x's dtype, then quantized in fp32 with
-    saturation at +-448 (NaN to +448) and round-to-nearest-even; ``reference.quantize_fp8`` is the
-    arithmetic, so the result equals that norm followed by that function, bit for bit.
+    that reads it; inference only. vLLM's quantization on the lab's norm: y is ``rms_norm(x,
+    weight, eps, offset=offset, casting_mode=casting_mode)`` in x's dtype, then quantized in fp32
+    with saturation at +-448 (NaN to +448) and round-to-nearest-even; ``reference.quantize_fp8`` is
+    the arithmetic, so the result equals that norm followed by that function, bit for bit. vLLM's
+    own kernels round y as the default mode does for a static scale, as ``"llama"`` for per-token
+    scales (with a residual, its per-token kernel normalizes the unrounded sum: no mode here).
 
     Returns ``(y_q, scales)``, or ``(y_q, scales, h)`` with a ``residual``; ``y ~ y_q * scales``:
 

@@ -51,7 +51,8 @@ where ``dh`` is the gradient arriving at the returned ``h`` (the next block's re
 ``dx_norm`` the norm's dx before its rounding; dW as above, of h.
 
 The norm written as float8_e4m3fn for the next GEMM (``rms_norm_fp8``, inference only), vLLM's
-convention (``rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_quant``) on this norm::
+quantization on this norm (vLLM's kernels round y as two modes do: ``rms_norm_static_fp8_quant``
+as "gemma", the default's, ``rms_norm_dynamic_per_token_quant`` as "llama")::
 
     y     = norm(x)                             # x's dtype, any casting mode; then all fp32
     q(v)  = fp8(clamp(v, -448, 448))            # NaN -> +448, +-inf -> +-448, nearest even
@@ -62,7 +63,8 @@ convention (``rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_quant``)
                y_q  = q(y / s)                  # a division, not a multiply by 1/s
 
 so the fused op is the norm in x's dtype followed by ``quantize_fp8``, bit for bit. With a
-residual, y is the norm of ``h = x + residual`` rounded to x's dtype, as the fused add's.
+residual, y is the norm of ``h = x + residual`` rounded to x's dtype, as the fused add's (and
+vLLM's static kernel; its per-token kernel normalizes the sum before rounding it).
 
 ``y`` has x's dtype; ``dw`` has w's dtype. Without a weight, ``w`` is taken as ones and there is no
 ``dw``. ``offset`` (e.g. 1.0 for Gemma, whose checkpoints store ``w - 1``) applies only with a

@@ -1,0 +1,52 @@
+"""The fp8 parity script's CPU parts (scripts/vllm_fp8_parity/parity.py): the step count between
+two fp8 codes, the vLLM version it names, the sources it builds; the build and the comparison
+itself need a GPU and nvcc."""
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "vllm_fp8_parity"
+
+
+def load_parity():
+    spec = importlib.util.spec_from_file_location("parity", SCRIPT / "parity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_codes_count_steps_between_neighbouring_fp8_values():
+    codes = load_parity().codes
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    values = every.float()
+    finite = values[~values.isnan()]
+    order = finite.sort().values.unique()  # -0 and +0 are one value
+    steps = codes(order.to(torch.float8_e4m3fn))
+    assert steps.tolist() == list(range(-126, 127))  # 448 is 126 steps above zero, each one
+    assert int(codes(torch.tensor([-0.0]).to(torch.float8_e4m3fn))) == 0
+
+
+def test_names_the_sdists_version_and_commit(tmp_path):
+    parity = load_parity()
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "_version.py").write_text(
+        "__version__ = version = '0.34.0'\n__version_tuple__ = version_tuple = (0, 34, 0)\n"
+        "__commit_id__ = commit_id = 'g62d4bc3c7'\n")
+    assert parity.vllm_version(str(tmp_path)) == "0.34.0 g62d4bc3c7"
+    assert parity.vllm_version(str(tmp_path / "absent")) == "unknown"
+
+
+def test_binds_each_op_it_declares():
+    """Every op the script calls is declared, defined by the schema and implemented in
+    bindings.cpp, from the two sources it compiles."""
+    parity = load_parity()
+    text = (SCRIPT / "bindings.cpp").read_text()
+    source = (SCRIPT / "parity.py").read_text()
+    for op in ("rms_norm_static_fp8_quant", "fused_add_rms_norm_static_fp8_quant",
+               "rms_norm_dynamic_per_token_quant"):
+        assert f"void {op}(" in text and f'"{op}(Tensor! result' in text
+        assert f'm.impl("{op}"' in text and f"ops.{op}(" in source
+    assert all(s.endswith(".cu") and s in text for s in parity.SOURCES)
