@@ -118,8 +118,11 @@ def main() -> None:
         say(f"  {name}: {int((steps > 0).sum())}/{steps.numel()} codes differ, "
             f"max {int(steps.max())} steps")
 
-    say(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; lab "
-        f"{os.environ.get('LAB_COMMIT', 'unknown')}; vLLM {vllm_version(args.vllm_src)}")
+    lab = os.environ.get("LAB_COMMIT") or subprocess.run(
+        ["git", "-C", HERE, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+        text=True).stdout.strip() or "unknown"
+    say(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; lab {lab}; "
+        f"vLLM {vllm_version(args.vllm_src)}")
     for dtype in (torch.bfloat16, torch.float16):
         for M, N in SHAPES:
             say(f"{str(dtype).removeprefix('torch.')} {M}x{N}")
