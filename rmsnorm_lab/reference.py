@@ -218,6 +218,13 @@ FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 FP8_DTYPE = torch.float8_e4m3fn
 
 
+def fp8_order(q: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn codes as int16 in the order of their values (+0 and -0 both 0), so the
+    difference of two is how many fp8 steps apart they are."""
+    b = q.view(torch.uint8).to(torch.int16)
+    return torch.where(b >= 0x80, -(b & 0x7F), b & 0x7F)
+
+
 def saturate_fp8(v: torch.Tensor) -> torch.Tensor:
     """fp32 ``v`` as float8_e4m3fn the way vLLM converts: NaN to +448 (its ``fminf``/``fmaxf``
     clamp keeps the bound), ``clamp(-448, 448)`` (infinities included), then round to nearest

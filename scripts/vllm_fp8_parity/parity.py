@@ -25,6 +25,7 @@ import sys
 import torch
 
 import rmsnorm_lab
+from rmsnorm_lab.reference import fp8_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("layernorm_quant_kernels.cu",
@@ -80,12 +81,6 @@ def vllm_version(vllm_src: str) -> str:
     return git.stdout.strip() or "unknown"
 
 
-def codes(t: torch.Tensor) -> torch.Tensor:
-    """fp8 e4m3 bytes as integers in value order (sign and magnitude to a signed step count)."""
-    u = t.view(torch.uint8).to(torch.int32)
-    return torch.where(u >= 0x80, -(u & 0x7F), u & 0x7F)
-
-
 def inputs(M: int, N: int, dtype, special: bool):
     g = torch.Generator(device="cuda").manual_seed(M * 7 + N)
     x = torch.randn(M, N, device="cuda", dtype=dtype, generator=g) * 3
@@ -114,7 +109,7 @@ def main() -> None:
         print(line, file=log, flush=True)
 
     def compare(name: str, ours: torch.Tensor, theirs: torch.Tensor) -> None:
-        steps = (codes(ours) - codes(theirs)).abs()
+        steps = (fp8_order(ours) - fp8_order(theirs)).abs()
         say(f"  {name}: {int((steps > 0).sum())}/{steps.numel()} codes differ, "
             f"max {int(steps.max())} steps")
 

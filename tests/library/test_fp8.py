@@ -247,3 +247,14 @@ def test_static_scale_is_returned_as_given():
     scale = torch.tensor([0.25])
     _, s = ref.rms_norm_fp8(x, scale=scale)
     assert s is scale
+
+
+def test_fp8_order_counts_steps_between_neighbouring_values():
+    codes = ref.fp8_order
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    values = every.float()
+    finite = values[~values.isnan()]
+    order = finite.sort().values.unique()  # -0 and +0 are one value
+    steps = codes(order.to(torch.float8_e4m3fn))
+    assert steps.tolist() == list(range(-126, 127))  # 448 is 126 steps above zero, each one
+    assert int(codes(torch.tensor([-0.0]).to(torch.float8_e4m3fn))) == 0

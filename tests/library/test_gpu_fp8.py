@@ -57,11 +57,6 @@ def bits(q):
     return q.view(torch.uint8)
 
 
-def ordered(q):
-    """fp8 bytes as integers in the order of their values (+0 and -0 both 0)."""
-    b = bits(q).to(torch.int16)
-    mag = b & 0x7F
-    return torch.where(b >= 0x80, -mag, mag)
 
 
 def quant_args(kind):
@@ -184,7 +179,7 @@ def test_random_rows_within_one_fp8_step(backend, shape, dtype, kind):
                                      kw.get("scale_ub"))
     for y_q_ref, scales_ref, h_ref in (ref_out, chain(x, w, backend, "llama", 0.0, r, **kw)):
         assert torch.equal(h, h_ref)
-        steps = (ordered(y_q) - ordered(y_q_ref)).abs()
+        steps = (reference.fp8_order(y_q) - reference.fp8_order(y_q_ref)).abs()
         assert int(steps.max()) <= 1
         assert (steps == 0).float().mean().item() >= 0.99
         if "scale" not in kw:

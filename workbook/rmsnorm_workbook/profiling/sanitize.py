@@ -108,10 +108,7 @@ def backward_cases() -> int:
 
 def _fp8_close(q: torch.Tensor, q_ref: torch.Tensor) -> bool:
     """fp8 codes at most one step apart (another fp32 sum order moves y by its last bit)."""
-    def ordered(t):
-        b = t.view(torch.uint8).to(torch.int16)
-        return torch.where(b >= 0x80, -(b & 0x7F), b & 0x7F)
-    return int((ordered(q) - ordered(q_ref)).abs().max()) <= 1
+    return int((reference.fp8_order(q) - reference.fp8_order(q_ref)).abs().max()) <= 1
 
 
 def fp8_cases() -> int:
