@@ -112,12 +112,14 @@ def _tables(cos: torch.Tensor, sin: torch.Tensor, D: int):
 class QkRopeLaunch:
     """What launching one configuration needs, found with one dict probe a call (as the norm's
     ``ForwardLaunch``; docs/design-record.md, 'Host: one dict probe per call'): the plan, the
-    forward's grid as a rule of rows for this device's SMs, and the kernels, each compiled on
-    its first call (``forward_kernel``, ``backward_kernels``)."""
-    __slots__ = ("plan", "arch", "grid", "forward", "backward", "reduce")
+    forward's grid as a rule of rows for this device's SMs, the backward's persistent grid
+    (capped by the tokens at each call), and the kernels, each compiled on its first call
+    (``forward_kernel``, ``backward_kernels``)."""
+    __slots__ = ("plan", "arch", "grid", "backward_grid", "forward", "backward", "reduce")
 
     def __init__(self, plan: ForwardPlan, arch: str, sms: int):
         self.plan, self.arch, self.grid = plan, arch, plan.grid(sms)
+        self.backward_grid = sms * backward_ctas_per_sm(plan)
         self.forward = self.backward = self.reduce = None
 
     def forward_kernel(self):
@@ -197,7 +199,7 @@ def qk_norm_rope_backward(dq_out: torch.Tensor, dk_out: torch.Tensor, q: torch.T
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     T = cos2.shape[0]
-    grid = max(1, min(T, sms * backward_ctas_per_sm(launch.plan)))  # persistent, capped: tokens
+    grid = max(1, min(T, launch.backward_grid))
     # q's partial row and k's side by side, (grid, 2D): one reduction launch sums both
     partials = q.new_empty((grid, 2 * D), dtype=torch.float32)
     if T:
