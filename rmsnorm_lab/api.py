@@ -359,8 +359,9 @@ def rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor] = None,
     weight, eps, offset=offset, casting_mode=casting_mode)`` in x's dtype, then quantized in fp32
     with saturation at +-448 (NaN to +448) and round-to-nearest-even; ``reference.quantize_fp8`` is
     the arithmetic, so the result equals that norm followed by that function, bit for bit. vLLM's
-    own kernels round y as the default mode does for a static scale, as ``"llama"`` for per-token
-    scales (with a residual, its per-token kernel normalizes the unrounded sum: no mode here).
+    own kernels round y as the default mode (``"torch"``, i.e. ``"gemma"``) does for a static
+    scale, as ``"llama"`` for per-token scales (with a residual, its per-token kernel normalizes
+    the unrounded sum: no mode here).
 
     Returns ``(y_q, scales)``, or ``(y_q, scales, h)`` with a ``residual``; ``y ~ y_q * scales``:
 

@@ -7,11 +7,15 @@ they include), with bindings.cpp, as a torch extension. Then each op runs beside
 same inputs (random rows, and rows of zeros, NaN, infinity and the largest finite values), and
 the log counts the fp8 codes that differ and by how many steps.
 
-    python scripts/vllm_fp8_parity/parity.py --vllm-src vllm-0.34.0 \\
-        --out results/h100_sxm/logs/fp8-vllm-parity.txt
+    tar xzf vllm-0.34.0.tar.gz   # the release's source: pypi.org/project/vllm/0.34.0/#files
+    .venv/bin/python scripts/vllm_fp8_parity/parity.py --vllm-src vllm-0.34.0 --out parity.txt
 
 ``--vllm-src``: an unpacked vLLM source tree (the release's sdist, or a checkout) holding
-``csrc/``; needs nvcc, ninja and a CUDA torch (docs/benchmarks.md, 'Peers').
+``csrc/``. Needs a GPU, the lab's environment with a CUDA build of torch 2.11 or newer (the
+kernels are built for torch's stable ABI of 2.11, as vLLM 0.34 builds them), nvcc of torch's
+CUDA version, and ninja; the build takes about half a minute, the comparisons a minute more.
+``LAB_COMMIT`` names the lab's commit in the log (else git's). The H100's log:
+``results/h100_sxm/logs/fp8-vllm-parity.txt``.
 """
 
 from __future__ import annotations
