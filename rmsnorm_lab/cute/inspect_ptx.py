@@ -90,6 +90,19 @@ def find_ptxas(ptx_version: str) -> Optional[str]:
     return None
 
 
+def find_nvdisasm() -> Optional[str]:
+    """An ``nvdisasm`` (CUDA's, else the one Triton ships), or None."""
+    candidates = [shutil.which("nvdisasm")]
+    candidates += sorted(glob.glob("/usr/local/cuda*/bin/nvdisasm"), reverse=True)
+    try:
+        import triton
+        candidates.append(os.path.join(os.path.dirname(triton.__file__),
+                                       "backends/nvidia/bin/nvdisasm"))
+    except ImportError:
+        pass
+    return next((path for path in candidates if path and os.path.exists(path)), None)
+
+
 def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
     """Registers, spill and stack bytes from ``ptxas -v``; None when no suitable ptxas exists."""
     with open(ptx_path) as f:
@@ -110,6 +123,22 @@ def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
     stack = max((int(s) for s in re.findall(r"(\d+) bytes stack frame", log)), default=0)
     smem = max((int(s) for s in re.findall(r"(\d+) bytes smem", log)), default=0)
     return {"registers": regs, "spill_bytes": spills, "stack_bytes": stack, "smem_bytes": smem}
+
+
+def sass(ptx_path: str, arch: str) -> Optional[str]:
+    """The machine code ptxas makes of the PTX, as ``nvdisasm`` prints it; None when no
+    suitable ptxas and nvdisasm exist."""
+    with open(ptx_path) as f:
+        version = re.search(r"^\.version\s+(\S+)", f.read(), re.M).group(1)
+    ptxas, nvdisasm = find_ptxas(version), find_nvdisasm()
+    if ptxas is None or nvdisasm is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        subprocess.run([ptxas, f"-arch={arch}", ptx_path, "-o", cubin], check=True,
+                       capture_output=True)
+        return subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True,
+                              text=True).stdout
 
 
 def compile_and_inspect(plan, arch: str) -> PtxFacts:

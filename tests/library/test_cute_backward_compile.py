@@ -104,7 +104,7 @@ def test_dw_reduce_compiles_with_unrolled_loads_and_one_rounding_store(arch, w_d
     facts = ptx_facts(ptx, arch)
     assert facts.grid_dependency_waits == int(pdl)
     assert not pdl or waits_before_global_access(ptx)
-    # the row-lane loop unrolled: UNROLL fp32 loads issued back to back per thread
+    # the row-lane loop unrolled: UNROLL fp32 loads a step
     assert facts.global_loads_scalar >= dw_reduce.UNROLL
     assert facts.local_accesses == 0 and facts.barriers >= 1
     report = ptxas_report(path, arch)
@@ -129,6 +129,29 @@ def test_the_pair_reduction_stores_each_half_of_its_columns_into_its_own_weight(
     facts = ptx_facts(ptx, arch)
     assert facts.global_loads_scalar >= dw_reduce.UNROLL and facts.local_accesses == 0
     assert len(re.findall(r"\bst\.global\.b16", ptx)) == 2, "one store into each weight's dW"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("pair", [False, True])
+def test_the_reduction_issues_a_steps_loads_before_it_adds_any(arch, pair, tmp_path):
+    """In the machine code, the row-lane loop's UNROLL loads go out together, ahead of the adds
+    that wait for them: no branch between two loads (a test of each row against G would put one
+    there, each load then waiting for the last)."""
+    import glob
+
+    from rmsnorm_lab.cute.kernels import dw_reduce
+    from rmsnorm_lab.cute.launch.backward import compile_dw_reduce
+    from rmsnorm_lab.cute.inspect_ptx import sass
+
+    compile_dw_reduce(128 if pair else 4096, BF16, arch, keep_ptx_dir=str(tmp_path), pair=pair)
+    (path,) = glob.glob(str(tmp_path / "*.ptx"))
+    code = sass(path, arch)
+    if code is None:
+        pytest.skip("no ptxas and nvdisasm new enough for this PTX")
+    marks = "".join("L" if re.search(r"\bLDG\b", line) else "A" if re.search(r"\bFADD\b", line)
+                    else "|" if re.search(r"\bBRA\b", line) else "" for line in code.splitlines())
+    assert "L" * dw_reduce.UNROLL + "A" in marks, marks
+    assert not re.search(r"L\|", marks), f"a branch right after a load: {marks}"
 
 
 # The fused residual add's backward (dh joins dx): the fused and dx kernels, every dtype, with

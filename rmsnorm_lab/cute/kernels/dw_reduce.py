@@ -70,10 +70,18 @@ class DwReduce:
         if cutlass.const_expr(self.pdl):
             wait_for_previous_grid()
 
+        # UNROLL rows a step, their loads issued together: the row index is clamped rather than
+        # tested (a test of each row is a branch after each load, each load then waiting for the
+        # one before); the rows past G are left out of the sum, which adds in row order.
         total = Float32(0.0)
         if col < cols:
-            for g in cutlass.range(lane, G, ROW_LANES, unroll=UNROLL):
-                total = total + mPart[g, col]
+            vals = cute.make_rmem_tensor(cute.make_layout(UNROLL), Float32)
+            for g0 in cutlass.range(lane, G, ROW_LANES * UNROLL):
+                for i in cutlass.range_constexpr(UNROLL):
+                    vals[i] = mPart[cutlass.min(g0 + i * ROW_LANES, G - 1), col]
+                for i in cutlass.range_constexpr(UNROLL):
+                    if g0 + i * ROW_LANES < G:
+                        total = total + vals[i]
 
         smem = SmemAllocator()
         sSum = smem.allocate_tensor(
