@@ -130,3 +130,33 @@ def test_percent_of_copy_holds_each_row_against_its_own_runs_copy():
     assert list(runs["GB/s"]) == [4290.0, 4200.0, 4290.0]
     assert list(runs["own"]) == [True, True, False]
     assert ceiling_per_run(df.assign(op="full"), "full").empty
+
+
+def test_every_recorded_run_names_a_commit_in_this_history():
+    """A result's provenance is its commit: each one a results file names (logs included) must
+    be reachable from HEAD, or the code that was measured cannot be read back."""
+    import csv
+    import shutil
+    import subprocess
+    from pathlib import Path
+    import pytest
+    root = Path(__file__).resolve().parents[2]
+    git = shutil.which("git")
+    if git is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    shallow = subprocess.run([git, "rev-parse", "--is-shallow-repository"], cwd=root,
+                             capture_output=True, text=True).stdout.strip()
+    if shallow != "false":
+        pytest.skip("a shallow clone holds only part of the history")
+    commits = {}
+    for path in sorted((root / "results").rglob("*.csv")):
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                c = (row.get("commit") or "").removesuffix("+dirty")
+                if c and "reported" not in path.parts:
+                    commits.setdefault(c, path.relative_to(root))
+    assert commits
+    missing = {c: str(p) for c, p in commits.items() if subprocess.run(
+        [git, "merge-base", "--is-ancestor", c, "HEAD"], cwd=root,
+        capture_output=True).returncode != 0}
+    assert not missing, f"results naming commits outside HEAD's history: {missing}"
