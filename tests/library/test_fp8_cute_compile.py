@@ -136,25 +136,6 @@ def test_the_warp_tile_of_1024_columns_keeps_four_ctas_an_sm_a_scale_a_row(offse
     assert plan.threads == 256 and ptx.registers <= 64, ptx.registers
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("N,threads,ctas,stages", [(1024, 128, 16, 3), (2048, 256, 8, 3)])
-def test_a_staged_tile_quantizes_rows_from_its_ring(arch, N, threads, ctas, stages):
-    """A staged plan with a static scale: each thread's copy of a row comes by ``cp.async``
-    into the ring, stages - 1 rows ahead, and leaves as 8 bytes of fp8 through one saturating
-    convert for two values; the scale's reciprocal once a thread; no spill."""
-    row = fp8_plan("row", N, BF16, BF16, "llama", "static", False, False, False, arch)
-    plan = dataclasses.replace(row, variant="staged", threads_per_row=threads, rows_per_cta=1,
-                               vecs_per_thread=1, chunks=N // row.vec // threads,
-                               ctas_per_sm=ctas, stages=stages, min_ctas_per_sm=0)
-    ptx = compile_and_inspect(plan, arch)
-    text = ptx.ptx
-    assert len(re.findall(r"\bcp\.async\.cg\.shared\.global", text)) == stages
-    assert re.search(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b", text)
-    assert len(re.findall(r"\brcp\.rn\.f32\b", text)) == 1
-    assert set(re.findall(r"\bst\.global\.(\S+)\s", text)) == {"v4.b16"}
-    assert ptx.local_accesses == 0 and ptx.spill_bytes in (None, 0)
-
-
 @pytest.mark.parametrize("variant", ["persistent", "cluster", "staged"])
 def test_other_variants_write_no_fp8(variant):
     with pytest.raises(NotEligible, match="fp8 output is written by the row, warp, fallback"):

@@ -15,13 +15,11 @@ of one of its rows.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 from .forward import RMSNormForward
-from .forward_quant import QuantEpilogue
 from ..plan.forward import ForwardPlan
 from ..device.ring import StagedRows
 
@@ -36,26 +34,17 @@ class RMSNormStagedForward(StagedRows, RMSNormForward):
         assert not plan.residual
         super().__init__(plan)
 
-    def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream, gScale=None,
-               gScaleUb=None, gBlockScales=None):
-        """Host side: ``grid`` strips of one CTA; the ring of stages in shared memory; the fp8
-        output's static scale (``gScale``, one element) where the plan quantizes."""
+    def launch(self, gX, gW, gY, gRstd, gR, gH, grid, eps, offset, stream):
+        """Host side: ``grid`` strips of one CTA; the ring of stages in shared memory."""
         _, mX, mW, mY, mRstd = self.tensors(gX, gW, gY, gRstd)
-        mScale = None
-        if cutlass.const_expr(self.plan.quant):
-            mScale = cute.make_tensor(gScale.iterator, cute.make_layout((1,)))
-        self.launch_staged(self.kernel(mX, mW, mY, mRstd, eps, offset, None, None, mScale),
-                           grid, stream, rings=1)
+        self.launch_staged(self.kernel(mX, mW, mY, mRstd, eps, offset, None, None), grid,
+                           stream, rings=1)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mRstd: cute.Tensor,
-               eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor,
-               mScale: cute.Tensor):
+               eps: Float32, offset: Float32, mR: cute.Tensor, mH: cute.Tensor):
         p = self.plan
         s, ring = self.staged_strip((mX,))
-        inv_scale = None
-        if cutlass.const_expr(p.quant):
-            inv_scale = Float32(1.0) / mScale[0]  # once a thread (rcp.rn), as the row tiles
         (sX,) = ring.rings
         cp = ring.cp
         # w of every chunk, in registers for the whole strip
@@ -78,28 +67,7 @@ class RMSNormStagedForward(StagedRows, RMSNormForward):
 
             for c in cutlass.range_constexpr(p.chunks):
                 tXrX = ring.read(sX, st, c)
-                if cutlass.const_expr(p.quant):
-                    self.round_y(tXrX, rstd, tWrW[c], offset)
-                    self.store_fp8(cp, mY, row, c, tXrX, inv_scale, True)
-                else:
-                    tXrY = cute.make_fragment_like(tXrX)
-                    tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW[c], offset)
-                               .to(self.x_type))
-                    cute.copy(cp.tiled, tXrY, cp.dst(mY, row, c))
-
-
-class RMSNormStagedFp8Forward(QuantEpilogue, RMSNormStagedForward):
-    """The ``staged`` plan writing y as float8_e4m3fn with a static scale: x's rows reach the
-    SM by ``cp.async`` into the ring, so the bytes in flight cost shared memory, not registers;
-    the fp8 output's signature (forward_quant.RMSNormFp8Forward), its residual and amax bound
-    stand-ins never read."""
-
-    def __init__(self, plan: ForwardPlan):
-        assert plan.quant == "static"
-        super().__init__(plan)
-
-    @cute.jit
-    def __call__(self, gX: cute.Tensor, gR: cute.Tensor, gW: cute.Tensor, gQ: cute.Tensor,
-                 gH: cute.Tensor, gScale: cute.Tensor, gScaleUb: cute.Tensor, grid: Int32,
-                 eps: Float32, offset: Float32, stream: cuda.CUstream):
-        self.launch(gX, gW, gQ, None, None, None, grid, eps, offset, stream, gScale)
+                tXrY = cute.make_fragment_like(tXrX)
+                tXrY.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW[c], offset)
+                           .to(self.x_type))
+                cute.copy(cp.tiled, tXrY, cp.dst(mY, row, c))

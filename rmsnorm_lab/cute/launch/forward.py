@@ -29,7 +29,6 @@ from ...settings import Snapshot
 from ..dtypes import TORCH_TO_CUTE
 from ..kernels.forward import RMSNormFusedAddForward
 from ..kernels.forward_quant import RMSNormFp8Forward, RMSNormNvfp4Forward
-from ..kernels.forward_staged import RMSNormStagedFp8Forward
 from ..plan.auto import auto_variant, row_class
 from ..plan.forward import (INT32_LIMIT, ForwardPlan, RowsRule, check_int32_addressable,
                             plan_forward)
@@ -51,7 +50,7 @@ def kernel_object(plan: ForwardPlan):
     if plan.quant == "nvfp4":
         return RMSNormNvfp4Forward(plan)
     if plan.quant:
-        return (RMSNormStagedFp8Forward if plan.variant == "staged" else RMSNormFp8Forward)(plan)
+        return RMSNormFp8Forward(plan)
     if plan.residual:
         return RMSNormFusedAddForward(plan)
     module, name = variant(plan.variant).kernel.rsplit(".", 1)
