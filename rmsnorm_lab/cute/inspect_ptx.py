@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 
 @dataclass
@@ -64,20 +64,24 @@ def waits_before_global_access(ptx: str) -> bool:
     return wait is not None and (access is None or wait.start() < access.start())
 
 
-def find_ptxas(ptx_version: str) -> Optional[str]:
-    """A ptxas new enough for the PTX's ``.version`` (CUDA 12.9+ for PTX 8.8), or None."""
-    candidates = [os.environ.get("PTXAS"), shutil.which("ptxas")]
-    candidates += sorted(glob.glob("/usr/local/cuda*/bin/ptxas"), reverse=True)
+def _tool_paths(tool: str, *first: Optional[str]) -> List[str]:
+    """Where a CUDA tool may be, in order: ``first``, PATH, /usr/local/cuda*, then the copy
+    Triton ships; only paths that exist."""
+    candidates = [*first, shutil.which(tool)]
+    candidates += sorted(glob.glob(f"/usr/local/cuda*/bin/{tool}"), reverse=True)
     try:
         import triton
         candidates.append(os.path.join(os.path.dirname(triton.__file__),
-                                       "backends/nvidia/bin/ptxas"))
+                                       f"backends/nvidia/bin/{tool}"))
     except ImportError:
         pass
+    return [path for path in candidates if path and os.path.exists(path)]
+
+
+def find_ptxas(ptx_version: str) -> Optional[str]:
+    """A ptxas new enough for the PTX's ``.version`` (CUDA 12.9+ for PTX 8.8), or None."""
     want = tuple(int(v) for v in ptx_version.split("."))
-    for path in candidates:
-        if not path or not os.path.exists(path):
-            continue
+    for path in _tool_paths("ptxas", os.environ.get("PTXAS")):
         out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
         m = re.search(r"release (\d+)\.(\d+)", out)
         if not m:
@@ -92,15 +96,7 @@ def find_ptxas(ptx_version: str) -> Optional[str]:
 
 def find_nvdisasm() -> Optional[str]:
     """An ``nvdisasm`` (CUDA's, else the one Triton ships), or None."""
-    candidates = [shutil.which("nvdisasm")]
-    candidates += sorted(glob.glob("/usr/local/cuda*/bin/nvdisasm"), reverse=True)
-    try:
-        import triton
-        candidates.append(os.path.join(os.path.dirname(triton.__file__),
-                                       "backends/nvidia/bin/nvdisasm"))
-    except ImportError:
-        pass
-    return next((path for path in candidates if path and os.path.exists(path)), None)
+    return next(iter(_tool_paths("nvdisasm")), None)
 
 
 def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
