@@ -65,8 +65,8 @@ def test_report_renders_markdown_and_figures(tmp_path):
     progress = [ln for ln in p.stderr.splitlines() if ln.startswith("report: [")]
     assert progress == [
         "report: [1/5] testgpu fwd: tables, bandwidth and eager-vs-graph figures",
-        "report: [2/5] testgpu: the fused ops' sweeps, backward and host figures (notebooks 02 "
-        "and 03)",
+        "report: [2/5] testgpu: the fused ops' tables; backward and host figures where "
+        "recorded (notebooks 02 and 03)",
         "report: [3/5] how the kernels work: thread layout and backward data flow "
         "(notebooks 01 and 02)",
         "report: [4/5] across GPUs: roofline, crossover, reported vs modelled (notebook 04)",

@@ -177,19 +177,23 @@ def test_the_in_a_model_section_says_what_eager_decode_measures(tmp_path):
     assert any(h.startswith("  caveat: eager decode") for h in headline)
 
 
-def test_a_newer_compiled_run_of_the_fused_prologue_has_a_table_of_its_own(tmp_path):
-    """The H100 SXM's compiled runs: the one of every compiled choice, then the newer one of
-    lab+qk as a graph node against torch's compiled norms, each its own run's table."""
+def test_a_compiled_run_of_the_fused_prologue_as_a_node_has_a_table_of_its_own(tmp_path):
+    """The H100 SXM's compiled runs: the newest of the compiled choices, then the run of lab+qk
+    as a graph node against torch's compiled norms, each its own run's table with each choice
+    over its own run's compile.torch."""
     steps = results.load_all(RESULTS, model_steps=True)
     md, _ = model_section(steps, tmp_path)
     text = "\n".join(md)
     section = text[text.index("### H100"):text.index("### H200")]
-    first, second = section.split("The fused prologue as a graph node against")
+    first, second = section.split("The fused prologue as a graph node (`compile.lab+qk`) against")
     assert "compile.lab@decompose" in first and "compile.lab+qk@decompose" in first
     node = model_step.one_run(steps[steps["gpu"] == "h100_sxm"], "qwen3.compile.lab+qk")
     ms = model_step.step_table(node, {"train wall": ("train", "eager", "wall")})
-    for norm in ("compile.lab+qk", "compile.torch"):
-        assert f"| qwen3 | {norm} | {ms.loc[('qwen3', norm), 'train wall']:.2f} |" in second
+    over = ms.loc[("qwen3", "compile.lab+qk"), "train wall"] / ms.loc[("qwen3", "compile.torch"),
+                                                                      "train wall"]
+    for norm, ratio in (("compile.lab+qk", over), ("compile.torch", 1.0)):
+        assert (f"| qwen3 | {norm} | {ms.loc[('qwen3', norm), 'train wall']:.2f} |" in second
+                and f"| {ratio:.3f} |" in second.split(norm, 1)[1].split("\n", 1)[0] + "|")
     assert "@decompose" not in second
 
 

@@ -389,8 +389,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
         for name, t in fusions[gpu].items():
             md += [f"### {name}", "", fusion_caption(name, t), "",
                    tables.markdown_table(t, 2, right_align=True), ""]
-        progress(f"[{next(step)}/{total}] {gpu}: the fused ops' sweeps, backward and host "
-                 "figures (notebooks 02 and 03)")
+        progress(f"[{next(step)}/{total}] {gpu}: the fused ops' tables; backward and host "
+                 "figures where recorded (notebooks 02 and 03)")
         extra = _notebook_figures(df, gpu, out, root)
         if extra:
             md += ["### backward and host figures (notebooks 02 and 03)", ""]

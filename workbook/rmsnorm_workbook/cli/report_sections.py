@@ -264,12 +264,17 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
             ct = model_step.step_table(compiled_run, {
                 "train wall": ("train", "eager", "wall"),
                 "prefill wall": ("prefill", "eager", "wall")})
-            md += (["Under `torch.compile` (its own run): `compile.torch` is the model with "
-                    "torch's norm compiled, `compile.lab` (`compile.lab+qk`) with the lab's ops "
-                    "as graph nodes, opaque to Inductor; `@decompose`: the lab stepping aside, "
-                    "as it does by default (Inductor compiles its math):"] if n == 0 else
-                   ["The fused prologue as a graph node against torch's compiled norms, in a "
-                    "run of its own:"]) + ["", markdown_table(ct.reset_index(), 2), ""]
+            over = model_step.versus(ct, baseline="compile.torch")
+            ct = ct.join(over.rename(columns=lambda c: c.replace(" wall", " / torch"))
+                         .map("{:.3f}".format))  # three places: the ratios differ by tenths of %
+            md += (["Under `torch.compile` (its own run), ms a step and over `compile.torch` (the "
+                    "model with torch's norms compiled): `compile.lab` has the lab's norms as "
+                    "graph nodes, opaque to Inductor; `@decompose`, the lab stepping aside as it "
+                    "does by default (Inductor compiles its math); `+qk`, Qwen3's q/k norms and "
+                    "RoPE as one op:"] if n == 0 else
+                   ["The fused prologue as a graph node (`compile.lab+qk`) against torch's "
+                    "compiled norms, in a run of its own:"]) + [
+                "", markdown_table(ct.reset_index(), 2), ""]
         for arch in archs:
             if (arch, "lab") in ratios.index:
                 r = ratios.loc[(arch, "lab")]
