@@ -266,7 +266,7 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
                 "prefill wall": ("prefill", "eager", "wall")})
             over = model_step.versus(ct, baseline="compile.torch")
             ct = ct.join(over.rename(columns=lambda c: c.replace(" wall", " / torch"))
-                         .map("{:.3f}".format))  # three places: the ratios differ by tenths of %
+                         .apply(lambda col: col.map("{:.3f}".format)))  # tenths of % apart
             md += (["Under `torch.compile` (its own run), ms a step and over `compile.torch` (the "
                     "model with torch's norms compiled): `compile.lab` has the lab's norms as "
                     "graph nodes, opaque to Inductor; `@decompose`, the lab stepping aside as it "
