@@ -22,7 +22,7 @@ from ..viz import sweeps
 from .bench import run_bench
 from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
                      writable_dir)
-from .report_sections import PEER_RATIO, fusion_caption
+from .report_sections import PEER_RATIO, fusion_caption, fusion_figure
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
 
 
@@ -389,6 +389,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
         for name, t in fusions[gpu].items():
             md += [f"### {name}", "", fusion_caption(name, t), "",
                    tables.markdown_table(t, 2, right_align=True), ""]
+        md += fusion_figure(fusions[gpu], gpu, out)
         progress(f"[{next(step)}/{total}] {gpu}: the fused ops' tables; backward and host "
                  "figures where recorded (notebooks 02 and 03)")
         extra = _notebook_figures(df, gpu, out, root)

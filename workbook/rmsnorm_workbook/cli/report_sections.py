@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import pandas as pd
 
@@ -66,6 +66,23 @@ def fusion_caption(name: str, t: pd.DataFrame) -> str:
             f"(commit {commit}, {day}){copies}; {PEER_RATIO}. At ten µs a call or less, launch "
             "and the last wave of CTAs weigh as much as bytes, and a kernel can finish under its "
             "copy:")
+
+
+def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List[str]:
+    """The markdown of the figure of one GPU's fused ops against their fastest peers
+    (``viz.fusions``), drawn into ``out``; nothing where no table has that ratio."""
+    from matplotlib.figure import Figure
+
+    from ..viz.fusions import plot_fusions_vs_peer
+
+    rows = max((len(t) for t in fusions.values()), default=0)
+    fig = Figure(figsize=(3.2 * len(fusions), 1.4 + 0.28 * rows), layout="constrained")
+    if not plot_fusions_vs_peer(fusions, gpu, fig):
+        return []
+    name = _save(fig, out / f"{gpu}-fusions-vs-peer.png")
+    return ["The tables' last column drawn: blue where the lab's kernel is faster than every "
+            "peer, vermillion where a peer is faster, grey where they are within 0.5%:", "",
+            f"![{name}]({name})", ""]
 
 
 def _title(key: str) -> str:
