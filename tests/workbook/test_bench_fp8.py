@@ -132,8 +132,9 @@ def test_graph_times_now_reads_back_one_shape_of_its_run(monkeypatch):
 
 
 def test_the_reports_caption_names_the_run_and_the_copies_its_table_shows():
-    """The run's commit and date; the ceiling moves the same bytes; torch's cast is named for
-    what it is; a run without the ceiling's rows says nothing of it."""
+    """The run's commit and date; the ceiling moves the same bytes (the q/k op's, its head rows'
+    alone, and its M is counted); torch's cast is named for what it is; a run without the
+    ceiling's rows says nothing of it."""
     import pandas as pd
 
     from rmsnorm_workbook.cli.report_sections import fusion_caption
@@ -148,7 +149,9 @@ def test_the_reports_caption_names_the_run_and_the_copies_its_table_shows():
     both = caption("fwd-fp8", ["copy.narrow.shape", "copy.fp8.shape"])
     assert "its newest run (commit abc123, 2026-12-05); copy.narrow.shape" + ceiling + cast in both
     assert "(commit abc123, 2026-12-05)" + cast + ";" in caption("fwd-fp8", ["copy.fp8.shape"])
-    assert "; copy2r1w.shape" + ceiling in caption("bwd-qk-rope", ["copy2r1w.shape"])
+    rope = caption("bwd-qk-rope", ["copy2r1w.shape"])  # its copy moves the head rows alone
+    assert "; copy2r1w.shape, the ceiling, moves the head rows' bytes (not cos and sin" in rope
+    assert "M counts head rows (tokens × 40 heads)" in rope and "M counts" not in both
 
 
 def test_each_fused_ops_table_shows_the_copies_its_bench_measures():

@@ -198,6 +198,9 @@ FUSIONS = {
     "bwd-qk-rope": ("bwd", r"\+rope(?:\.eager)?$|^liger\.rope$", ("copy2r1w.shape",),
                     "cute.qk+rope"),
 }
+#: what each fused op is, as the report's summary names it
+FUSION_TOPICS = {"fwd-fp8": "fp8 output", "fwd-fp8-static": "fp8 output",
+                 "fwd-qk-rope": "q/k norms with RoPE", "bwd-qk-rope": "q/k norms with RoPE"}
 
 
 def fusion_table(df: pd.DataFrame, name: str, gpu: Optional[str] = None) -> pd.DataFrame:

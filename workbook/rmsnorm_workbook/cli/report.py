@@ -349,7 +349,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     fusions = {gpu: {name: t for name in tables.FUSIONS
                      if not (t := tables.fusion_table(df, name, gpu)).empty} for gpu in gpus}
     gpus = [gpu for gpu in gpus if swept[gpu] or fusions[gpu]]  # a section: something to show
-    findings.fused = [gpu for gpu in gpus if fusions[gpu]]
+    findings.fused = {gpu: list(dict.fromkeys(tables.FUSION_TOPICS[n] for n in fusions[gpu]))
+                      for gpu in gpus if fusions[gpu]}
     total = sum(len(swept[gpu]) + 1 for gpu in gpus) + 3
     step = iter(range(1, total + 1))
     for gpu in gpus:

@@ -49,8 +49,8 @@ def calibration_caveat(check: pd.DataFrame) -> str:
 
 #: what a fused op's ``lab / best peer`` column compares
 PEER_RATIO = ("lab / best peer: the lab's fused kernel's time over the fastest peer's, a peer "
-              "being any implementation not the lab's (`cute.*`, `triton.*`) (below 1: the "
-              "lab is faster)")
+              "being any implementation not named `cute.*` or `triton.*` (the lab's) (below 1: "
+              "the lab is faster)")
 
 
 def fusion_caption(name: str, t: pd.DataFrame) -> str:
@@ -59,13 +59,16 @@ def fusion_caption(name: str, t: pd.DataFrame) -> str:
     ``copy.fp8.shape``, torch's cast) and what ``lab / best peer`` compares."""
     commit, day = t.attrs["run"]
     ceiling, *others = tables.FUSIONS[name][2]
-    copies = "".join(f"; {c}, the ceiling, moves the same bytes with no arithmetic"
+    rope = name.endswith("qk-rope")  # its copies move the head rows, not cos and sin
+    what = "the head rows' bytes (not cos and sin, 5% more)" if rope else "the same bytes"
+    copies = "".join(f"; {c}, the ceiling, moves {what} with no arithmetic"
                      if c == ceiling else f"; {c}: {impl(c).label or c}"
                      for c in (ceiling, *others) if c in t)
+    rows = "; M counts head rows (tokens × 40 heads)" if rope else ""
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
-            f"(commit {commit}, {day}){copies}; {PEER_RATIO}. At ten µs a call or less, launch "
-            "and the last wave of CTAs weigh as much as bytes, and a kernel can finish under its "
-            "copy:")
+            f"(commit {commit}, {day}){copies}{rows}; {PEER_RATIO}. At ten µs a call or less, "
+            "launch and the last wave of CTAs weigh as much as bytes, and a kernel can finish "
+            "under the ceiling:")
 
 
 def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List[str]:
@@ -80,9 +83,10 @@ def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List
     if not plot_fusions_vs_peer(fusions, gpu, fig):
         return []
     name = _save(fig, out / f"{gpu}-fusions-vs-peer.png")
-    return ["The tables' last column drawn: blue where the lab's kernel is faster than every "
-            "peer, vermillion where a peer is faster, grey where they are within 0.5%:", "",
-            f"![{name}]({name})", ""]
+    return ["The fused ops' tables above (fp8, q/k-rope), their last column drawn: the lab's "
+            "fused kernel (`cute.auto+fp8`, `cute.auto+fp8.static`, `cute.qk+rope`) over the "
+            "fastest peer, blue where the lab's is faster, vermillion where a peer is, grey "
+            "within 0.5%:", "", f"![{name}]({name})", ""]
 
 
 def _title(key: str) -> str:

@@ -83,8 +83,8 @@ class Findings:
     model: List[Tuple[str, str, float, float, float]] = dataclasses.field(default_factory=list)
     #: the cross-GPU model's verdict (model.finding: "overall" and one per GPU)
     verdict: Dict[str, str] = dataclasses.field(default_factory=dict)
-    #: the GPUs with a table of a fused op (fp8 output, q/k norms with RoPE)
-    fused: List[str] = dataclasses.field(default_factory=list)
+    #: each GPU with a table of a fused op: what those ops are (fp8 output, q/k norms with RoPE)
+    fused: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
 
 def _runs(df: pd.DataFrame) -> List[str]:
@@ -175,8 +175,8 @@ def markdown_lines(df: pd.DataFrame, files: int, findings: Findings) -> List[str
     modelled = [gpu_title(g) for g in findings.verdict if g != "overall"]
     also = [f"a model of the same calls on other GPUs ({', '.join(modelled)})"] if modelled else []
     if findings.fused:
-        also.append("the fused ops (fp8 output, q/k norms with RoPE) against their peers on the "
-                    + ", ".join(gpu_title(g) for g in findings.fused))
+        also.append("the fused ops against their peers (" + "; ".join(
+            f"{gpu_title(g)}: {', '.join(ops)}" for g, ops in findings.fused.items()) + ")")
     if findings.model:
         also.append("the training, prefill and decode steps of Llama and Qwen3 models with "
                     "each norm")

@@ -14,6 +14,7 @@ from ..results.provenance import gpu_title
 
 RATIO = "lab / best peer"
 LEVEL = 0.005  # a ratio this close to 1 is drawn as level: it prints as 1.00
+XMAX = 1.6  # the panels' range at most: past it a bar is cut, its value written
 
 
 def colour(ratio: float) -> str:
@@ -27,16 +28,21 @@ def plot_fusions_vs_peer(fusions: Dict[str, pd.DataFrame], gpu: str, fig) -> Lis
     beside it. Returns the axes."""
     names = [n for n, t in fusions.items() if RATIO in t.columns and t[RATIO].notna().any()]
     axes = fig.subplots(1, len(names), squeeze=False)[0] if names else []
+    # one range for every panel, up to XMAX: a bar past it is cut there and its value says so
+    top = min(XMAX, max(1.2, 1.1 * max(float(fusions[n][RATIO].max()) for n in names))) \
+        if names else XMAX
     for ax, name in zip(axes, names):
         r = fusions[name][RATIO].dropna()
         ys = range(len(r))
-        ax.barh(ys, r.values, color=[colour(v) for v in r.values])
+        ax.barh(ys, r.clip(upper=top).values, color=[colour(v) for v in r.values])
         ax.set_yticks(list(ys), [fmt_shape(M, N) for M, N in r.index], fontsize=8)
         ax.invert_yaxis()  # the table's order, top down
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        for y, v in zip(ys, r.values):
-            ax.text(v, y, f" {v:.2f}", va="center", fontsize=7)
-        ax.set_xlim(0, max(1.2, 1.25 * float(r.max())))
+        ax.axvline(1.0, color="black", linewidth=0.8, zorder=1)
+        for y, v in zip(ys, r.values):  # on white, so the line at 1 does not cross the digits
+            ax.text(min(v, top), y, f" {v:.2f}" + (" ›" if v > top else ""), va="center",
+                    ha="right" if v > top else "left", fontsize=7, zorder=3,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=0.3))
+        ax.set_xlim(0, top)
         run = fusions[name].attrs.get("run")  # which code was measured, and when
         ax.set_title(f"{name}\n{run[0][:7]}, {run[1]}" if run else name, fontsize=9)
         ax.set_xlabel("time / fastest peer's", fontsize=8)
