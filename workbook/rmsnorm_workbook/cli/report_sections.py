@@ -257,7 +257,10 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
             continue
         table = model_step.step_table(run)
         ratios = model_step.versus(table)
-        md += [f"### {gpu_title(gpu)}", "", "ms per step:", "",
+        when = ""
+        if "commit" in run.columns:  # every recorded row names one; a test's rows may not
+            when = f" (commit {run['commit'].iloc[0]}, {str(run['timestamp'].iloc[0])[:10]})"
+        md += [f"### {gpu_title(gpu)}", "", f"ms per step{when}:", "",
                markdown_table(table[[c for c in MODEL_COLUMNS if c in table.columns]]
                               .reset_index(), 2), "",
                "time over torch's norm's:", "",
