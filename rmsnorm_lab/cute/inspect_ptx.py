@@ -99,12 +99,15 @@ def find_nvdisasm() -> Optional[str]:
     return next(iter(_tool_paths("nvdisasm")), None)
 
 
+def _ptxas_for(ptx_path: str) -> Optional[str]:
+    """A ptxas for the PTX file's ``.version`` (``find_ptxas``), or None."""
+    with open(ptx_path) as f:
+        return find_ptxas(re.search(r"^\.version\s+(\S+)", f.read(), re.M).group(1))
+
+
 def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
     """Registers, spill and stack bytes from ``ptxas -v``; None when no suitable ptxas exists."""
-    with open(ptx_path) as f:
-        text = f.read()
-    version = re.search(r"^\.version\s+(\S+)", text, re.M).group(1)
-    ptxas = find_ptxas(version)
+    ptxas = _ptxas_for(ptx_path)
     if ptxas is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,9 +127,7 @@ def ptxas_report(ptx_path: str, arch: str) -> Optional[dict]:
 def sass(ptx_path: str, arch: str) -> Optional[str]:
     """The machine code ptxas makes of the PTX, as ``nvdisasm`` prints it; None when no
     suitable ptxas and nvdisasm exist."""
-    with open(ptx_path) as f:
-        version = re.search(r"^\.version\s+(\S+)", f.read(), re.M).group(1)
-    ptxas, nvdisasm = find_ptxas(version), find_nvdisasm()
+    ptxas, nvdisasm = _ptxas_for(ptx_path), find_nvdisasm()
     if ptxas is None or nvdisasm is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:

@@ -57,8 +57,6 @@ def bits(q):
     return q.view(torch.uint8)
 
 
-
-
 def quant_args(kind):
     if kind == "static":
         return dict(scale=torch.tensor(0.02, device="cuda"))
