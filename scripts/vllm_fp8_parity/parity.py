@@ -14,7 +14,7 @@ the log counts the fp8 codes that differ and by how many steps.
 ``csrc/``. Needs a GPU, the lab's environment with a CUDA build of torch 2.11 or newer (the
 kernels are built for torch's stable ABI of 2.11, as vLLM 0.34 builds them), nvcc of torch's
 CUDA version, and ninja; the build takes about half a minute, the comparisons a minute more.
-``LAB_COMMIT`` names the lab's commit in the log (else git's). The H100's log:
+The log names the lab's commit as the results files do (``LAB_COMMIT``, else git's). The H100's log:
 ``results/h100_sxm/logs/fp8-vllm-parity.txt``.
 """
 
@@ -30,6 +30,7 @@ import torch
 
 import rmsnorm_lab
 from rmsnorm_lab.reference import fp8_order
+from rmsnorm_workbook.results.provenance import commit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("layernorm_quant_kernels.cu",
@@ -117,10 +118,7 @@ def main() -> None:
         say(f"  {name}: {int((steps > 0).sum())}/{steps.numel()} codes differ, "
             f"max {int(steps.max())} steps")
 
-    lab = os.environ.get("LAB_COMMIT") or subprocess.run(
-        ["git", "-C", HERE, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-        text=True).stdout.strip() or "unknown"
-    say(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; lab {lab}; "
+    say(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; lab {commit()}; "
         f"vLLM {vllm_version(args.vllm_src)}")
     for dtype in (torch.bfloat16, torch.float16):
         for M, N in SHAPES:
