@@ -16,6 +16,7 @@ from ..results.provenance import gpu_title
 from ..analysis import MODELLED, compiled, model, model_step, speed
 from ..analysis import tables
 from ..analysis.tables import markdown_table
+from ..bench.qk_rope import ROWS_PER_TOKEN
 from ..legend import impl
 from ..analysis.reported import load_reported, pr_era_host
 from ..analysis.specs import SPECS, bandwidth_table
@@ -64,7 +65,7 @@ def fusion_caption(name: str, t: pd.DataFrame) -> str:
     copies = "".join(f"; {c}, the ceiling, moves {what} with no arithmetic"
                      if c == ceiling else f"; {c}: {impl(c).label or c}"
                      for c in (ceiling, *others) if c in t)
-    rows = "; M counts head rows (tokens × 40 heads)" if rope else ""
+    rows = f"; M counts head rows (tokens × {ROWS_PER_TOKEN} heads)" if rope else ""
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
             f"(commit {commit}, {day}){copies}{rows}; {PEER_RATIO}. At ten µs a call or less, "
             "launch and the last wave of CTAs weigh as much as bytes, and a kernel can finish "
@@ -76,17 +77,18 @@ def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List
     (``viz.fusions``), drawn into ``out``; nothing where no table has that ratio."""
     from matplotlib.figure import Figure
 
-    from ..viz.fusions import plot_fusions_vs_peer
+    from ..viz.fusions import LEVEL, plot_fusions_vs_peer
 
     rows = max((len(t) for t in fusions.values()), default=0)
     fig = Figure(figsize=(3.2 * len(fusions), 1.4 + 0.28 * rows), layout="constrained")
     if not plot_fusions_vs_peer(fusions, gpu, fig):
         return []
     name = _save(fig, out / f"{gpu}-fusions-vs-peer.png")
-    return ["The fused ops' tables above (fp8, q/k-rope), their last column drawn: the lab's "
-            "fused kernel (`cute.auto+fp8`, `cute.auto+fp8.static`, `cute.qk+rope`) over the "
-            "fastest peer, blue where the lab's is faster, vermillion where a peer is, grey "
-            "within 0.5%:", "", f"![{name}]({name})", ""]
+    kernels = ", ".join(dict.fromkeys(f"`{tables.FUSIONS[n][3]}`" for n in fusions))
+    return [f"The fused ops' tables above ({', '.join(fusions)}), their last column drawn: the "
+            f"lab's fused kernel ({kernels}) over the fastest peer, blue where the lab's is "
+            f"faster, vermillion where a peer is, grey within {LEVEL:.1%}:", "",
+            f"![{name}]({name})", ""]
 
 
 def _title(key: str) -> str:
