@@ -69,6 +69,7 @@ class ForwardArgs:
 
 class RMSNormForward(RowTiles):
     """``__call__`` is the host side (builds tensors, launches); ``kernel`` is the device body."""
+    epilogue_ahead = 0  # tile_group's tiles whose epilogue inputs a subclass loads ahead
 
     def __init__(self, plan: ForwardPlan):
         self.plan = plan
@@ -292,19 +293,23 @@ class RMSNormForward(RowTiles):
     @cute.jit
     def tile_group(self, a: ForwardArgs, t: RowThread, cp: RowCopy, tXrX):
         """The CTA's ``tiles_per_cta`` tiles (rows a warp or less wide, one chunk): every tile's
-        loads (x's, and the residual's) are issued into registers of their own before the first
-        tile is reduced, so a thread has as many 16-byte loads in flight as it has tiles. A tile
-        of short rows gives a thread one copy, too little to cover DRAM latency."""
+        loads (x's, the residual's, ``epilogue_ahead`` tiles' epilogue inputs) are issued into
+        registers of their own before the first tile is reduced, so a thread has as many 16-byte
+        loads in flight as it has tiles. A tile of short rows gives a thread one copy, too little
+        to cover DRAM latency."""
         p = self.plan
         M = a.mX.shape[0]
         tiles = p.tiles_per_cta
         first = t.bidx * tiles
         bufs = [tXrX] + [cute.make_fragment_like(tXrX) for _ in range(tiles - 1)]
         res = [cute.make_fragment_like(tXrX) for _ in range(tiles if p.residual else 0)]
+        ok = [(first + j) * p.rows_per_cta + t.row < M for j in range(tiles)]
         for m, regs in ((a.mX, bufs), (a.mR, res)):
             for j in cutlass.range_constexpr(len(regs)):
-                self.load_chunk(cp, m, first + j, 0, regs[j],
-                                (first + j) * p.rows_per_cta + t.row < M)
+                self.load_chunk(cp, m, first + j, 0, regs[j], ok[j])
+        # the epilogue's inputs (the rotation's tables) of the first tiles: in flight with x
+        pre = [self.epilogue_loads(a, cp, first + j, ok[j], tXrX)
+               if j < self.epilogue_ahead else None for j in range(tiles)]
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
             tWrW = cp.weight(a.mW, 0)
@@ -324,7 +329,11 @@ class RMSNormForward(RowTiles):
                 scale = self.token_scale(a, amax, row, writer)
                 self.store_fp8(cp, a.mY, first + j, 0, bufs[j], scale, row < M)
             else:
-                self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale)
+                self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale,
+                                 pre[j])
+                k = j + self.epilogue_ahead  # the next tile whose inputs go out now
+                if cutlass.const_expr(0 < self.epilogue_ahead and k < tiles):
+                    pre[k] = self.epilogue_loads(a, cp, first + k, ok[k], tXrX)
 
     @cute.jit
     def row_rstd(self, total: Float32, eps: Float32, mRstd, row, writes):
@@ -364,7 +373,7 @@ class RMSNormForward(RowTiles):
 
     @cute.jit
     def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
-                    rstd: Float32, tWrW, row_ok, scale=None):
+                    rstd: Float32, tWrW, row_ok, scale=None, pre=None):
         """Column chunk c of y <- normalize(registers); as fp8 (``plan.quant``), y times the
         static scale's inverse or over the row's scale (``scale``); as NVFP4, ``scale`` is the
         global scale (``store_nvfp4``)."""

@@ -31,6 +31,11 @@ from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
 
 
+#: tiles whose cos and sin ``tile_group`` loads ahead of their use (with x, then each next one
+#: after a tile's store)
+EPILOGUE_AHEAD = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Rope:
     """The rotary embedding of one tensor's rows, at trace time: cos and sin (T, D), one row a
@@ -144,16 +149,25 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
                             rope=Rope(mCos, mSin, heads_k))
             self.rows(a, self.thread(tidx, bidx - q_ctas, gdim - q_ctas), cp, tXrX, None)
 
+    epilogue_ahead = EPILOGUE_AHEAD
+
+    @cute.jit
+    def epilogue_loads(self, a: ForwardArgs, cp: RowCopy, tile, row_ok, like):
+        """The tile's cos and sin rows, in flight while earlier work goes on."""
+        row = cp.tXcX[(0, 0), 0, 0][0] + tile * self.plan.rows_per_cta
+        return self.tables(cp, a.rope, row // a.rope.heads, row_ok, like)
+
     @cute.jit
     def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
-                    rstd: Float32, tWrW, row_ok, scale=None):
+                    rstd: Float32, tWrW, row_ok, scale=None, pre=None):
         """The row's normalized values rounded to x's dtype (the norm's output), rotated with
-        its token's cos and sin (each product and the sum rounded to x's dtype), stored."""
+        its token's cos and sin (each product and the sum rounded to x's dtype), stored; the
+        tables from ``pre`` where ``tile_group`` loaded them ahead."""
         p = self.plan
-        rope = a.rope
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, a.offset)
-        row = cp.tXcX[(0, 0), 0, 0][0] + tile * p.rows_per_cta
-        tCr, tSr = self.tables(cp, rope, row // rope.heads, row_ok, tXrX)
+        if cutlass.const_expr(pre is None):
+            pre = self.epilogue_loads(a, cp, tile, row_ok, tXrX)
+        tCr, tSr = pre
         tOr = cute.make_fragment_like(tXrX)
         if cutlass.const_expr(self.x_type == Float32):
             self.rotate_fp32(cp, y, tCr, tSr, tOr)
