@@ -154,6 +154,25 @@ def test_the_reports_caption_names_the_run_and_the_copies_its_table_shows():
     assert "M counts head rows (tokens × 40 heads)" in rope and "M counts" not in both
 
 
+def test_the_qk_captions_give_the_tables_share_of_the_bench_bytes():
+    """What a q/k caption says its copy leaves out is the bench's own count: cos and sin over the
+    rows' read and write (forward), or their two reads and one write (backward)."""
+    import re
+
+    from rmsnorm_workbook.bench import qk_rope
+    from rmsnorm_workbook.cli.report_sections import ROPE_EXTRA
+
+    M, N = 4 * qk_rope.ROWS_PER_TOKEN, 128
+    args = qk_rope.inputs(M, N, torch.bfloat16, device="cpu")
+    s = 2  # bf16
+    copies = {"fwd-qk-rope": 2 * M * N * s, "bwd-qk-rope": 3 * M * N * s}
+    beyond = {"fwd-qk-rope": qk_rope.fwd_bytes(args) - 2 * N * s - copies["fwd-qk-rope"],
+              "bwd-qk-rope": qk_rope.bwd_bytes(args) - 4 * N * s - 4 * M - copies["bwd-qk-rope"]}
+    for name, copy in copies.items():
+        said = float(re.search(r"([0-9.]+)% more", ROPE_EXTRA[name]).group(1))
+        assert abs(said - 100 * beyond[name] / copy) < 0.05, name
+
+
 def test_each_fused_ops_table_shows_the_copies_its_bench_measures():
     """The report's fused-op tables (``tables.FUSIONS``) name, in order, the same-shape copies
     the op's benchmark times (``ops.OPS[name].same_shape``, as ``.shape`` rows)."""

@@ -48,6 +48,11 @@ def calibration_caveat(check: pd.DataFrame) -> str:
             f"{gpu}'s host, not measurements of those GPUs.")
 
 
+#: what a q/k op moves beyond its copy's head rows, by the bench's bytes (``bench.qk_rope``):
+#: cos and sin, 2·T·N·s, against the copy's 2·M·N·s (forward) or 3·M·N·s (backward), M = T·heads
+ROPE_EXTRA = {"fwd-qk-rope": f"cos and sin, {100 / ROWS_PER_TOKEN:.1f}% more",
+              "bwd-qk-rope": f"cos and sin, {200 / (3 * ROWS_PER_TOKEN):.1f}% more, nor rstd"}
+
 #: what a fused op's ``lab / best peer`` column compares
 PEER_RATIO = ("lab / best peer: the lab's fused kernel's time over the fastest peer's, a peer "
               "being any implementation not named `cute.*` or `triton.*` (the lab's) (below 1: "
@@ -61,15 +66,15 @@ def fusion_caption(name: str, t: pd.DataFrame) -> str:
     commit, day = t.attrs["run"]
     ceiling, *others = tables.FUSIONS[name][2]
     rope = name.endswith("qk-rope")  # its copies move the head rows, not cos and sin
-    what = "the head rows' bytes (not cos and sin, 5% more)" if rope else "the same bytes"
+    what = f"the head rows' bytes (not {ROPE_EXTRA[name]})" if rope else "the same bytes"
     copies = "".join(f"; {c}, the ceiling, moves {what} with no arithmetic"
                      if c == ceiling else f"; {c}: {impl(c).label or c}"
                      for c in (ceiling, *others) if c in t)
     rows = f"; M counts head rows (tokens × {ROWS_PER_TOKEN} heads)" if rope else ""
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
             f"(commit {commit}, {day}){copies}{rows}; {PEER_RATIO}. At ten µs a call or less, "
-            "launch and the last wave of CTAs weigh as much as bytes, and a kernel can finish "
-            "under the ceiling:")
+            "launch and the last wave of CTAs weigh as much as bytes; the copy is a kernel too, "
+            "not a bound, and a kernel with its bytes in flight sooner can finish under it:")
 
 
 def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List[str]:
