@@ -90,9 +90,11 @@ def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List
         return []
     name = _save(fig, out / f"{gpu}-fusions-vs-peer.png")
     kernels = ", ".join(dict.fromkeys(f"`{tables.FUSIONS[n][3]}`" for n in fusions))
+    lone = "".join(f" {n}'s only peer is `{t.attrs['peers'][0]}`." for n, t in fusions.items()
+                   if len(t.attrs.get("peers", ())) == 1)  # a bar against one chain, not a field
     return [f"The fused ops' tables above ({', '.join(fusions)}), their last column drawn: the "
             f"lab's fused kernel ({kernels}) over the fastest peer, blue where the lab's is "
-            f"faster, vermillion where a peer is, grey within {LEVEL:.1%}:", "",
+            f"faster, vermillion where a peer is, grey within {LEVEL:.1%}.{lone}", "",
             f"![{name}]({name})", ""]
 
 
