@@ -23,7 +23,7 @@ def test_each_fused_op_gets_a_panel_whose_bars_are_its_tables_ratios():
     made = {name: tables.fusion_table(df, name, "h100_sxm") for name in tables.FUSIONS}
     made = {n: t for n, t in made.items() if not t.empty}
     assert set(made) == {"fwd-fp8", "fwd-fp8-static", "fwd-qk-rope", "bwd-qk-rope"}
-    assert made["fwd-fp8"].attrs["peers"] == ["torch.compile+fp8"]  # no per-token kernel else
+    assert made["fwd-fp8"].attrs["peers"] == ["torch.compile+fp8"]  # no other per-token kernel swept
     fig = Figure(figsize=(13, 5), layout="constrained")
     axes = fz.plot_fusions_vs_peer(made, "h100_sxm", fig)
     assert [ax.get_title().split("\n")[0] for ax in axes] == list(made)
