@@ -134,13 +134,17 @@ def rms_norm_forward(
     eps: Optional[float] = None,
     offset: float = 0.0,
     casting_mode: str = DEFAULT_CASTING_MODE,
+    *,
+    rstd: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(y, rstd)``: y in x's dtype, rstd in the compute type (fp32; fp64 for fp64 x)
-    with shape ``x.shape[:-1]``. ``eps=None``: the compute type's machine epsilon, as torch."""
+    with shape ``x.shape[:-1]``. ``eps=None``: the compute type's machine epsilon, as torch.
+    ``rstd``: the rows' rstd to apply (a kernel's, to check its products alone) instead of
+    computing it."""
     casting_mode = check_casting_mode(casting_mode)
     dtype, acc = x.dtype, compute_dtype(x.dtype)
     n = x.shape[-1]
-    rstd = rstd_of(x, eps)
+    rstd = rstd_of(x, eps) if rstd is None else rstd.to(acc)
     r = rstd.unsqueeze(-1)
     ws = _shifted_weight(weight, offset, n, x)
     xa = x.to(acc)

@@ -108,3 +108,20 @@ def test_nan_and_inf_propagate_per_row():
 def test_bad_casting_mode_is_named():
     with pytest.raises(ValueError, match="casting_mode"):
         ref.rms_norm_forward(torch.ones(2, 4), None, casting_mode="fp8")
+
+
+def test_a_given_rstd_is_applied_as_is_and_none_mode_rounds_it_first():
+    """``rstd=``: the rows' rstd to apply (a kernel's, whose products a test checks alone). In
+    "none" mode rstd is rounded to x's dtype first, so two fp32 rstd values either side of a
+    rounding point of that dtype move most of the row by an ulp: why the kernels' tests of that
+    mode pass their own rstd."""
+    x = fresh((1, 1024), torch.float16, seed=0)
+    y, r = ref.rms_norm_forward(x, None, 1e-6, 0.0, "none")
+    assert torch.equal(ref.rms_norm_forward(x, None, 1e-6, 0.0, "none", rstd=r)[0], y)
+    r16 = r.to(torch.float16).float()
+    up = torch.nextafter(r.to(torch.float16), torch.tensor(float("inf"), dtype=torch.float16))
+    mid = (r16 + up.float()) / 2  # exact in fp32: a tie of fp16's rounding
+    below, above = (torch.nextafter(mid, mid + s) for s in (-1.0, 1.0))
+    y_below, y_above = (ref.rms_norm_forward(x, None, 1e-6, 0.0, "none", rstd=v)[0]
+                        for v in (below, above))
+    assert (y_below != y_above).float().mean() > 0.5

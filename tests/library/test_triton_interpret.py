@@ -148,8 +148,11 @@ def check_forward(x, weight, offset, mode):
     x2d = x.reshape(-1, x.shape[-1])
     y, rstd = triton_rms_norm_forward(x2d, weight, EPS, offset, mode, need_rstd=True)
     y_ref, rstd_ref = ref.rms_norm_forward(x2d, weight, EPS, offset, mode)
-    assert_y_close(y, y_ref)
     assert_rstd_close(rstd, rstd_ref)
+    if mode == "none":  # rstd is rounded to x's dtype first, so an fp32 ulp of it (another
+        # order of the sum) can move a whole row by an ulp: y is checked with the kernel's rstd
+        y_ref, _ = ref.rms_norm_forward(x2d, weight, EPS, offset, mode, rstd=rstd)
+    assert_y_close(y, y_ref)
     return rstd
 
 
