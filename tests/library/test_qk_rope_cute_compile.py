@@ -105,17 +105,17 @@ def test_the_backward_compiles_without_atomics_or_local_memory(arch, dtype, D):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("dtype,D", CASES[:4], ids=lambda v: str(v).replace("torch.", ""))
 def test_the_forward_loads_the_first_tiles_cos_and_sin_with_x(arch, dtype, D):
-    """cos and sin of the tiles ``EPILOGUE_AHEAD`` asks for go out with x and the weight, before
+    """cos and sin of the tiles ``epilogue_ahead`` asks for go out with x and the weight, before
     the first row's reduction, so their latency overlaps x's rather than following the
     reduction; each next tile's go out after a tile's store, before that tile's reduction."""
-    from rmsnorm_lab.cute.kernels.qk_rope import EPILOGUE_AHEAD
+    from rmsnorm_lab.cute.kernels.qk_rope import RMSNormQkRopeForward
 
     plan = qk_rope_plan(D, dtype, dtype, "llama", True, arch, pdl=arch == "sm_90a")
     ptx = ptx_of(plan, arch)
     q_branch = ptx[:ptx.index("rsqrt.approx", ptx.index("rsqrt.approx") + 1)]  # q's two tiles
     first_sum = q_branch.index("shfl.sync.bfly")
     copies = plan.vecs_per_thread  # 16-byte copies a thread a row
-    ahead = min(EPILOGUE_AHEAD, plan.tiles_per_cta)
+    ahead = min(RMSNormQkRopeForward.epilogue_ahead, plan.tiles_per_cta)
     loads = len(re.findall(r"\bld\.global\.", q_branch[:first_sum]))
     assert loads == copies * (plan.tiles_per_cta + 1 + 2 * ahead)  # x's tiles, w, tables
     if ahead < plan.tiles_per_cta:  # the next tile's tables: after the first store

@@ -317,20 +317,19 @@ class RMSNormForward(RowTiles):
         for j in cutlass.range_constexpr(tiles):
             row = (first + j) * p.rows_per_cta + t.row
             if cutlass.const_expr(p.residual):
-                self.store_h(cp, a.mH, first + j, 0, bufs[j], res[j], row < M)
+                self.store_h(cp, a.mH, first + j, 0, bufs[j], res[j], ok[j])
             ss = row_sum(self.sum_of_squares(bufs[j]), None, 0, t.row, 0, t.lane, 1,
                          p.threads_per_row)
-            writer = row < M and t.lane % p.threads_per_row == 0  # of rstd, and a row's scale
+            writer = ok[j] and t.lane % p.threads_per_row == 0  # of rstd, and a row's scale
             rstd = self.row_rstd(ss, a.eps, a.mRstd, row, writer)
             scale = inv_scale
             if cutlass.const_expr(p.quant == "token"):
                 amax = row_max(self.chunk_amax(bufs[j], rstd, tWrW, a.offset), None, 0, t.row,
                                0, t.lane, 1, p.threads_per_row)
                 scale = self.token_scale(a, amax, row, writer)
-                self.store_fp8(cp, a.mY, first + j, 0, bufs[j], scale, row < M)
+                self.store_fp8(cp, a.mY, first + j, 0, bufs[j], scale, ok[j])
             else:
-                self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, row < M, scale,
-                                 pre[j])
+                self.store_chunk(cp, a, first + j, 0, bufs[j], rstd, tWrW, ok[j], scale, pre[j])
                 k = j + self.epilogue_ahead  # the next tile whose inputs go out now
                 if cutlass.const_expr(0 < self.epilogue_ahead and k < tiles):
                     pre[k] = self.epilogue_loads(a, cp, first + k, ok[k], tXrX)

@@ -31,11 +31,6 @@ from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
 
 
-#: tiles whose cos and sin ``tile_group`` loads ahead of their use (with x, then each next one
-#: after a tile's store)
-EPILOGUE_AHEAD = 1
-
-
 @dataclasses.dataclass(frozen=True)
 class Rope:
     """The rotary embedding of one tensor's rows, at trace time: cos and sin (T, D), one row a
@@ -149,7 +144,9 @@ class RMSNormQkRopeForward(RowHalves, RMSNormForward):
                             rope=Rope(mCos, mSin, heads_k))
             self.rows(a, self.thread(tidx, bidx - q_ctas, gdim - q_ctas), cp, tXrX, None)
 
-    epilogue_ahead = EPILOGUE_AHEAD
+    # tiles whose cos and sin tile_group loads ahead of their use: with x, then each next one
+    # after a tile's store (both tiles up front took 55 registers against 48: 9 CTAs an SM, not 10)
+    epilogue_ahead = 1
 
     @cute.jit
     def epilogue_loads(self, a: ForwardArgs, cp: RowCopy, tile, row_ok, like):
