@@ -94,16 +94,17 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
     assert re.search(r"\bmin\.f32\s[^;]*0f43E00000", text)
     # no division by a register (the mean's division by N, amax's by 448 have constant
     # divisors): one reciprocal, 1 / scale once a thread (static) or a row (per token: once
-    # for each of a tile group's unrolled tiles)
+    # for each of a tile group's unrolled tiles, with 1 / scale rounded down)
     assert not re.findall(r"\bdiv\.rn\.f32\s+%r\d+, %r\d+, %r\d+;", text)
     rcps = len(re.findall(r"\brcp\.rn\.f32\b", text))
     assert rcps == (plan.tiles_per_cta if quant == "token" else 1)
     if quant == "token":
-        # y / s and amax / 448 as arith.div_rn: the product corrected twice by its exact
-        # remainder, for each value of a copy at least and for the row's scale
-        corrections = len(re.findall(r"\bfma\.rn\.f32 e, ns, q\d, ", text))
-        assert corrections >= 2 * (plan.vec + 1)
-        assert re.search(r"\bmax\.f32\b", text)  # amax: NaN passed over
+        assert len(re.findall(r"\brcp\.rm\.f32\b", text)) == plan.tiles_per_cta
+        # y / s and amax / 448 as arith.div_rn: the faithful product corrected once by its
+        # exact remainder, for each value of a copy at least and for the row's scale
+        corrections = len(re.findall(r"\bfma\.rn\.f32 e, %r\d+, q0, ny;", text))
+        assert corrections >= plan.vec + 1
+        assert re.search(r"\bmax\.(?:bf16x2|f16x2|f32)\b", text)  # amax: NaN passed over
         # the amax bound: a min.f32 against a register
         assert bool(re.search(r"\bmin\.f32\s+%r\d+, %r\d+, %r\d+;", text)) == ub
     # y rounded two values a word where the casting mode rounds the product (llama), w has x's

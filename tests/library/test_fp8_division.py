@@ -1,8 +1,9 @@
 """The per-token division of the CuTe fp8 epilogue (``cute.device.arith.div_rn``) emulated on the
 CPU, step for step in exact arithmetic: the IEEE quotient ``div.rn.f32`` gives, for bf16 y and
-the scales ``token_scale`` makes (the product ``y * r`` corrected twice by its FMA remainder),
-and where a row holds an infinity, the divisor clamped to fp32's largest value gives what
-division by infinity does, without the test of the remainders (``finite=True``)."""
+the scales ``token_scale`` makes (``y d + y t``, with 1/s rounded down and its tail, corrected
+once by its FMA remainder and 1/s rounded to nearest), zeros keeping y's sign; and where a row
+holds an infinity, the divisor clamped to fp32's largest value gives what division by infinity
+does, without the test of the remainder (``finite=True``)."""
 
 from fractions import Fraction
 
@@ -10,13 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from rmsnorm_lab.cute.device import arith
+
 F32_MAX = float(np.finfo(np.float32).max)
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's inf - inf
 
 
-def f32(q: Fraction) -> float:
-    """``q`` rounded once to the nearest fp32 (ties to even), subnormals and overflow
-    included."""
+def f32(q: Fraction, down: bool = False) -> float:
+    """``q`` rounded once to the nearest fp32 (ties to even), or down (q > 0), subnormals and
+    overflow included."""
     if q == 0:
         return 0.0
     a = abs(q)
@@ -25,9 +28,15 @@ def f32(q: Fraction) -> float:
         e -= 1
     ulp = Fraction(2) ** (max(e, -126) - 23)
     n, rest = divmod(a, ulp)
-    n = int(n) + (1 if rest > ulp / 2 or (rest == ulp / 2 and n % 2) else 0)
+    n = int(n) + (1 if not down and (rest > ulp / 2 or (rest == ulp / 2 and n % 2)) else 0)
     v = float(n * ulp)
     return np.copysign(v if v <= F32_MAX else np.inf, float(q))
+
+
+def mul(a: float, b: float) -> float:
+    if not np.isfinite([a, b]).all() or a == 0 or b == 0:
+        return float(np.float32(a) * np.float32(b))  # inf/NaN and signed zeros as IEEE's
+    return f32(Fraction(a) * Fraction(b))
 
 
 def fma(a: float, b: float, c: float) -> float:
@@ -41,18 +50,22 @@ def fma(a: float, b: float, c: float) -> float:
     return -0.0 if negative_product and c == 0 and np.signbit(c) else 0.0
 
 
-def div_rn(y: float, s: float, r: float, finite: bool) -> float:
+def reciprocals(s: float, s_finite: float) -> tuple[float, float, float]:
+    """``arith.reciprocals``: rcp.rn, rcp.rm (0 for an infinite s), the tail by fma and mul."""
+    r = d = 0.0
+    if np.isfinite(s):
+        r, d = f32(Fraction(1) / Fraction(s)), f32(Fraction(1) / Fraction(s), down=True)
+    return r, d, mul(fma(-s_finite, d, 1.0), d)
+
+
+def div_rn(y: float, s: float, recip, finite: bool) -> float:
     """The PTX of ``div_rn``, one instruction a line."""
-    q0 = float(np.float32(y) * np.float32(r))  # its infinities, NaN and zeros
-    if np.isfinite(q0) and q0 != 0:
-        q0 = f32(Fraction(y) * Fraction(r))
-    e = fma(-s, q0, y)
-    q1 = fma(e, r, q0)
-    e = fma(-s, q1, y)
-    q2 = fma(e, r, q1)
-    if not finite and np.isnan(q2):
-        q2 = q0
-    return float(np.copysign(q2, y))
+    r, d, t = recip
+    q0 = fma(y, d, mul(y, t))
+    q1 = fma(fma(s, q0, -y), -r, q0)
+    if not finite and np.isnan(q1):
+        q1 = mul(y, r)
+    return q1
 
 
 def same(a: float, b: float) -> bool:
@@ -68,35 +81,58 @@ def bf16_values(n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("seed", range(4))
 def test_the_corrected_product_is_the_ieee_quotient(seed):
     """Scales from the row's amax (and from amaxes of few bits, where quotients land on ties of
-    the fp8 rounding): every quotient equals numpy's fp32 division, bit for bit."""
-    y = bf16_values(400, seed)
+    the fp8 rounding): every quotient equals numpy's fp32 division, bit for bit, zeros and
+    their signs included."""
+    y = np.concatenate([bf16_values(400, seed), [0.0, -0.0]])
     amaxes = [float(np.abs(y).max()), 1.5, 3.0 * 2.0 ** -7, 0.1, 448.0 / 3]
     for amax in amaxes:
         s = float(max(np.float32(amax) / np.float32(448.0), np.float32(1 / (448 * 512))))
-        r = float(np.float32(1.0) / np.float32(s))
+        recip = reciprocals(s, s)
         for v in y:
             want = float(np.float32(v) / np.float32(s))
             for finite in (False, True):
-                got = div_rn(float(v), s, r, finite)
+                got = div_rn(float(v), s, recip, finite)
                 assert same(got, want), (v, s, finite, got, want)
 
 
+def test_the_constant_reciprocals_are_the_kernels():
+    """``constant_reciprocals`` (448's, at trace time) equals what ``reciprocals`` computes."""
+    got = arith.constant_reciprocals(448.0)
+    assert got == reciprocals(448.0, 448.0)
+    assert got[1] <= 1 / 448 <= got[0] and got[2] > 0
+
+
 def test_a_row_with_an_infinity_divides_as_by_infinity():
-    """Its scale is infinite (returned so) and the reciprocal 0; the kernel divides by fp32's
-    largest value with that reciprocal and no test of the remainders: finite values give zeros
-    of their sign, the largest included, and infinities NaN (the store maps NaN to +448, as it
-    maps inf / inf), as the division by infinity does."""
-    s, r = F32_MAX, 0.0
+    """Its scale is infinite (returned so) and its reciprocals 0; the kernel divides by fp32's
+    largest value with those, and no test of the remainder: finite values give zeros of their
+    sign, the largest included, and infinities NaN (the store maps NaN to +448, as it maps
+    inf / inf), as the division by infinity does."""
+    recip = reciprocals(np.inf, F32_MAX)
+    assert recip == (0.0, 0.0, 0.0)
     for v in [1.0, -2.5, 0.0, -0.0, 3.3e38, -3.3e38, -1e-30, np.inf, -np.inf, np.nan]:
         want = float(np.float32(v) / np.float32(np.inf))
-        assert same(div_rn(v, s, r, True), want), v
+        assert same(div_rn(v, F32_MAX, recip, True), want), v
 
 
 def test_without_the_test_an_overflowing_quotient_loses_its_sign():
     """Why a bounded amax (``scale_ub``) keeps the test: y past the bound by far overflows the
-    quotient, the remainders are NaN, and only the kept product says -inf."""
+    quotient, the remainder is NaN, and only the kept product says -inf."""
     s = float(np.float32(1e-6))
-    r = float(np.float32(1.0) / np.float32(s))
+    recip = reciprocals(s, s)
     y = -3.0e38
-    assert div_rn(y, s, r, False) == -np.inf
-    assert np.isnan(div_rn(y, s, r, True))
+    assert div_rn(y, s, recip, False) == -np.inf
+    assert np.isnan(div_rn(y, s, recip, True))
+
+
+def test_every_bf16_value_of_a_range_divides_exactly():
+    """Every bf16 value of [2^-8, 2^9) and its negation, over scales from amaxes that land
+    quotients on the fp8 rounding's ties and off them: the IEEE quotient each time."""
+    pos = torch.arange(0x3B80, 0x4400, dtype=torch.int32).to(torch.int16)
+    y = pos.view(torch.bfloat16).float().numpy()
+    y = np.concatenate([y, -y[::5]])
+    for amax in (448.0 / 3, 7.0, 0.1):
+        s = float(np.float32(amax) / np.float32(448.0))
+        recip = reciprocals(s, s)
+        for v in y:
+            want = float(np.float32(v) / np.float32(s))
+            assert same(div_rn(float(v), s, recip, True), want), (v, s)

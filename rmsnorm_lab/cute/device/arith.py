@@ -12,25 +12,43 @@ of a sum equals one rounding: ``add.rn.bf16x2``. So ``sum_of_products_x2`` is ea
 
 A row of values divided by one scale s needs ``div.rn.f32``'s quotient, not the product with 1/s
 (a per-token fp8 scale: vLLM divides). ``div.rn`` spends a reciprocal, a range check and a
-branch a value; ``div_rn`` takes ``r = 1/s`` rounded to nearest, computed once, and corrects the
-product ``y * r`` twice by its exact remainder ``y - s * q`` (an FMA). The first correction
-leaves the quotient within an ulp, and from within an ulp Markstein's step with a correctly
-rounded reciprocal gives the correctly rounded quotient (Markstein's theorem on division by FMA;
-Muller et al., Handbook of Floating-Point Arithmetic)."""
+branch a value; ``div_rn`` spends four FMA-pipe instructions, from ``reciprocals(s)`` computed
+once a row: 1/s rounded down (``d``) with its tail ``t = (1 - s d) d`` (``1 - s d`` is exact and
+not negative), and 1/s rounded to nearest (``r``). ``y d + y t`` is y/s within 2^-45 of its size
+before it rounds, so within an ulp; from within an ulp, one step by the exact remainder
+``y - s q`` and ``r`` gives the correctly rounded quotient (Markstein's theorem on division by
+FMA; Muller et al., Handbook of Floating-Point Arithmetic). The remainder is taken as
+``s q - y`` and the step subtracts it: a zero quotient then keeps y's sign, and none is copied.
+
+``max_x2`` and ``min_x2`` compare two 16-bit values a word (ptxas joins two into one three-input
+instruction); ``halves_max`` reads a word's two values as fp32."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+import numpy as np
 from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 
+def _asm_f32(args, body: str, loc, ip) -> Float32:
+    values = [Float32(v).ir_value(loc=loc, ip=ip) for v in args]
+    return Float32(llvm.inline_asm(T.f32(), values, body, "=f" + ",f" * len(values),
+                                   loc=loc, ip=ip))
+
+
+def _asm_b32(args, body: str, loc, ip) -> Uint32:
+    values = [Uint32(v).ir_value(loc=loc, ip=ip) for v in args]
+    return Uint32(llvm.inline_asm(T.i32(), values, body, "=r" + ",r" * len(values),
+                                  loc=loc, ip=ip))
+
+
 @dsl_user_op
 def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """``a * b`` in fp32, rounded to nearest even and kept apart from any add (``mul.rn.f32``)."""
-    return Float32(llvm.inline_asm(
-        T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-        "mul.rn.f32 $0, $1, $2;", "=f,f,f", loc=loc, ip=ip))
+    return _asm_f32((a, b), "mul.rn.f32 $0, $1, $2;", loc, ip)
 
 
 @dsl_user_op
@@ -38,32 +56,105 @@ def sum_of_products_x2(a: Uint32, b: Uint32, c: Uint32, d: Uint32, kind: str, *,
                        ip=None) -> Uint32:
     """``a * b + c * d`` on two packed 16-bit values a word (``kind``: "bf16x2" or "f16x2"),
     each product and the sum rounded to nearest even (module docstring)."""
-    args = [Uint32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)]
-    return Uint32(llvm.inline_asm(
-        T.i32(), args,
-        "{ .reg .b32 p, q; "
-        f"mul.rn.{kind} p, $1, $2; mul.rn.{kind} q, $3, $4; add.rn.{kind} $0, p, q; }}",
-        "=r,r,r,r,r", loc=loc, ip=ip))
+    return _asm_b32((a, b, c, d), "{ .reg .b32 p, q; "
+                    f"mul.rn.{kind} p, $1, $2; mul.rn.{kind} q, $3, $4; add.rn.{kind} $0, p, q; }}",
+                    loc, ip)
 
 
 @dsl_user_op
-def div_rn(y: Float32, s: Float32, r: Float32, finite: bool = False, *, loc=None,
+def reciprocals(s: Float32, s_finite: Float32, *, loc=None, ip=None):
+    """``(r, d, t)`` for ``div_rn``, s > 0: 1/s rounded to nearest, rounded down, and the tail
+    ``(1 - s d) d``, taken with ``s_finite`` (s, or fp32's largest value where s is infinite:
+    then r, d and t are 0)."""
+    r = _asm_f32((s,), "rcp.rn.f32 $0, $1;", loc, ip)
+    d = _asm_f32((s,), "rcp.rm.f32 $0, $1;", loc, ip)
+    t = _asm_f32((s_finite, d), "{ .reg .f32 e; neg.f32 e, $1; fma.rn.f32 e, e, $2, 0f3F800000; "
+                 "mul.rn.f32 $0, e, $2; }", loc, ip)
+    return r, d, t
+
+
+def constant_reciprocals(s: float) -> tuple[float, float, float]:
+    """``reciprocals`` of a constant divisor, computed exactly on the host."""
+    exact = Fraction(1) / Fraction(s)
+    r = np.float32(1.0) / np.float32(s)  # IEEE: rounded to nearest
+    d = r if Fraction(float(r)) <= exact else np.nextafter(r, np.float32(0))
+    e = Fraction(1) - Fraction(s) * Fraction(float(d))  # exact in fp32
+    t = np.float32(float(e * Fraction(float(d))))  # e * d is exact in fp64: one rounding
+    return float(r), float(d), float(t)
+
+
+@dsl_user_op
+def div_rn(y: Float32, s: Float32, recip, finite: bool = False, *, loc=None,
            ip=None) -> Float32:
     """``y / s`` rounded to nearest even as ``div.rn.f32`` computes it, for ``s > 0`` and
-    ``r = 1 / s`` rounded to nearest (module docstring): five FMA-pipe instructions a value where
-    its remainders are finite. Where they are not (y or s infinite, the product past fp32's
-    range) the product ``y * r`` is kept, the division's infinity, zero or NaN; the sign is y's
-    always, which the corrections may drop from a zero (``-0 + 0 = +0``). ``finite``: s is
-    finite and no finite y's quotient overflows (a scale no smaller than ``max|y| / 448``), so
-    only an infinite or NaN y meets a NaN remainder, and its NaN is kept: the test for it and
-    its select are left out."""
-    args = [Float32(v).ir_value(loc=loc, ip=ip) for v in (y, s, r)]
-    keep_product = "" if finite else "setp.nan.f32 bad, q2, q2; selp.f32 q2, q0, q2, bad; "
+    ``recip = reciprocals(s, s)`` (module docstring): four FMA-pipe instructions a value. Where
+    the remainder is not finite (y or s infinite, the quotient past fp32's range) the product
+    ``y * r`` is kept, the division's infinity, zero or NaN. ``finite``: s is finite and no
+    finite y's quotient overflows (a scale no smaller than ``max|y| / 448``), so only an
+    infinite or NaN y meets a NaN remainder, and its NaN is kept: the test for it and its
+    select are left out."""
+    r, d, t = recip
+    keep_product = "" if finite else (
+        "mul.rn.f32 k, $1, $3; setp.nan.f32 bad, q1, q1; selp.f32 q1, k, q1, bad; ")
+    return _asm_f32(
+        (y, s, r, d, t),
+        "{ .reg .f32 p, q0, e, q1, k, ny, nr; .reg .pred bad; "
+        "neg.f32 ny, $1; neg.f32 nr, $3; "
+        "mul.rn.f32 p, $1, $5; fma.rn.f32 q0, $1, $4, p; "
+        "fma.rn.f32 e, $2, q0, ny; fma.rn.f32 q1, e, nr, q0; "
+        f"{keep_product}mov.f32 $0, q1; }}", loc, ip)
+
+
+@dsl_user_op
+def max_x2(a: Uint32, b: Uint32, kind: str, *, loc=None, ip=None) -> Uint32:
+    """The larger of a's and b's values, lane by lane (``kind``: "bf16x2" or "f16x2"), NaN
+    passed over."""
+    return _asm_b32((a, b), f"max.{kind} $0, $1, $2;", loc, ip)
+
+
+@dsl_user_op
+def min_x2(a: Uint32, b: Uint32, kind: str, *, loc=None, ip=None) -> Uint32:
+    """The smaller of a's and b's values, lane by lane, NaN passed over."""
+    return _asm_b32((a, b), f"min.{kind} $0, $1, $2;", loc, ip)
+
+
+@dsl_user_op
+def halves_max(w: Uint32, kind: str, negate: bool = False, *, loc=None, ip=None) -> Float32:
+    """The larger of a word's two 16-bit values in fp32, or of their negations (``negate``:
+    minus the smaller), NaN passed over."""
+    if kind == "bf16x2":
+        unpack = "shl.b32 u, $1, 16; and.b32 v, $1, 0xFFFF0000; mov.b32 a, u; mov.b32 b, v; "
+    else:
+        unpack = "mov.b32 {h, g}, $1; cvt.f32.f16 a, h; cvt.f32.f16 b, g; "
+    sign = "neg.f32 a, a; neg.f32 b, b; " if negate else ""
+    values = [Uint32(w).ir_value(loc=loc, ip=ip)]
     return Float32(llvm.inline_asm(
-        T.f32(), args,
-        "{ .reg .f32 ns, q0, q1, q2, e; .reg .pred bad; "
-        "neg.f32 ns, $2; mul.rn.f32 q0, $1, $3; "
-        "fma.rn.f32 e, ns, q0, $1; fma.rn.f32 q1, e, $3, q0; "
-        "fma.rn.f32 e, ns, q1, $1; fma.rn.f32 q2, e, $3, q1; "
-        f"{keep_product}copysign.f32 $0, $1, q2; }}",
-        "=f,f,f,f", loc=loc, ip=ip))
+        T.f32(), values,
+        "{ .reg .b32 u, v; .reg .b16 h, g; .reg .f32 a, b; "
+        f"{unpack}{sign}max.f32 $0, a, b; }}", "=f,r", loc=loc, ip=ip))
+
+
+@dsl_user_op
+def unpack_x2(w: Uint32, kind: str, high: bool, *, loc=None, ip=None) -> Float32:
+    """One of a word's two 16-bit values (``high``: the upper) in fp32, exactly: bf16 by a shift
+    or a mask, one instruction, where a 16-bit register's conversion spends two on the upper."""
+    if kind == "bf16x2":
+        body = "and.b32 $0, $1, 0xFFFF0000;" if high else "shl.b32 $0, $1, 16;"
+    else:
+        body = ("{ .reg .b16 h, g; mov.b32 {h, g}, $1; "
+                f"cvt.f32.f16 $0, {'g' if high else 'h'}; }}")
+    return Float32(llvm.inline_asm(T.f32(), [Uint32(w).ir_value(loc=loc, ip=ip)], body, "=f,r",
+                                   loc=loc, ip=ip))
+
+
+@dsl_user_op
+def round_mul_x2(lo: Float32, hi: Float32, w: Uint32, kind: str, *, loc=None,
+                 ip=None) -> Uint32:
+    """``(lo, hi)`` rounded to a word of two 16-bit values (``kind``), times the word w, each
+    product rounded to nearest even: eager torch's ``y.to(x.dtype) * w`` two values at once."""
+    args = [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip),
+            Uint32(w).ir_value(loc=loc, ip=ip)]
+    return Uint32(llvm.inline_asm(
+        T.i32(), args,
+        f"{{ .reg .b32 p; cvt.rn.{kind}.f32 p, $2, $1; mul.rn.{kind} $0, p, $3; }}",
+        "=r,f,f,r", loc=loc, ip=ip))

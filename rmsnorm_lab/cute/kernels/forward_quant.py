@@ -18,10 +18,11 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint32
 
 from ...reference import FP8_MAX, FP8_MIN_SCALE
-from ..device.arith import div_rn
+from ..device.arith import (constant_reciprocals, div_rn, halves_max, max_x2, min_x2, reciprocals,
+                            round_mul_x2, unpack_x2)
 from ..device.tiles import RowCopy
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
@@ -84,46 +85,100 @@ class QuantEpilogue:
                 words = cute.recast_tensor(tQr[(None, k), 0, 0], cutlass.Uint32)
                 mQ[row, col // 8] = words[0]
 
+    def pairs(self):
+        """The PTX kind of two 16-bit values a word of x's dtype; None for fp32 x, and for the
+        fallback's copies of one value."""
+        if self.x_type.width != 16 or self.plan.vec % 2:
+            return None
+        return "bf16x2" if self.x_type is cutlass.BFloat16 else "f16x2"
+
+    @cute.jit
+    def unpacked(self, tXrX, k: cutlass.Constexpr[int]):
+        """Copy k of a register chunk of x's dtype, in fp32: two values a word (``unpack_x2``)."""
+        tYf = cute.make_fragment_like(tXrX[(None, k), 0, 0], Float32)
+        if cutlass.const_expr(self.pairs() is None):
+            tYf.store(tXrX[(None, k), 0, 0].load().to(Float32))
+        else:
+            words = cute.recast_tensor(tXrX[(None, k), 0, 0], Uint32)
+            for i in cutlass.range_constexpr(cute.size(words)):
+                tYf[2 * i] = unpack_x2(words[i], self.pairs(), False)
+                tYf[2 * i + 1] = unpack_x2(words[i], self.pairs(), True)
+        return tYf
+
+    @cute.jit
+    def sum_of_squares(self, tXrX) -> Float32:
+        """This thread's share of the row's sum of squares, in fp32, over one register chunk,
+        value after value (``unpacked``)."""
+        ss = Float32(0.0)
+        for k in cutlass.range_constexpr(self.plan.vecs_per_thread):
+            xf = self.unpacked(tXrX, k)
+            for i in cutlass.range_constexpr(cute.size(xf)):
+                ss = xf[i] * xf[i] + ss
+        return ss
+
     @cute.jit
     def round_y(self, tXrX, rstd: Float32, tWrW, offset: Float32):
         """Registers ``tXrX`` <- y rounded to x's dtype, where they held x (or h). In the mode
         "llama" with 16-bit x and w and no offset (``plan.offset``, known at compile time), the
-        fp32 product of two 16-bit values is exact, and the compiler multiplies two values a
-        word (``mul.bf16x2``): the same rounding, in fewer instructions."""
-        tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
-                   .to(self.x_type))
+        fp32 product of two 16-bit values is exact, so the product rounded to x's dtype is
+        ``mul.rn`` on two values a word (``round_mul_x2``): the same rounding, in fewer
+        instructions."""
+        p = self.plan
+        if cutlass.const_expr(p.casting_mode == "llama" and self.pairs() is not None
+                              and self.w_type is self.x_type and not p.offset):
+            for k in cutlass.range_constexpr(p.vecs_per_thread):
+                xf = self.unpacked(tXrX, k)
+                words = cute.recast_tensor(tXrX[(None, k), 0, 0], Uint32)
+                wwords = cute.recast_tensor(tWrW[(None, k), 0, 0], Uint32)
+                for i in cutlass.range_constexpr(cute.size(words)):
+                    words[i] = round_mul_x2(xf[2 * i] * rstd, xf[2 * i + 1] * rstd, wwords[i],
+                                            self.pairs())
+        else:
+            tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
+                       .to(self.x_type))
 
     @cute.jit
     def chunk_amax(self, tXrX, rstd: Float32, tWrW, offset: Float32) -> Float32:
         """This thread's largest ``|y|`` over one register chunk, which then holds y rounded to
         x's dtype (``store_fp8`` quantizes it from there); NaN passed over (``max.f32``, as
-        vLLM's ``fmaxf``); padding columns hold x = 0 and so y = 0."""
+        vLLM's ``fmaxf``); padding columns hold x = 0 and so y = 0. 16-bit values are compared
+        two a word: the largest and the smallest of each lane, ``max(hi, -lo)`` at the end."""
         self.round_y(tXrX, rstd, tWrW, offset)
-        mag = cute.make_fragment_like(tXrX, Float32)
-        mag.store(cute.math.abs(tXrX.load().to(Float32)))
         amax = Float32(0.0)
-        for i in cutlass.range_constexpr(cute.size(mag)):
-            amax = cute.arch.fmax(amax, mag[i])
+        if cutlass.const_expr(self.pairs() is not None):
+            words = cute.recast_tensor(tXrX, Uint32)
+            hi, lo = words[0], words[0]
+            for i in cutlass.range_constexpr(1, cute.size(words)):
+                hi = max_x2(hi, words[i], self.pairs())
+                lo = min_x2(lo, words[i], self.pairs())
+            amax = cute.arch.fmax(amax, cute.arch.fmax(halves_max(hi, self.pairs()),
+                                                       halves_max(lo, self.pairs(), True)))
+        else:
+            for i in cutlass.range_constexpr(cute.size(tXrX)):
+                amax = cute.arch.fmax(amax, cute.math.abs(tXrX[i]))
         return amax
 
     @cute.jit
     def token_scale(self, a: ForwardArgs, amax: Float32, row, writes):
         """A row's fp8 scale, ``max(min(amax, scale_ub) / 448, 1 / (448 * 512))`` (the IEEE
         quotient, ``div_rn``), stored to ``mScale[row]`` by the thread for which ``writes``
-        holds; returned as the divisor ``store_fp8`` takes, with its reciprocal rounded to
-        nearest. Without a bound the divisor is at most fp32's largest finite value, its
-        reciprocal still 1 / s: in a row holding an infinity (s infinite, 1 / s zero) the finite
-        values then divide to zeros and the infinities to NaN, as by infinity, and ``div_rn``
-        needs no test of its remainders."""
+        holds; returned as the divisor ``store_fp8`` takes, with its ``reciprocals``. Without a
+        bound the divisor is at most fp32's largest finite value, its reciprocals still those
+        of s: in a row holding an infinity (s infinite, 1 / s zero) the finite values then
+        divide to zeros and the infinities to NaN, as by infinity, and ``div_rn`` needs no test
+        of its remainder."""
         if cutlass.const_expr(self.plan.scale_ub):
             amax = cute.arch.fmin(amax, a.mScaleUb[0])
-        s = cute.arch.fmax(div_rn(amax, Float32(FP8_MAX), Float32(1.0 / FP8_MAX)),
+        by_448 = tuple(Float32(v) for v in constant_reciprocals(FP8_MAX))
+        s = cute.arch.fmax(div_rn(amax, Float32(FP8_MAX), by_448),
                            Float32(FP8_MIN_SCALE))
         if writes:
             a.mScale[row] = s
+        s_finite = cute.arch.fmin(s, Float32(FP32_MAX))
+        recip = reciprocals(s, s_finite)
         if cutlass.const_expr(self.plan.scale_ub):
-            return s, Float32(1.0) / s
-        return cute.arch.fmin(s, Float32(FP32_MAX)), Float32(1.0) / s
+            return s, recip
+        return s_finite, recip
 
     @cute.jit
     def store_fp8(self, cp: RowCopy, mQ, tile, c: cutlass.Constexpr[int], tXrX, scale, row_ok):
@@ -135,8 +190,7 @@ class QuantEpilogue:
         p = self.plan
         tXrQ = cute.make_fragment_like(tXrX, self.y_type)
         for k in cutlass.range_constexpr(p.vecs_per_thread):  # a copy at a time: fewer live
-            tYf = cute.make_fragment_like(tXrX[(None, k), 0, 0], Float32)
-            tYf.store(tXrX[(None, k), 0, 0].load().to(Float32))
+            tYf = self.unpacked(tXrX, k)
             for i in cutlass.range_constexpr(p.vec):
                 if cutlass.const_expr(p.quant == "token"):
                     v = div_rn(tYf[i], scale[0], scale[1], finite=not p.scale_ub)
