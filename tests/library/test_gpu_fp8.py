@@ -92,10 +92,19 @@ def check_no_poison(out):
         assert not (t.float() if t.dtype == FP8 else t).isnan().any(), "unwritten output"
 
 
+def shape_mode_dtype():
+    """Every shape in every mode and dtype, but the widest odd row (the fallback, compiled for
+    each case: over a minute a test) in each dtype and each mode once."""
+    for shape in SHAPES:
+        for i, mode in enumerate(MODES):
+            for j, dtype in enumerate(DTYPES):
+                if shape[-1] != 100003 or i == j:
+                    yield pytest.param(shape, mode, dtype, id="-".join(
+                        ["x".join(map(str, shape)), mode, str(dtype)]))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape, mode, dtype", list(shape_mode_dtype()))
 def test_equals_the_chain_bit_for_bit(backend, dtype, mode, shape):
     N = shape[-1]
     for kind, with_residual, with_weight, offset in CASES:
