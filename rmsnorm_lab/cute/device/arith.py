@@ -18,10 +18,11 @@ not negative), and 1/s rounded to nearest (``r``). ``y d + y t`` is y/s within 2
 before it rounds, so within an ulp; from within an ulp, one step by the exact remainder
 ``y - s q`` and ``r`` gives the correctly rounded quotient (Markstein's theorem on division by
 FMA; Muller et al., Handbook of Floating-Point Arithmetic). The remainder is taken as
-``s q - y`` and the step subtracts it: a zero quotient then keeps y's sign, and none is copied.
+``s q - y`` and the step subtracts it: a zero quotient then keeps y's sign with no copysign.
 
-``max_x2`` and ``min_x2`` compare two 16-bit values a word (ptxas joins two into one three-input
-instruction); ``halves_max`` reads a word's two values as fp32."""
+Two 16-bit values a word: ``max_x2`` and ``min_x2`` compare them (ptxas joins two into one
+three-input instruction), ``halves_max`` reads a word's two as fp32, ``unpack_x2`` one of them,
+``round_mul_x2`` rounds two fp32 values into a word and multiplies it."""
 
 from __future__ import annotations
 
