@@ -85,7 +85,7 @@ class QuantEpilogue:
                 words = cute.recast_tensor(tQr[(None, k), 0, 0], cutlass.Uint32)
                 mQ[row, col // 8] = words[0]
 
-    def pairs(self):
+    def word_kind(self):
         """The PTX kind of two 16-bit values a word of x's dtype; None for fp32 x, and for the
         fallback's copies of one value."""
         if self.x_type.width != 16 or self.plan.vec % 2:
@@ -96,13 +96,13 @@ class QuantEpilogue:
     def unpacked(self, tXrX, k: cutlass.Constexpr[int]):
         """Copy k of a register chunk of x's dtype, in fp32: two values a word (``unpack_x2``)."""
         tYf = cute.make_fragment_like(tXrX[(None, k), 0, 0], Float32)
-        if cutlass.const_expr(self.pairs() is None):
+        if cutlass.const_expr(self.word_kind() is None):
             tYf.store(tXrX[(None, k), 0, 0].load().to(Float32))
         else:
             words = cute.recast_tensor(tXrX[(None, k), 0, 0], Uint32)
             for i in cutlass.range_constexpr(cute.size(words)):
-                tYf[2 * i] = unpack_x2(words[i], self.pairs(), False)
-                tYf[2 * i + 1] = unpack_x2(words[i], self.pairs(), True)
+                tYf[2 * i] = unpack_x2(words[i], self.word_kind(), False)
+                tYf[2 * i + 1] = unpack_x2(words[i], self.word_kind(), True)
         return tYf
 
     @cute.jit
@@ -124,7 +124,7 @@ class QuantEpilogue:
         ``mul.rn`` on two values a word (``round_mul_x2``): the same rounding, in fewer
         instructions."""
         p = self.plan
-        if cutlass.const_expr(p.casting_mode == "llama" and self.pairs() is not None
+        if cutlass.const_expr(p.casting_mode == "llama" and self.word_kind() is not None
                               and self.w_type is self.x_type and not p.offset):
             for k in cutlass.range_constexpr(p.vecs_per_thread):
                 xf = self.unpacked(tXrX, k)
@@ -132,7 +132,7 @@ class QuantEpilogue:
                 wwords = cute.recast_tensor(tWrW[(None, k), 0, 0], Uint32)
                 for i in cutlass.range_constexpr(cute.size(words)):
                     words[i] = round_mul_x2(xf[2 * i] * rstd, xf[2 * i + 1] * rstd, wwords[i],
-                                            self.pairs())
+                                            self.word_kind())
         else:
             tXrX.store(self.normalize(tXrX.load().to(Float32), rstd, tWrW, offset)
                        .to(self.x_type))
@@ -145,14 +145,14 @@ class QuantEpilogue:
         two a word: the largest and the smallest of each lane, ``max(hi, -lo)`` at the end."""
         self.round_y(tXrX, rstd, tWrW, offset)
         amax = Float32(0.0)
-        if cutlass.const_expr(self.pairs() is not None):
+        if cutlass.const_expr(self.word_kind() is not None):
             words = cute.recast_tensor(tXrX, Uint32)
             hi, lo = words[0], words[0]
             for i in cutlass.range_constexpr(1, cute.size(words)):
-                hi = max_x2(hi, words[i], self.pairs())
-                lo = min_x2(lo, words[i], self.pairs())
-            amax = cute.arch.fmax(amax, cute.arch.fmax(halves_max(hi, self.pairs()),
-                                                       halves_max(lo, self.pairs(), True)))
+                hi = max_x2(hi, words[i], self.word_kind())
+                lo = min_x2(lo, words[i], self.word_kind())
+            amax = cute.arch.fmax(amax, cute.arch.fmax(halves_max(hi, self.word_kind()),
+                                                       halves_max(lo, self.word_kind(), True)))
         else:
             for i in cutlass.range_constexpr(cute.size(tXrX)):
                 amax = cute.arch.fmax(amax, cute.math.abs(tXrX[i]))
