@@ -122,7 +122,8 @@ def min_x2(a: Uint32, b: Uint32, kind: str, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def halves_max(w: Uint32, kind: str, negate: bool = False, *, loc=None, ip=None) -> Float32:
     """The larger of a word's two 16-bit values in fp32, or of their negations (``negate``:
-    minus the smaller), NaN passed over."""
+    minus the smaller), NaN passed over. The negation stays inside the asm: as two values,
+    LLVM turns ``max(-a, -b)`` into ``-min(a, b)``, a ``min.f32`` the amax bound's alone."""
     if kind == "bf16x2":
         unpack = "shl.b32 u, $1, 16; and.b32 v, $1, 0xFFFF0000; mov.b32 a, u; mov.b32 b, v; "
     else:
