@@ -51,7 +51,7 @@ def test_a_ratio_past_the_range_is_cut_and_says_so():
         [(1024, 4096), (16384, 16384)], names=["M", "N"]))
     (ax,) = fz.plot_fusions_vs_peer({"fwd-fp8-static": t}, "h200", Figure())
     assert [b.get_width() for b in ax.patches] == [0.9, fz.XMAX]
-    assert [x.get_text() for x in ax.texts] == [" 0.90", " 2.50 ›"]
+    assert [x.get_text() for x in ax.texts] == ["0.90", "2.50 ›"]
 
 
 def test_no_table_with_a_ratio_draws_nothing():

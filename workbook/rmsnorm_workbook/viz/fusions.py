@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 import pandas as pd
+from matplotlib.patches import Patch
 
 from . import sweeps as _sweeps  # noqa: F401 (selects a headless backend where needed)
 from .gpus import BLUE, GREY, VERMILLION
@@ -24,8 +25,8 @@ def colour(ratio: float) -> str:
 def plot_fusions_vs_peer(fusions: Dict[str, pd.DataFrame], gpu: str, fig) -> List:
     """One panel per fused op with a ``lab / best peer`` column: the lab's fused kernel's time
     over the fastest other implementation's at each shape, the bar blue where the lab is faster,
-    vermillion where it is slower, grey where the two are within ``LEVEL``; its value written
-    beside it. Returns the axes."""
+    vermillion where it is slower, grey where the two are within ``LEVEL`` (a key below the
+    panels); its value written in a column right of the panel. Returns the axes."""
     names = [n for n, t in fusions.items() if RATIO in t.columns and t[RATIO].notna().any()]
     axes = fig.subplots(1, len(names), squeeze=False)[0] if names else []
     # one range for every panel, up to XMAX: a bar past it is cut there and its value says so
@@ -38,15 +39,19 @@ def plot_fusions_vs_peer(fusions: Dict[str, pd.DataFrame], gpu: str, fig) -> Lis
         ax.set_yticks(list(ys), [fmt_shape(M, N) for M, N in r.index], fontsize=8)
         ax.invert_yaxis()  # the table's order, top down
         ax.axvline(1.0, color="black", linewidth=0.8, zorder=1)
-        for y, v in zip(ys, r.values):  # on white, so the line at 1 does not cross the digits
-            ax.text(min(v, top), y, f" {v:.2f}" + (" ›" if v > top else ""), va="center",
-                    ha="right" if v > top else "left", fontsize=7, zorder=3,
-                    bbox=dict(facecolor="white", edgecolor="none", pad=0.3))
+        # the values in a column right of the panel: clear of the bars and of the line at 1
+        where = ax.get_yaxis_transform()
+        for y, v in zip(ys, r.values):
+            ax.text(1.02, y, f"{v:.2f}" + (" ›" if v > top else ""), transform=where,
+                    va="center", ha="left", fontsize=7)
         ax.set_xlim(0, top)
         run = fusions[name].attrs.get("run")  # which code was measured, and when
         ax.set_title(f"{name}\n{run[0][:7]}, {run[1]}" if run else name, fontsize=9)
         ax.set_xlabel("time / fastest peer's", fontsize=8)
     if names:
+        key = [Patch(color=c, label=t) for c, t in ((BLUE, "the lab faster"), (GREY, (
+            f"within {LEVEL:.1%}")), (VERMILLION, "a peer faster"))]
+        fig.legend(handles=key, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
         fig.suptitle(f"{gpu_title(gpu)}: each fused op's time over its fastest peer's "
                      "(below 1: the lab is faster)", fontsize=10)
     return list(axes)
