@@ -11,8 +11,9 @@ import torch
 
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
-from rmsnorm_lab.cute.plan.forward import NotEligible, plan_forward
-from rmsnorm_lab.cute.plan.quant import FP8_BOUND_CTAS, FP8_COPIES_PER_THREAD
+from rmsnorm_lab.cute.plan.forward import PDL_MIN_THREADS, NotEligible, plan_forward
+from rmsnorm_lab.cute.plan.quant import (FP8_BOUND_CTAS, FP8_COPIES_PER_THREAD,
+                                        FP8_PDL_COPIES_PER_THREAD)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
@@ -23,6 +24,8 @@ ARCHS = ["sm_90a", "sm_100a"]
 CASES = [
     ("row", 1024, BF16, BF16, "llama", "static", False, False, False),
     ("row", 1024, BF16, BF16, "llama", "token", False, False, False),
+    ("row", 2048, BF16, BF16, "llama", "static", False, False, False),
+    ("row", 2048, BF16, BF16, "llama", "token", False, False, False),
     ("row", 4096, BF16, BF16, "llama", "token", False, False, False),
     ("row", 4096, F16, F16, "llama", "token", False, False, True),
     ("row", 4096, BF16, BF16, "llama", "static", False, True, False),
@@ -59,9 +62,9 @@ def fp8_plan(variant, N, x, w, mode, quant, ub, residual, offset, arch):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_the_plan_is_the_forwards_tile(case, arch):
     """The forward's tile with an fp8 epilogue, but a one-row tile of one chunk (no residual)
-    takes four copies a thread (FP8_COPIES_PER_THREAD), where the forward takes two, and the
-    epilogue keeps off the register-bound tiles of one copy a chunk (Hopper's 16 KB and wide
-    rows)."""
+    takes four copies a thread (FP8_COPIES_PER_THREAD), where the forward takes two, or two on
+    a CTA that four would leave too small for PDL, and the epilogue keeps off the register-bound
+    tiles of one copy a chunk (Hopper's 16 KB and wide rows)."""
     plan = fp8_plan(*case, arch)
     variant, N, x, w, mode, quant, ub, residual, offset = case
     forward = plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
@@ -70,7 +73,9 @@ def test_the_plan_is_the_forwards_tile(case, arch):
     bound = quant == "static" and not offset and plan.threads == 256
     bound = FP8_BOUND_CTAS.get(plan.vecs_per_thread, 0) if bound else 0
     if plan.variant == "row" and plan.chunks == 1 and not residual:
-        assert plan.vecs_per_thread == FP8_COPIES_PER_THREAD or plan.threads_per_row == 256
+        pdl_tile = (PDL_MIN_THREADS, FP8_PDL_COPIES_PER_THREAD)
+        assert (plan.vecs_per_thread == FP8_COPIES_PER_THREAD or plan.threads_per_row == 256
+                or (plan.threads_per_row, plan.vecs_per_thread) == pdl_tile)
         assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= N
         assert plan.min_ctas_per_sm == bound
     elif forward.min_ctas_per_sm:
@@ -79,6 +84,23 @@ def test_the_plan_is_the_forwards_tile(case, arch):
         assert plan.min_ctas_per_sm == (bound if plan.variant == "warp" else 0)
         assert dataclasses.replace(plan, quant="", scale_ub=False, offset=True,
                                    min_ctas_per_sm=0) == forward
+
+
+@pytest.mark.parametrize("quant", ["static", "token"])
+def test_a_row_that_leaves_a_small_cta_takes_two_copies_a_thread_and_pdl(quant):
+    """2048 bf16 columns: four copies a thread would make a CTA of 64 threads, which launches
+    without PDL (plan/forward.py's PDL_MIN_THREADS); two copies make one of 128, launched with
+    PDL on Hopper. 1024 columns, where two copies still leave 64 threads, keep four; fp32 x of
+    1024 columns is 2048 bf16's bytes, the same tile."""
+    def tile(N, x=BF16, arch="sm_90a"):
+        p = plan_forward("row", N, x, x, "llama", store_rstd=False, aligned=True, arch=arch,
+                         pdl=True, quant=quant, offset=False)
+        return p.threads_per_row, p.vecs_per_thread, p.pdl
+    assert tile(2048) == (PDL_MIN_THREADS, FP8_PDL_COPIES_PER_THREAD, True)
+    assert tile(1024, F32) == tile(2048)
+    assert tile(2048, arch="sm_100a") == (PDL_MIN_THREADS, FP8_PDL_COPIES_PER_THREAD, False)
+    assert tile(1024) == (32, FP8_COPIES_PER_THREAD, False)
+    assert tile(4096) == (PDL_MIN_THREADS, FP8_COPIES_PER_THREAD, True)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -145,8 +145,8 @@ def row_order(x, w, residual, quant):
 
 @pytest.mark.parametrize("kind", ["per_token", "static", "bounded"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (3000, 1024), (64, 8192),
-                                   (16, 16384), (5, 1000)],
+@pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (3000, 1024), (8192, 1024),
+                                   (8192, 2048), (64, 8192), (16, 16384), (5, 1000)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_cute_equals_its_chain_on_random_rows(shape, dtype, kind):
     """The CuTe kernel quantizes exactly the y of the CuTe forward (same tile, same sum), on

@@ -22,7 +22,8 @@ import torch
 
 from ...common.rows import INT32_LIMIT
 from ...registry import FORWARD_VARIANTS as VARIANTS
-from .quant import FP8_COPIES_PER_THREAD, fp8_launch_bound, quant_problem
+from .quant import (FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD, fp8_launch_bound,
+                    quant_problem)
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
 # at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
@@ -163,9 +164,8 @@ class ForwardPlan(RowTilePlan):
 FEW_ROWS_COPIES_PER_THREAD = 4
 # Warp-per-row rows of at most one 16-byte copy a lane (per-head rows: N <= 256 bf16) leave a
 # thread one load in flight a tile. A CTA of SHORT_ROW_THREADS takes SHORT_ROW_TILES consecutive
-# tiles and issues all their loads before it reduces the first. Two, not more: each tile's 64-bit
-# row address takes registers of its own, so more tiles fit fewer CTAs an SM
-# (docs/design-record.md, 'Forward: per-head rows').
+# tiles and issues all their loads before it reduces the first. Two: each tile's 64-bit row
+# address takes registers, so more cost CTAs (docs/design-record.md, 'Forward: per-head rows').
 SHORT_ROW_THREADS = 128
 SHORT_ROW_TILES = 2
 
@@ -203,11 +203,10 @@ def two_pass_fits(x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], casting_
 # serialization, so its CTAs may become resident while the previous kernel on the stream drains;
 # they wait (griddepcontrol.wait) before touching global memory, and each triggers its own
 # dependents at once. What it saves is the gap between one grid's end and the next one's start:
-# it pays for the row kernel with CTAs of 128 threads or more, for `auto`'s row kernel at few
-# rows (``row_class``) at any CTA size and for warp-per-row's short-row tiles (SHORT_ROW_TILES).
-# The persistent grid (every CTA resident from the start), 64-thread row CTAs at many rows and
-# warp-per-row's one-tile CTAs lost with it, so those launch plainly. Measured on Hopper only
-# (docs/design-record.md, 'Forward: PDL on Hopper').
+# it pays for the row kernel with CTAs of 128 threads or more (fp8's tile is sized for it), for
+# `auto`'s row kernel at few rows (``row_class``) at any CTA size and for warp-per-row's short-row
+# tiles. The persistent grid, 64-thread row CTAs at many rows and warp-per-row's one-tile CTAs
+# lost with it. Measured on Hopper only (docs/design-record.md, 'Forward: PDL on Hopper').
 PDL_ARCHS = ("sm_90a",)
 PDL_VARIANTS = ("row",)
 PDL_MIN_THREADS = 128
@@ -341,6 +340,8 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     min_ctas_per_sm = 0
     few_rows = row_class > 0 and variant == "row" and chunks == 1 and not residual
     fp8_threads = row_threads(n_vecs, FP8_COPIES_PER_THREAD)  # the fp8 epilogue's row tile
+    if fp8_threads < PDL_MIN_THREADS <= row_threads(n_vecs, FP8_PDL_COPIES_PER_THREAD):
+        fp8_threads = PDL_MIN_THREADS  # a CTA that launches with PDL (plan/quant.py)
     if few_rows:
         if row_class == 1:
             threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
