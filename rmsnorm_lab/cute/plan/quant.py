@@ -19,9 +19,8 @@ NVFP4_VARIANTS = ("row", "warp")
 # measured at 4096 bf16 columns (docs/design-record.md, 'Forward: fp8 output').
 FP8_COPIES_PER_THREAD = 4
 # ... or two, where four leave a CTA under PDL_MIN_THREADS and two fill it (2048 bf16 columns:
-# 128 threads): it then launches with PDL, which pays there with either scale (16384x2048 on an
-# H100: static 34.59 us against 35.66 at 64 threads without PDL, per token 34.85 against 36.42).
-# Under PDL_MIN_THREADS a CTA loses with PDL (1024 columns: 20.13 against 17.81).
+# 128 threads): it then launches with PDL, which pays there with either scale; a smaller CTA
+# loses with PDL (docs/design-record.md, 'Forward: fp8 output').
 FP8_PDL_COPIES_PER_THREAD = 2
 # ... and with a static scale and no offset, at 256 threads a CTA, a launch bound: left to
 # itself, ptxas takes 198 registers at eight copies a thread (one CTA an SM), and at four copies
