@@ -282,8 +282,8 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
         fig = Figure(figsize=(6.6 * len(archs), 1.6 + 0.75 * sum(len(c) + 1 for c in groups)),
                      layout="constrained")
         step_figures.plot_step_ratios(ratios, archs, groups, gpu=gpu, fig=fig,
-                                      notes=["eager decode by the wall clock, on a range of "
-                                             "its own (the host's pace)"],
+                                      notes=["eager decode, wall clock (the host's pace; "
+                                             "a range of its own)"],
                                       spread=model_step.versus_spread(run))
         name = _save(fig, out / f"{gpu}-model-vs-torch.png")
         md += [f"![{name}]({name})", ""]

@@ -16,6 +16,10 @@ NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "lab+qk": VERMILLION, "liger": O
                "shipped": PURPLE, "torch": GREY}
 #: the choices the figures draw (each where the run has it), in their order
 NORMS = ("shipped", "lab", "lab+carry", "lab+qk", "liger")
+#: each choice as the legend names it
+NORM_LABELS = {"shipped": "shipped (transformers' own)", "lab": "lab (rmsnorm_lab.patch)",
+               "lab+carry": "lab + residual add fused", "lab+qk": "lab + q/k norms and RoPE",
+               "liger": "Liger-Kernel"}
 
 
 def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
@@ -45,7 +49,8 @@ def plot_vs_torch(ratios: pd.DataFrame, arch: str, columns: Sequence[str],
         ys = y + (i - (len(norms) - 1) / 2) * height
         colour = NORM_COLORS.get(norm, GREY)
         shown = np.clip(vals, floor, hi)
-        ax.barh(ys, shown - 1.0, height=height, left=1.0, color=colour, label=norm)
+        ax.barh(ys, shown - 1.0, height=height, left=1.0, color=colour,
+                label=NORM_LABELS.get(norm, norm))
         for yy, v, s in zip(ys, vals, shown):
             if np.isfinite(v) and v != s:  # past the range: a chevron, the ratio inside
                 drew.add("chevrons: past the range")
