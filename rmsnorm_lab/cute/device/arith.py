@@ -34,16 +34,25 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 
+#: a PTX operand's IR type and register class, by its DSL type
+_OPERANDS = {Float32: (T.f32, "f"), Uint32: (T.i32, "r")}
+
+
+def _asm(result, args, body: str, loc, ip):
+    """Inline PTX ``body``: ``$0`` of type ``result``, ``$1``... the ``args``, each a Float32
+    or a Uint32."""
+    ir_type, register = _OPERANDS[result]
+    constraints = ",".join(["=" + register] + [_OPERANDS[type(v)][1] for v in args])
+    return result(llvm.inline_asm(ir_type(), [v.ir_value(loc=loc, ip=ip) for v in args], body,
+                                  constraints, loc=loc, ip=ip))
+
+
 def _asm_f32(args, body: str, loc, ip) -> Float32:
-    values = [Float32(v).ir_value(loc=loc, ip=ip) for v in args]
-    return Float32(llvm.inline_asm(T.f32(), values, body, "=f" + ",f" * len(values),
-                                   loc=loc, ip=ip))
+    return _asm(Float32, [Float32(v) for v in args], body, loc, ip)
 
 
 def _asm_b32(args, body: str, loc, ip) -> Uint32:
-    values = [Uint32(v).ir_value(loc=loc, ip=ip) for v in args]
-    return Uint32(llvm.inline_asm(T.i32(), values, body, "=r" + ",r" * len(values),
-                                  loc=loc, ip=ip))
+    return _asm(Uint32, [Uint32(v) for v in args], body, loc, ip)
 
 
 @dsl_user_op
@@ -129,11 +138,8 @@ def halves_max(w: Uint32, kind: str, negate: bool = False, *, loc=None, ip=None)
     else:
         unpack = "mov.b32 {h, g}, $1; cvt.f32.f16 a, h; cvt.f32.f16 b, g; "
     sign = "neg.f32 a, a; neg.f32 b, b; " if negate else ""
-    values = [Uint32(w).ir_value(loc=loc, ip=ip)]
-    return Float32(llvm.inline_asm(
-        T.f32(), values,
-        "{ .reg .b32 u, v; .reg .b16 h, g; .reg .f32 a, b; "
-        f"{unpack}{sign}max.f32 $0, a, b; }}", "=f,r", loc=loc, ip=ip))
+    return _asm(Float32, [Uint32(w)], "{ .reg .b32 u, v; .reg .b16 h, g; .reg .f32 a, b; "
+                f"{unpack}{sign}max.f32 $0, a, b; }}", loc, ip)
 
 
 @dsl_user_op
@@ -145,8 +151,7 @@ def unpack_x2(w: Uint32, kind: str, high: bool, *, loc=None, ip=None) -> Float32
     else:
         body = ("{ .reg .b16 h, g; mov.b32 {h, g}, $1; "
                 f"cvt.f32.f16 $0, {'g' if high else 'h'}; }}")
-    return Float32(llvm.inline_asm(T.f32(), [Uint32(w).ir_value(loc=loc, ip=ip)], body, "=f,r",
-                                   loc=loc, ip=ip))
+    return _asm(Float32, [Uint32(w)], body, loc, ip)
 
 
 @dsl_user_op
@@ -154,9 +159,6 @@ def round_mul_x2(lo: Float32, hi: Float32, w: Uint32, kind: str, *, loc=None,
                  ip=None) -> Uint32:
     """``(lo, hi)`` rounded to a word of two 16-bit values (``kind``), times the word w, each
     product rounded to nearest even: eager torch's ``y.to(x.dtype) * w`` two values at once."""
-    args = [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip),
-            Uint32(w).ir_value(loc=loc, ip=ip)]
-    return Uint32(llvm.inline_asm(
-        T.i32(), args,
-        f"{{ .reg .b32 p; cvt.rn.{kind}.f32 p, $2, $1; mul.rn.{kind} $0, p, $3; }}",
-        "=r,f,f,r", loc=loc, ip=ip))
+    return _asm(Uint32, [Float32(lo), Float32(hi), Uint32(w)],
+                f"{{ .reg .b32 p; cvt.rn.{kind}.f32 p, $2, $1; mul.rn.{kind} $0, p, $3; }}",
+                loc, ip)

@@ -29,6 +29,8 @@ from .forward import ForwardArgs, RMSNormForward
 
 #: fp32's largest finite value: the per-token divisor's bound (``token_scale``)
 FP32_MAX = 3.4028234663852886e38
+#: ``reciprocals`` of 448, the divisor of a row's amax (``token_scale``)
+BY_FP8_MAX = constant_reciprocals(FP8_MAX)
 
 
 class QuantEpilogue:
@@ -169,7 +171,7 @@ class QuantEpilogue:
         of its remainder."""
         if cutlass.const_expr(self.plan.scale_ub):
             amax = cute.arch.fmin(amax, a.mScaleUb[0])
-        by_448 = tuple(Float32(v) for v in constant_reciprocals(FP8_MAX))
+        by_448 = tuple(Float32(v) for v in BY_FP8_MAX)
         s = cute.arch.fmax(div_rn(amax, Float32(FP8_MAX), by_448),
                            Float32(FP8_MIN_SCALE))
         if writes:
