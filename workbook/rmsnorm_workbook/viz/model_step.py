@@ -18,7 +18,7 @@ NORM_COLORS = {"lab": BLUE, "lab+carry": GREEN, "lab+qk": VERMILLION, "liger": O
 NORMS = ("shipped", "lab", "lab+carry", "lab+qk", "liger")
 #: each choice as the legend names it
 NORM_LABELS = {"shipped": "shipped (transformers' own)", "lab": "lab (rmsnorm_lab.patch)",
-               "lab+carry": "lab + residual add fused", "lab+qk": "lab + q/k norms and RoPE",
+               "lab+carry": "lab + residual add fused", "lab+qk": "lab + q/k norms, RoPE as one op",
                "liger": "Liger-Kernel"}
 
 
