@@ -310,7 +310,7 @@ def test_bandwidth_plots_for_bwd_draw_the_2r1w_ceiling(bwd_df):
     ax = Figure().subplots()
     plots.plot_bandwidth_vs_M(bwd_df, "bwd", N=4096, ax=ax)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "copy2r1w (measured)" in labels and "cute.fused" in labels
+    assert "copy ceiling (read 2, write 1), measured" in labels and "cute.fused" in labels
     ax = Figure().subplots()
     plots.plot_bandwidth_vs_N(bwd_df, "full", M=16384, ax=ax)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]

@@ -241,11 +241,14 @@ def test_plots_draw(frame):
     fig, axes = plt.subplots(2, 3, figsize=(18, 8))  # one panel left empty
     ph.plot_host(frame, ax=axes[0, 0])
     assert len(axes[0, 0].get_yticklabels()) == 7  # 4 paths + triton.row + 2 peers
+    key = axes[0, 0].texts[-1].get_text()  # what each path and workload is, by the legend
+    assert all(f"{p}: " in key for p in ("@tvm_ffi", "@cached", "@compiled", "@jit", "full"))
     ph.plot_host(frame, toggles=True, ax=axes[0, 1])
     assert len(axes[0, 1].get_yticklabels()) == 10
     ax = ph.plot_crossover(frame, workload="fwd+autograd", ax=axes[0, 2])
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert len(legend) <= 5 and any("cute.auto@tvm_ffi" in t for t in legend)
+    assert len(legend) <= 5 and any("the library's call" in t for t in legend)
+    assert not any("@" in t for t in legend)  # the launch paths by what they are
     ph.plot_cache_cap(frame, axes=axes[1, :2])
     assert "triton.row" in " ".join(t.get_text() for t in axes[1, 0].get_legend().get_texts())
     plt.close(fig)

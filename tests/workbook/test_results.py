@@ -270,7 +270,8 @@ def test_bandwidth_plots_draw_a_line_per_impl_and_the_measured_copy(synthetic_df
         fig = Figure()
         ax = draw(synthetic_df, "fwd", ax=fig.subplots(), **fixed)
         labels = [line.get_label() for line in ax.get_lines()]
-        assert labels == ["cute.row", "triton.row", "torch.native", "copy (measured)"]
+        assert labels == ["cute.row", "triton.row", "torch.native",
+                          "copy ceiling (read 1, write 1), measured"]
         assert list(ax.get_lines()[-1].get_ydata()) == [COPY_GBPS, COPY_GBPS]
         assert len(ax.get_lines()[0].get_xdata()) == 3
         out = tmp_path / f"{draw.__name__}.png"
@@ -337,7 +338,8 @@ def test_bandwidth_plot_highlights_at_most_five_series_and_shows_the_differences
     ax = plots.plot_bandwidth_vs_M(df, "fwd", ax=Figure().subplots())
     labels = [line.get_label() for line in ax.get_lines()]
     assert len(labels) <= plots.MAX_SERIES
-    assert labels[0].startswith("cute.auto") and labels[-1] == "copy (measured)"
+    assert labels[0].startswith("cute.auto")
+    assert labels[-1] == "copy ceiling (read 1, write 1), measured"
     assert not any(lbl.startswith("teach.") for lbl in labels)
     lo, hi = ax.get_ylim()
     assert lo > 2500 and hi >= COPY_GBPS  # not from 0: the differences between lines show

@@ -203,10 +203,11 @@ def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
 #: what the crossover figure's series are (notebook 03, section 5, draws one run of it)
 CROSSOVER_CAPTION = (
     "The kernels' device times come from the runs of the sweeps that measured them, one series "
-    "a run (solid, hollow markers), as measured rather than joined into one curve. `@tvm_ffi` "
-    "is the lab's default launch path; `+python_node` the same call made from Python (its "
-    "launch path and autograd node) instead of the C++ extension, what a machine without a "
-    "compiler runs. Where a kernel's curve crosses a host line (a ring), that call stops being "
+    "a run (solid, hollow markers), as measured rather than joined into one curve. \"The "
+    "library's call\" is the default launch path (`cute.auto@tvm_ffi` in the tables); "
+    "\"launched from Python\" the same call made from Python (its launch path and autograd "
+    "node, `+python_node`) instead of the C++ extension, what a machine without a compiler "
+    "runs. Where a kernel's curve crosses a host line (a ring), that call stops being "
     "host-bound. Notebook 03, section 5, draws it for one run.")
 
 

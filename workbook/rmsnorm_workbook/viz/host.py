@@ -31,6 +31,17 @@ BLUE, VERMILLION, GREEN, PURPLE = "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 ORANGE, BLACK, GREY = "#E69F00", "#000000", "#999999"
 #: how each workload is drawn: colour, marker
 WORKLOAD_STYLE = {"fwd": (BLUE, "o"), "fwd+autograd": (ORANGE, "s"), "full": (GREEN, "D")}
+#: the key under the per-path figure's legend: what each launch path and workload is
+PATH_KEY = {"@tvm_ffi": "the library's call (default)",
+            "@cached": "handles kept in a FIFO",
+            "@compiled": "handles made every call",
+            "@jit": "cute.jit resolved every call",
+            "+python_node": "launched from Python"}
+WORKLOAD_KEY = {"fwd": "inference", "fwd+autograd": "inputs need grad",
+                "full": "forward and backward"}
+#: the crossover figure's names for its host lines
+HOST_LINE_LABELS = {DEFAULT_IMPL: "cute.auto, the library's call",
+                    "cute.auto@tvm_ffi+python_node": "cute.auto, launched from Python"}
 
 
 # ============================================================================ figures: helpers
@@ -112,7 +123,17 @@ def plot_host(df: pd.DataFrame, gpu: Optional[str] = None, shape=HOST_SHAPE,
                  fontsize="medium")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     _legend_right(ax)
+    _path_key(ax, impls, workloads)
     return ax
+
+
+def _path_key(ax, impls: Sequence[str], workloads: Sequence[str]) -> None:
+    """What the rows' launch paths and the markers' workloads are, below the legend."""
+    paths = [p for p in PATH_KEY if any(p in i for i in impls)]
+    lines = ["launch paths of cute.auto:"] + [f"{p}: {PATH_KEY[p]}" for p in paths]
+    lines += ["", "workloads:"] + [f"{w}: {WORKLOAD_KEY[w]}" for w in workloads]
+    ax.text(1.02, 0.0, "\n".join(lines), transform=ax.transAxes, ha="left", va="bottom",
+            fontsize="x-small", color="#333333")
 
 
 #: a row whose slowest point is this many times the next slowest row's is drawn off the scale
@@ -168,7 +189,7 @@ def _runs(dev: Sequence[pd.DataFrame]) -> list:
 
 def plot_crossover(df: pd.DataFrame, gpu: Optional[str] = None, workload: str = "fwd",
                    impls: Optional[Sequence[str]] = CROSSOVER_IMPLS, ax=None,
-                   labels: Optional[Dict[str, str]] = None):
+                   labels: Optional[Dict[str, str]] = HOST_LINE_LABELS):
     """The crossovers of ``analysis.crossover``, drawn: each implementation's host µs per call
     (``workload``) as a horizontal line, its own kernel's device µs against M as a curve
     (CUDA-graph replay, inputs from DRAM; band p20-p80; the lab's launch paths share

@@ -179,7 +179,7 @@ def _bandwidth_vs(df, op, x, fixed, value, path, gpu, ax, impls):
     if ceiling is not None:
         # dotted, as the lessons' copy line: torch.compile's series is black and dashed
         ax.axhline(ceiling, color=BLACK, linestyle=":", linewidth=1.2,
-                   label=f"{CEILING_OF_OP[op]} (measured)")
+                   label=f"{impl(CEILING_OF_OP[op]).style['label']}, measured")
         highs.append(ceiling)
     if lows:
         lo, hi = min(lows), max(highs)
