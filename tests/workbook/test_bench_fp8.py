@@ -181,3 +181,54 @@ def test_each_fused_ops_table_shows_the_copies_its_bench_measures():
 
     for name, (_, _, copies, _) in tables.FUSIONS.items():
         assert copies == tuple(f"{c}.shape" for c in OPS[name].same_shape), name
+
+
+def test_a_fused_ops_caption_warns_where_another_gpu_holds_a_newer_run_of_other_code():
+    """The H200's table from an older commit than the H100's newest run says so and names the
+    newer run; the newest, or one of the same commit, says nothing."""
+    import pandas as pd
+
+    from rmsnorm_workbook.cli.report_sections import fusion_caption, newer_run
+
+    def table(commit, stamp):
+        t = pd.DataFrame({"cute.auto+fp8": [1.0]})
+        t.attrs.update(run=(commit, stamp[:10]), timestamp=stamp)
+        return t
+
+    fusions = {"h200": {"fwd-fp8": table("old1", "2026-12-01T10:00:00")},
+               "h100_sxm": {"fwd-fp8": table("new2", "2026-12-06T10:00:00")}}
+    warning = newer_run("fwd-fp8", "h200", fusions)
+    assert "older than the H100 SXM's (new2, 2026-12-06)" in warning
+    assert warning in fusion_caption("fwd-fp8", fusions["h200"]["fwd-fp8"], warning)
+    assert newer_run("fwd-fp8", "h100_sxm", fusions) == ""
+    fusions["h100_sxm"]["fwd-fp8"] = table("old1", "2026-12-06T10:00:00")
+    assert newer_run("fwd-fp8", "h200", fusions) == ""
+
+
+def test_the_reports_gemm_section_is_the_newest_run_with_that_runs_error(tmp_path):
+    """µs per chain by M from the newest run only; the error sentence only where the error file
+    comes from that run."""
+    import json
+
+    import pandas as pd
+
+    from rmsnorm_workbook.cli.report_sections import GEMM_CHAINS, gemm_section
+
+    df = pd.DataFrame([dict(gpu="testgpu", impl=impl, path="graph", M=M, N=4096,
+                            p50=p50 * slower, commit=commit, timestamp=stamp)
+                       for commit, stamp, slower in (("old", "2026-12-01T00:00:00", 2.0),
+                                                     ("new", "2026-12-06T00:00:00", 1.0))
+                       for M in (16, 8192)
+                       for impl, p50 in zip(GEMM_CHAINS, (10.0, 30.0, 20.0))])
+    assert gemm_section(df, "othergpu", tmp_path) == []
+    err = {"provenance": {"commit": "new"}, "K": 4096, "N": 14336,
+           "errors": {GEMM_CHAINS[0]: {"16": {"all": 0.0375, "worst_row": 0.038},
+                                       "8192": {"all": 0.0374, "worst_row": 0.0391}}}}
+    (tmp_path / "testgpu" / "logs").mkdir(parents=True)
+    (tmp_path / "testgpu" / "logs" / "fp8-gemm-error.json").write_text(json.dumps(err))
+    md = "\n".join(gemm_section(df, "testgpu", tmp_path))
+    assert "(commit new, 2026-12-06)" in md and "| 8192 | 10.0 | 30.0 | 20.0 |" in md
+    assert "4096 → 14336" in md and "3.74% from the bf16 chain's at M=8192 (3.91%" in md
+    err["provenance"]["commit"] = "old"
+    (tmp_path / "testgpu" / "logs" / "fp8-gemm-error.json").write_text(json.dumps(err))
+    assert "14336" not in "\n".join(gemm_section(df, "testgpu", tmp_path))

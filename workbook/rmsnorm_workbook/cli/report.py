@@ -22,7 +22,8 @@ from ..viz import sweeps
 from .bench import run_bench
 from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
                      writable_dir)
-from .report_sections import PEER_RATIO, fusion_caption, fusion_figure
+from .report_sections import (PEER_RATIO, fusion_caption, fusion_figure, gemm_section,
+                              newer_run, save_figure)
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
 
 
@@ -126,11 +127,6 @@ def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
     return [caption, "", tables.markdown_table(host, 1, right_align=True), ""]
 
 
-def _save(fig, path: Path) -> str:
-    fig.savefig(path, dpi=110)
-    return path.name
-
-
 def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     """Render the op's figures for one GPU; returns the file names (those with data only)."""
     from matplotlib.figure import Figure  # no pyplot: no global figure state in a loop
@@ -142,11 +138,11 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     if not bw[bw["N"] == 4096].empty:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
         sweeps.plot_bandwidth_vs_M(df, op, N=4096, gpu=gpu, ax=fig.subplots())
-        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"))
+        names.append(save_figure(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"))
     if not bw[bw["M"] == 16384].empty:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
         sweeps.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
-        names.append(_save(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
+        names.append(save_figure(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
     timed = tables.library_rows(d[(d["metric"] == "time") & (d["N"] == 4096)
                                   & ~d["impl"].isin(results_io.CEILINGS)])
     both = timed.groupby("impl")["path"].agg(lambda p: {"eager", "graph"} <= set(p))
@@ -171,7 +167,7 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
         fig.suptitle(f"{gpu_title(gpu)}: {op}, µs per call, eager vs CUDA-graph replay "
                      "(N=4096)\n"
                      f"{EAGER_NOTE}", linespacing=1.6)
-        names.append(_save(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
+        names.append(save_figure(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
     return names
 
 
@@ -275,7 +271,7 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
         except (KeyError, ValueError) as e:  # not enough rows for this figure in these results
             print(f"report: {gpu} {name} not drawn ({e})", file=sys.stderr)
             return
-        names.append(_save(fig, out / f"{gpu}-{name}.png"))
+        names.append(save_figure(fig, out / f"{gpu}-{name}.png"))
 
     if {"cute.fused", "cute.split"} <= set(g[g["op"] == "bwd"]["impl"]):
         render("bwd-fused-vs-split", lambda ax: sweeps.plot_time_ratio(df, gpu=gpu, ax=ax))
@@ -312,12 +308,12 @@ def _explainer_figures(out: Path) -> List[str]:
     for ax, variant in zip(fig.subplots(2, 1, height_ratios=(1, 3)), ("row", "warp")):
         draw_row_layout(plan_forward(variant, 4096, torch.bfloat16, torch.bfloat16, "llama",
                                      True, True), ax=ax, lanes=8)
-    names.append(_save(fig, out / "layout-row-and-warp-4096-bf16.png"))
+    names.append(save_figure(fig, out / "layout-row-and-warp-4096-bf16.png"))
     flows, sizes = flow_plot.backward_flows(16384, 4096, 132)
     fig = Figure(figsize=(15, 4.8), layout="constrained")
     for ax, (mode, steps) in zip(fig.subplots(1, 2), flows.items()):
         flow_plot.draw_flow(ax, f"{mode}: 16384×4096 bf16", steps, sizes, kernels="library")
-    names.append(_save(fig, out / "backward-data-flow-16384x4096-bf16.png"))
+    names.append(save_figure(fig, out / "backward-data-flow-16384x4096-bf16.png"))
     return names
 
 
@@ -389,9 +385,14 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        "",
                        tables.markdown_table(add, 2, right_align=True), ""]
         for name, t in fusions[gpu].items():
-            md += [f"### {name}", "", fusion_caption(name, t), "",
+            md += [f"### {name}", "", fusion_caption(name, t, newer_run(name, gpu, fusions)), "",
                    tables.markdown_table(t, 2, right_align=True), ""]
         md += fusion_figure(fusions[gpu], gpu, out)
+        older = [name for name in fusions[gpu] if newer_run(name, gpu, fusions)]
+        if older:
+            md += [f"Older than another GPU's run of the same op, from other code: "
+                   f"{', '.join(older)} (their tables' captions name the newer run).", ""]
+        md += gemm_section(df, gpu, root)
         progress(f"[{next(step)}/{total}] {gpu}: the fused ops' tables; backward and host "
                  "figures where recorded (notebooks 02 and 03)")
         extra = _notebook_figures(df, gpu, out, root)

@@ -5,6 +5,7 @@ cache, ``compiled/ptx_table.csv``)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
@@ -59,10 +60,27 @@ PEER_RATIO = ("lab / best peer: the lab's fused kernel's time over the fastest p
               "the lab is faster)")
 
 
-def fusion_caption(name: str, t: pd.DataFrame) -> str:
+def newer_run(name: str, gpu: str, fusions: Dict[str, Dict[str, pd.DataFrame]]) -> str:
+    """A warning where another GPU holds a newer run of the fused op ``name`` from another
+    commit than ``gpu``'s table: the kernel may have changed between the two; else ''."""
+    mine = fusions[gpu][name]
+    newer = [(t.attrs["timestamp"], other) for other, ts in fusions.items() if other != gpu
+             for t in [ts.get(name)] if t is not None
+             and t.attrs["timestamp"] > mine.attrs["timestamp"]
+             and t.attrs["run"][0] != mine.attrs["run"][0]]
+    if not newer:
+        return ""
+    other = max(newer)[1]
+    commit, day = fusions[other][name].attrs["run"]
+    return (f" This run is older than the {gpu_title(other)}'s ({commit}, {day}): the kernels "
+            "may have changed in between, so compare the two GPUs' rows with care.")
+
+
+def fusion_caption(name: str, t: pd.DataFrame, warning: str = "") -> str:
     """The caption of a fused op's table (``tables.fusion_table``): its run, the same-shape
     copies it shows (``FUSIONS``' order, the ceiling first, any other copy with what it is:
-    ``copy.fp8.shape``, torch's cast) and what ``lab / best peer`` compares."""
+    ``copy.fp8.shape``, torch's cast), what ``lab / best peer`` compares, then ``warning``
+    (``newer_run``)."""
     commit, day = t.attrs["run"]
     ceiling, *others = tables.FUSIONS[name][2]
     rope = name.endswith("qk-rope")  # its copies move the head rows, not cos and sin
@@ -74,7 +92,8 @@ def fusion_caption(name: str, t: pd.DataFrame) -> str:
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
             f"(commit {commit}, {day}){copies}{rows}; {PEER_RATIO}. At ten µs a call or less, "
             "launch and the last wave of CTAs weigh as much as bytes; the copy is a kernel too, "
-            "not a bound, and a kernel with its bytes in flight sooner can finish under it:")
+            f"not a bound, and a kernel with its bytes in flight sooner can finish under it."
+            f"{warning}")
 
 
 def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List[str]:
@@ -88,7 +107,7 @@ def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List
     fig = Figure(figsize=(3.2 * len(fusions), 1.4 + 0.28 * rows), layout="constrained")
     if not plot_fusions_vs_peer(fusions, gpu, fig):
         return []
-    name = _save(fig, out / f"{gpu}-fusions-vs-peer.png")
+    name = save_figure(fig, out / f"{gpu}-fusions-vs-peer.png")
     kernels = ", ".join(dict.fromkeys(f"`{tables.FUSIONS[n][3]}`" for n in fusions))
     lone = "".join(f" {n}'s only peer is `{t.attrs['peers'][0]}`." for n, t in fusions.items()
                    if len(t.attrs.get("peers", ())) == 1)  # a bar against one chain, not a field
@@ -96,6 +115,39 @@ def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List
             f"lab's fused kernel ({kernels}) over the fastest peer, blue where the lab's is "
             f"faster, vermillion where a peer is, grey within {LEVEL:.1%}.{lone}", "",
             f"![{name}]({name})", ""]
+
+
+#: the downstream GEMM benchmark's chains (``bench.fp8_gemm``), in the order shown
+GEMM_CHAINS = ("cute.auto+fp8+scaled_mm", "cute.auto+fp8.unfused+scaled_mm", "cute.auto+bf16+mm")
+
+
+def gemm_section(df: pd.DataFrame, gpu: str, root: Path) -> List[str]:
+    """The fp8 output feeding a projection (``python -m rmsnorm_workbook.bench.fp8_gemm``):
+    µs of each chain by token count from the newest run, and the fp8 chains' output error
+    against the bf16 chain's from the same run's ``logs/fp8-gemm-error.json``; nothing where
+    the results hold no such run."""
+    d = df[(df["gpu"] == gpu) & df["impl"].isin(GEMM_CHAINS) & (df["path"] == "graph")]
+    if d.empty:
+        return []
+    run = d[d["timestamp"] == d["timestamp"].max()]
+    t = run.pivot_table(index="M", columns="impl", values="p50", aggfunc="last")
+    t = t.reindex(columns=[c for c in GEMM_CHAINS if c in t.columns])
+    commit = str(run["commit"].iloc[0])
+    md = ["### fp8 into the next GEMM", "",
+          "`python -m rmsnorm_workbook.bench.fp8_gemm`: µs per call, CUDA-graph replay, median, "
+          f"its newest run (commit {commit}, {str(run['timestamp'].iloc[0])[:10]}): x (M, "
+          f"{int(run['N'].iloc[0])}) bf16 through the norm into a projection by `_scaled_mm` "
+          "(fp8, row-wise scales) or a bf16 GEMM; `fp8.unfused` quantizes after the bf16 norm "
+          "in torch's eager ops:", "", markdown_table(t, 1, right_align=True), ""]
+    path = root / gpu / "logs" / "fp8-gemm-error.json"
+    err = json.loads(path.read_text()) if path.is_file() else None
+    if err is not None and err["provenance"]["commit"] == commit:
+        M = max(int(m) for m in err["errors"][GEMM_CHAINS[0]])
+        e = err["errors"][GEMM_CHAINS[0]][str(M)]
+        md += [f"The projection is {err['K']} → {err['N']}. The fused chain's output is "
+               f"{e['all']:.2%} from the bf16 chain's at M={M} ({e['worst_row']:.2%} in its "
+               "worst row).", ""]
+    return md
 
 
 def _title(key: str) -> str:
@@ -118,8 +170,10 @@ def _named(table: pd.DataFrame) -> pd.DataFrame:
     return table.rename(columns=column)
 
 
-def _save(fig, path: Path) -> str:
-    fig.savefig(path, dpi=110)
+def save_figure(fig, path: Path) -> str:
+    """``fig`` as a PNG at ``path``, cropped to what it draws (legends outside the axes
+    included); returns the file name."""
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     return path.name
 
 
@@ -158,12 +212,12 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
     fig = Figure(figsize=(4.6 * len(gpus) + 2.4, 4.2), layout="constrained")
     figures.plot_speed_of_light(speed.sol_points(df, reported, cal), gpus, df=df,
                                 axes=fig.subplots(1, len(gpus), sharey=True))
-    names.append(_save(fig, out / "gpus-roofline.png"))
+    names.append(save_figure(fig, out / "gpus-roofline.png"))
     if not hosts.empty:
         fig = Figure(figsize=(4.2 * len(gpus) + 2.4, 4.0), layout="constrained")
         figures.plot_crossover(df, cal=cal, hosts=hosts,
                                axes=fig.subplots(1, len(gpus), sharey=True))
-        names.append(_save(fig, out / "gpus-crossover.png"))
+        names.append(save_figure(fig, out / "gpus-crossover.png"))
         fig = Figure(figsize=(11, 4.6), layout="constrained")
         liger = pr["pair"].str.startswith("liger")
         scenario = (pr_era[pr_era["pair"].str.startswith("liger")]
@@ -171,7 +225,7 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
         figures.plot_reported_vs_modelled(
             pr[liger], scenario, f"per call, CuTe host {era:.0f} µs as reported "
             f"({MODELLED} scenario)", ax=fig.subplots())
-        names.append(_save(fig, out / "gpus-reported-vs-modelled.png"))
+        names.append(save_figure(fig, out / "gpus-reported-vs-modelled.png"))
         verdict = model.finding(pr)
         if findings is not None:
             findings.verdict = dict(verdict)
@@ -285,7 +339,7 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
                                       notes=["eager decode, wall clock (the host's pace; "
                                              "a range of its own)"],
                                       spread=model_step.versus_spread(run))
-        name = _save(fig, out / f"{gpu}-model-vs-torch.png")
+        name = save_figure(fig, out / f"{gpu}-model-vs-torch.png")
         md += [f"![{name}]({name})", ""]
         compiled_runs = [model_step.one_run(g, "llama.compile.lab")]
         if compiled_runs[0].empty:
