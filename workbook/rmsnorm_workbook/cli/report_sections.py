@@ -141,7 +141,7 @@ def gemm_section(df: pd.DataFrame, gpu: str, root: Path) -> List[str]:
           "in torch's eager ops:", "", markdown_table(t, 1, right_align=True), ""]
     path = root / gpu / "logs" / "fp8-gemm-error.json"
     err = json.loads(path.read_text()) if path.is_file() else None
-    if err is not None and err["provenance"]["commit"] == commit:
+    if err is not None and err.get("provenance", {}).get("commit") == commit:
         M = max(int(m) for m in err["errors"][GEMM_CHAINS[0]])
         e = err["errors"][GEMM_CHAINS[0]][str(M)]
         md += [f"The projection is {err['K']} → {err['N']}. The fused chain's output is "
