@@ -207,8 +207,9 @@ def fusion_table(df: pd.DataFrame, name: str, gpu: Optional[str] = None) -> pd.D
     """A fused op's sweep (``FUSIONS[name]``) from its newest run: median µs per shape by
     CUDA-graph replay of every implementation and the run's same-shape copies, then ``lab /
     best peer`` (the lab's fused kernel over the fastest implementation that is not the lab's;
-    below 1: the lab is faster); ``attrs["run"]``: the run's commit and date (``attrs["timestamp"]`` in full),
-    ``attrs["peers"]`` the implementations it counts as peers. Empty when the results hold no such run."""
+    below 1: the lab is faster); ``attrs["run"]``: the run's commit and date (in full:
+    ``attrs["timestamp"]``), ``attrs["peers"]`` the implementations it counts as peers. Empty
+    when the results hold no such run."""
     op, pattern, copies, lab = FUSIONS[name]
     d, gpu = every_run(df, gpu)
     d = d[(d["op"] == op) & (d["path"] == "graph") & (d["metric"] == "time")]

@@ -37,6 +37,16 @@ MODE = "llama"
 K, N = 4096, 14336
 #: decode, a small batch, prefill chunks
 TOKENS: Sequence[int] = (16, 128, 1024, 8192)
+#: the chains' names (``impl``), in the order shown
+FUSED = "cute.auto+fp8+scaled_mm"
+UNFUSED = "cute.auto+fp8.unfused+scaled_mm"
+BF16 = "cute.auto+bf16+mm"
+CHAINS: Sequence[str] = (FUSED, UNFUSED, BF16)
+
+
+def error_log(root: Path, gpu: str) -> Path:
+    """Where a run under results root ``root`` on ``gpu`` writes its chains' output errors."""
+    return root / gpu / "logs" / "fp8-gemm-error.json"
 
 
 def weight_fp8(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -68,8 +78,7 @@ def chains(norm_w: torch.Tensor, w: torch.Tensor) -> Dict[str, Callable[[torch.T
     def bf16(x):
         return rms_norm(x, norm_w, EPS, casting_mode=MODE) @ w.t()
 
-    return {"cute.auto+fp8+scaled_mm": fused, "cute.auto+fp8.unfused+scaled_mm": unfused,
-            "cute.auto+bf16+mm": bf16}
+    return {FUSED: fused, UNFUSED: unfused, BF16: bf16}
 
 
 def relative_errors(out: torch.Tensor, expect: torch.Tensor) -> Dict[str, float]:
@@ -92,15 +101,15 @@ def run(out: Optional[Path] = None, tokens: Sequence[int] = TOKENS) -> Tuple[Pat
     rows, errors = [], {}
     for M in tokens:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        expect = fns["cute.auto+bf16+mm"](x)
+        expect = fns[BF16](x)
         for name, fn in fns.items():
-            if name != "cute.auto+bf16+mm":
+            if name != BF16:
                 errors.setdefault(name, {})[M] = relative_errors(fn(x), expect)
             t = graph_time_us(lambda fn=fn: fn(x), replays=50)
             rows.append(make_row(prov, "fwd", name, "graph", M, K, torch.bfloat16, "time", t))
     root = Path(out) if out is not None else results_io.results_dir()
     csv = results_io.write(rows, root / prov["gpu"] / "fwd-fp8-gemm.csv")
-    log = root / prov["gpu"] / "logs" / "fp8-gemm-error.json"
+    log = error_log(root, prov["gpu"])
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(json.dumps({"provenance": prov, "K": K, "N": N, "errors": errors}, indent=1))
     return csv, log

@@ -384,11 +384,12 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                        f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes; {PEER_RATIO}:",
                        "",
                        tables.markdown_table(add, 2, right_align=True), ""]
+        warnings = {name: newer_run(name, gpu, fusions) for name in fusions[gpu]}
         for name, t in fusions[gpu].items():
-            md += [f"### {name}", "", fusion_caption(name, t, newer_run(name, gpu, fusions)), "",
+            md += [f"### {name}", "", fusion_caption(name, t, warnings[name]), "",
                    tables.markdown_table(t, 2, right_align=True), ""]
         md += fusion_figure(fusions[gpu], gpu, out)
-        older = [name for name in fusions[gpu] if newer_run(name, gpu, fusions)]
+        older = [name for name, warning in warnings.items() if warning]
         if older:
             md += [f"Older than another GPU's run of the same op, from other code: "
                    f"{', '.join(older)} (their tables' captions name the newer run).", ""]

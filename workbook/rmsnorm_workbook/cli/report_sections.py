@@ -17,6 +17,7 @@ from ..results.provenance import gpu_title
 from ..analysis import MODELLED, compiled, model, model_step, speed
 from ..analysis import tables
 from ..analysis.tables import markdown_table
+from ..bench.fp8_gemm import CHAINS as GEMM_CHAINS, error_log
 from ..bench.qk_rope import ROWS_PER_TOKEN
 from ..legend import impl
 from ..analysis.reported import load_reported, pr_era_host
@@ -117,10 +118,6 @@ def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List
             f"![{name}]({name})", ""]
 
 
-#: the downstream GEMM benchmark's chains (``bench.fp8_gemm``), in the order shown
-GEMM_CHAINS = ("cute.auto+fp8+scaled_mm", "cute.auto+fp8.unfused+scaled_mm", "cute.auto+bf16+mm")
-
-
 def gemm_section(df: pd.DataFrame, gpu: str, root: Path) -> List[str]:
     """The fp8 output feeding a projection (``python -m rmsnorm_workbook.bench.fp8_gemm``):
     µs of each chain by token count from the newest run, and the fp8 chains' output error
@@ -139,7 +136,7 @@ def gemm_section(df: pd.DataFrame, gpu: str, root: Path) -> List[str]:
           f"{int(run['N'].iloc[0])}) bf16 through the norm into a projection by `_scaled_mm` "
           "(fp8, row-wise scales) or a bf16 GEMM; `fp8.unfused` quantizes after the bf16 norm "
           "in torch's eager ops:", "", markdown_table(t, 1, right_align=True), ""]
-    path = root / gpu / "logs" / "fp8-gemm-error.json"
+    path = error_log(root, gpu)
     err = json.loads(path.read_text()) if path.is_file() else None
     if err is not None and err.get("provenance", {}).get("commit") == commit:
         M = max(int(m) for m in err["errors"][GEMM_CHAINS[0]])
