@@ -225,8 +225,19 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
     assert caveat in md and "  caveat: on the H200 itself" in p.stdout
     # captions under the figures that need one, and the eager decode ratios' caveat
     for fig, says in (("h200-bwd-eager-vs-graph.png", "Eager (`do_bench`) at small M"),
-                      ("h200-host-cache-cap.png", "Left panel: peak memory counted from")):
-        assert md.split(f"![{fig}]({fig})")[1].lstrip().startswith(says)
+                      ("h200-host-cache-cap.png", "Left panel: peak memory counted from"),
+                      ("h200-bwd-fused-vs-split.png", "Each bar: the split backward's"),
+                      ("h200-nsys-timeline.png", "Three iterations of"),
+                      ("layout-row-and-warp-4096-bf16.png", "Which thread loads"),
+                      ("backward-data-flow-16384x4096-bf16.png", "The split and the fused"),
+                      ("gpus-roofline.png", "Attainable FP32 TFLOP/s"),
+                      ("gpus-crossover.png", "Per GPU, the forward at 4096 columns")):
+        assert md.split(f"![{fig}]({fig})")[1].lstrip().startswith(says), fig
+    assert "Right panel: the same step's eager time per cap" in md
+    # every name in the tables is in the list of names, the summary names its ceilings so
+    names = md.split("### Names in the tables")[1].split("\n## ")[0]
+    assert "| `cute.auto` |" in names and "| `copy2r1w` |" in names
+    assert "| H200 | bwd | 16384x4096 | `cute.auto` |" in top and "% of copy2r1w)" in top
     assert "Eager decode (`decode wall`) is paced by the host" in md
     assert "  caveat: eager decode" in p.stdout
     cross = md.split("Crossover M (")[1].split("Reported device times")[0]

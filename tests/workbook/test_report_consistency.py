@@ -198,7 +198,7 @@ def test_a_compiled_run_of_the_fused_prologue_as_a_node_has_a_table_of_its_own(t
 
 
 def test_eager_caption_names_kernels_alike_by_graph_and_apart_eagerly(df):
-    from rmsnorm_workbook.cli.report import eager_caption
+    from rmsnorm_workbook.cli.report_captions import eager_caption
 
     text = eager_caption(df, "bwd", "h200")
     pair = tables.eager_pair(df, "bwd", "h200")
@@ -227,7 +227,7 @@ def test_eager_caption_names_kernels_alike_by_graph_and_apart_eagerly(df):
 def test_cache_cap_caption_says_what_the_memory_panel_counts(df):
     from rmsnorm_workbook.analysis import host as H
     from rmsnorm_workbook.bench.host import LAYERS
-    from rmsnorm_workbook.cli.report import cache_cap_caption
+    from rmsnorm_workbook.cli.report_captions import cache_cap_caption
 
     text = cache_cap_caption(df, "h200")
     mem = H.cache_memory_table(df, LAYERS, "h200")
@@ -355,3 +355,27 @@ def test_a_fused_ops_table_is_its_newest_run_with_its_ceiling_and_best_peer():
     assert row["lab / best peer"] == pytest.approx(row["cute.qk+rope"] / peers.min())
     assert tables.bandwidth_table(df, "fwd", "h100_sxm").empty
     assert tables.fusion_table(df, "fwd-qk-rope", "h200").empty
+
+
+def test_the_timeline_caption_states_the_profiles_own_numbers():
+    from rmsnorm_workbook.cli.report_captions import timeline_caption
+    from rmsnorm_workbook.profiling import trace as nsys_trace
+
+    trace = nsys_trace.load_trace(Path(__file__).parents[2] / "profiles" / "h200")
+    s = nsys_trace.steady_state(trace)
+    text = timeline_caption(trace)
+    assert (f"each iteration's {s['kernels_per_iter']:.0f} kernels run {s['kernel_us']:.1f} µs "
+            f"of its {s['period_us']:.0f}: the GPU is busy {s['busy']:.1%}") in text
+    assert s["busy"] < 0.5 and "host's pace" in text  # the claim the sentence makes
+
+
+def test_the_cache_steps_caption_spans_the_caps_step_times(df):
+    from rmsnorm_workbook.analysis import host as H
+    from rmsnorm_workbook.cli.report_captions import cache_steps_caption
+
+    t = H.cache_table(df, "h200").dropna(subset=["step µs"])
+    default = H.step_of(df, H.DEFAULT_IMPL, "h200")["time"]
+    text = cache_steps_caption(df, "h200")
+    assert (f"takes {t['step µs'].min() / 1e3:.1f} to {t['step µs'].max() / 1e3:.1f} ms against "
+            f"the library's call's {default / 1e3:.1f} ms") in text
+    assert t["step µs"].min() > default  # the sentence says the cached path is the slower

@@ -30,10 +30,10 @@ def run_bench(op: str, quick: bool, out: Optional[Path], tag: Optional[str],
               only_compiled: bool = False) -> int:
     from ..bench.runner import bench
 
-    if op == "host":  # launch paths, crossover and cache memory: workbook/rmsnorm_workbook/bench/host.py
+    if op == "host":  # launch paths, crossover and cache memory: bench/host.py
         from ..bench.host import bench_host
         outcome = bench_host(out=out, tag=tag, repeats=5 if quick else 15)
-    elif op == "model":  # the norm inside transformers models: workbook/rmsnorm_workbook/bench/model.py
+    elif op == "model":  # the norm inside transformers models: bench/model.py
         from ..bench.model import bench_model
         outcome = bench_model(out=out, tag=tag, quick=quick, with_compile=with_compile,
                               only_compiled=only_compiled)

@@ -22,8 +22,11 @@ from ..viz import sweeps
 from .bench import run_bench
 from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
                      writable_dir)
+from .report_captions import (CROSSOVER_CAPTION, EAGER_NOTE, FLOW_CAPTION,
+                              FUSED_VS_SPLIT_CAPTION, LAYOUT_CAPTION, cache_cap_caption,
+                              cache_steps_caption, eager_caption, timeline_caption)
 from .report_sections import (PEER_RATIO, fusion_caption, fusion_figure, gemm_section,
-                              newer_run, save_figure)
+                              names_section, newer_run, save_figure)
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
 
 
@@ -171,90 +174,11 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     return names
 
 
-#: the eager-vs-graph grid's second title line
-EAGER_NOTE = ("eager at small M times the host (the launch path and its noise), not the "
-              "kernel: compare kernels by the graph lines")
-
-
-def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
-    """The caveat under the eager-vs-graph grid of ``op``, with the lab's two implementations
-    whose kernels take the same time yet read furthest apart eagerly (``tables.eager_pair``),
-    where they read more than a quarter apart."""
-    text = ("Eager (`do_bench`) at small M is host-bound: it times the launch path and its "
-            "noise more than the kernel; read where the eager line leaves the graph line, not "
-            "the eager order of the implementations.")
-    pair = tables.eager_pair(df, op, gpu)
-    if pair is not None and pair["eager"][0] > 1.25 * pair["eager"][1]:
-        (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
-        same = (f"the same graph time ({ga:.1f} µs)" if f"{ga:.1f}" == f"{gb:.1f}" else
-                f"graph times within {tables.SAME_GRAPH:.0%} ({ga:.1f} and {gb:.1f} µs)")
-        a, b = (impl(n).style["label"] for n in (a, b))  # as the figure's legend names them
-        text += (f" At M={pair['M']}, two kernels with {same}, `{a}` and `{b}`, read "
-                 f"{ea:.0f} and {eb:.0f} µs eager (the pair is chosen as the furthest apart "
-                 "eagerly among the lab's kernels whose graph times lie within "
-                 f"{tables.SAME_GRAPH:.0%} of each other there).")
-    return text
-
-
-#: what the crossover figure's series are (notebook 03, section 5, draws one run of it)
-CROSSOVER_CAPTION = (
-    "The kernels' device times come from the runs of the sweeps that measured them, one series "
-    "a run (solid, hollow markers), as measured rather than joined into one curve. \"The "
-    "library's call\" is the default launch path (`cute.auto@tvm_ffi` in the tables); "
-    "\"launched from Python\" the same call made from Python (its launch path and autograd "
-    "node, `+python_node`) instead of the C++ extension, what a machine without a compiler "
-    "runs. Where a kernel's curve crosses a host line (a ring), that call stops being "
-    "host-bound. Notebook 03, section 5, draws it for one run.")
-
-
-def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
-    """What the cache-cap figure's memory panel draws (each bar: the step's peak counted from its
-    start, and stacked on it, hatched, the storage the cache pinned at that start), and why the
-    solid part of a bounded cap reads below the cache off (notebook 03, step 2), from
-    ``analysis.host.cache_memory_table``."""
-    from ..analysis import host as host_tables
-    from ..bench.host import LAYERS
-
-    mem = host_tables.cache_memory_table(df, LAYERS, gpu)
-    if "0" not in mem.index:
-        return ""
-    act = host_tables.CACHE_SHAPE[0] * host_tables.CACHE_SHAPE[1] * 2 / 2**20
-    capped = mem.drop(index=["0", "unbounded"], errors="ignore").dropna(subset=["peak MiB"])
-    text = ("Left panel: peak memory counted from what was allocated when the measured step "
-            "began, after one warm-up step (`step_peak_and_time`, `workbook/rmsnorm_workbook/bench/host.py`), "
-            "as the solid part of each bar; stacked on it, hatched, the storage the cache's "
-            f"handles held at that start (activation-sized tensors of {act:.0f} MiB each), "
-            "which that count leaves out. A bar's top is what the step needs beside "
-            "everything else.")
-    if not capped.empty:
-        off = (capped["below cap 0 (MiB)"] - capped["freed in the step (MiB)"]).abs().max()
-        caps = ", ".join(capped.index)
-        cap0 = mem.loc["0", "peak with pinned (MiB)"]
-        text += (" A bounded cache still holds handles of the warm-up step's last layers when "
-                 "the measured step begins ("
-                 + ", ".join(f"cap {c}: {int(n)}" for c, n in capped["pinned tensors"].items())
-                 + " tensors), and its FIFO frees them during the step: the solid parts of caps "
-                 f"{caps} read "
-                 + ", ".join(f"{v:,.0f}" for v in capped["below cap 0 (MiB)"])
-                 + " MiB below the cache off (cap 0), "
-                 + ("exactly what those tensors hold" if off < 1 else
-                    f"what those tensors hold to within {off:,.0f} MiB")
-                 + ", and their bars reach "
-                 + ", ".join(f"{v:,.0f}" for v in capped["peak with pinned (MiB)"])
-                 + f" MiB against cap 0's {cap0:,.0f}. They do not need less memory.")
-    if "unbounded" in mem.index:
-        n = int(mem.loc["unbounded", "pinned tensors"])
-        total = mem.loc["unbounded", "peak with pinned (MiB)"]
-        text += (f" Unbounded, nothing is evicted: {n} such tensors ({n * act:,.0f} MiB) stay "
-                 f"allocated after every step, its bar reaches {total:,.0f} MiB, and each step "
-                 "adds as many again, growth that a count from each step's start does not show "
-                 "(notebook 03, step 2 of section 3).")
-    return text
-
-
-def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List[str]:
-    """The other notebooks' data figures for one GPU: 02's fused/split ratio, 03's host µs per
-    launch path, host/device crossover, tensor-cache cost and nsys timeline."""
+def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path
+                      ) -> List[Tuple[str, str]]:
+    """The other notebooks' data figures for one GPU, each with its caption: 02's fused/split
+    ratio, 03's host µs per launch path, host/device crossover, tensor-cache cost and nsys
+    timeline."""
     from matplotlib.figure import Figure
 
     from ..profiling import trace as nsys_trace
@@ -263,7 +187,7 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
     g = df[df["gpu"] == gpu]
     names = []
 
-    def render(name, draw, size=(8, 4.5), panels=1):
+    def render(name, draw, size=(8, 4.5), panels=1, caption=""):
         fig = Figure(figsize=size, layout="constrained")
         axes = fig.subplots(1, panels) if panels > 1 else fig.subplots()
         try:
@@ -271,16 +195,20 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
         except (KeyError, ValueError) as e:  # not enough rows for this figure in these results
             print(f"report: {gpu} {name} not drawn ({e})", file=sys.stderr)
             return
-        names.append(save_figure(fig, out / f"{gpu}-{name}.png"))
+        names.append((save_figure(fig, out / f"{gpu}-{name}.png"), caption))
 
     if {"cute.fused", "cute.split"} <= set(g[g["op"] == "bwd"]["impl"]):
-        render("bwd-fused-vs-split", lambda ax: sweeps.plot_time_ratio(df, gpu=gpu, ax=ax))
+        render("bwd-fused-vs-split", lambda ax: sweeps.plot_time_ratio(df, gpu=gpu, ax=ax),
+               caption=FUSED_VS_SPLIT_CAPTION)
     if any("@" in i for i in g[g["path"] == "host"]["impl"]):
         render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6))
-        render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax))
+        render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax),
+               caption=CROSSOVER_CAPTION)
     if any(i.startswith("cute.auto@cached:") for i in g["impl"]):
         render("host-cache-cap", lambda axes: plots_host.plot_cache_cap(df, gpu=gpu, axes=axes),
-               (13, 4.5), panels=2)
+               (13, 4.5), panels=2,
+               caption=" ".join(filter(None, (cache_cap_caption(df, gpu),
+                                              cache_steps_caption(df, gpu)))))
     trace_dir = root.parent / "profiles" / gpu  # nsys exports beside results/, not in it
     if trace_dir.is_dir():
         try:
@@ -289,11 +217,12 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path) -> List
             print(f"report: {gpu} nsys trace not read ({e})", file=sys.stderr)
         else:
             render("nsys-timeline",
-                   lambda ax: plots_host.plot_timeline(trace, first=10, ax=ax), (11, 4.5))
+                   lambda ax: plots_host.plot_timeline(trace, first=10, ax=ax), (11, 4.5),
+                   caption=timeline_caption(trace))
     return names
 
 
-def _explainer_figures(out: Path) -> List[str]:
+def _explainer_figures(out: Path) -> List[Tuple[str, str]]:
     """The figures that need no measurements: notebook 01's thread/value layout of the row and
     warp kernels, notebook 02's data flow of the split and fused backward."""
     import torch
@@ -308,13 +237,22 @@ def _explainer_figures(out: Path) -> List[str]:
     for ax, variant in zip(fig.subplots(2, 1, height_ratios=(1, 3)), ("row", "warp")):
         draw_row_layout(plan_forward(variant, 4096, torch.bfloat16, torch.bfloat16, "llama",
                                      True, True), ax=ax, lanes=8)
-    names.append(save_figure(fig, out / "layout-row-and-warp-4096-bf16.png"))
+    names.append((save_figure(fig, out / "layout-row-and-warp-4096-bf16.png"), LAYOUT_CAPTION))
     flows, sizes = flow_plot.backward_flows(16384, 4096, 132)
     fig = Figure(figsize=(15, 4.8), layout="constrained")
     for ax, (mode, steps) in zip(fig.subplots(1, 2), flows.items()):
         flow_plot.draw_flow(ax, f"{mode}: 16384×4096 bf16", steps, sizes, kernels="library")
-    names.append(save_figure(fig, out / "backward-data-flow-16384x4096-bf16.png"))
+    names.append((save_figure(fig, out / "backward-data-flow-16384x4096-bf16.png"),
+                  FLOW_CAPTION))
     return names
+
+
+def figure_lines(figures: List[Tuple[str, str]]) -> List[str]:
+    """Markdown for figures ``(file name, caption)``, each caption under its figure."""
+    md: List[str] = []
+    for name, caption in figures:
+        md += [f"![{name}]({name})", ""] + ([caption, ""] if caption else [])
+    return md
 
 
 def _quiet(_: str) -> None:
@@ -330,13 +268,14 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     md = ["## How it was measured", "",
           f"Measured by this lab's benchmark; results read from `{shown_path(root)}` (figures "
           "quoted from elsewhere, in `results/reported/`, appear only in the section across "
-          "GPUs, labelled reported). `graph` is device time by CUDA-graph replay with L2-cold inputs; "
+          "GPUs, labelled reported). `graph` is device time by CUDA-graph replay with L2-cold "
+          "inputs; "
           "`eager` is `triton.testing.do_bench` "
           "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
           "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
-          "in the same run. `cute.auto-pdl` is `cute.auto` with programmatic dependent launch "
-          f"taken away. Read: {count_line(df, root)}.", ""]
+          f"in the same run. Read: {count_line(df, root)}.", ""]
+    md += names_section(df)
     headline = []
     gpus = sorted(df["gpu"].unique())
     # one step per (gpu, op), one per gpu (its other figures), the explainers, the GPU
@@ -399,15 +338,11 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
         extra = _notebook_figures(df, gpu, out, root)
         if extra:
             md += ["### backward and host figures (notebooks 02 and 03)", ""]
-            captions = {f"{gpu}-host-cache-cap.png": cache_cap_caption(df, gpu),
-                        f"{gpu}-host-crossover.png": CROSSOVER_CAPTION}
-            for name in extra:
-                md += [f"![{name}]({name})", ""]
-                md += [captions[name], ""] if captions.get(name) else []
+            md += figure_lines(extra)
     progress(f"[{next(step)}/{total}] how the kernels work: thread layout and backward "
              "data flow (notebooks 01 and 02)")
     md += ["## How the kernels work (notebooks 01 and 02)", ""]
-    md += [f"![{name}]({name})\n" for name in _explainer_figures(out)]
+    md += figure_lines(_explainer_figures(out))
     # notebooks 04 and 05's figures (reads only, no compiling)
     from .report_sections import gpu_section, model_section
 

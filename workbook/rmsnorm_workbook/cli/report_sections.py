@@ -19,9 +19,10 @@ from ..analysis import tables
 from ..analysis.tables import markdown_table
 from ..bench.fp8_gemm import CHAINS as GEMM_CHAINS, error_log
 from ..bench.qk_rope import ROWS_PER_TOKEN
-from ..legend import impl
+from ..legend import glossary, impl
 from ..analysis.reported import load_reported, pr_era_host
 from ..analysis.specs import SPECS, bandwidth_table
+from .report_captions import GPUS_CROSSOVER_CAPTION, ROOFLINE_CAPTION
 
 if TYPE_CHECKING:
     from .report_summary import Findings
@@ -51,7 +52,8 @@ def calibration_caveat(check: pd.DataFrame) -> str:
 
 
 #: what a q/k op moves beyond its copy's head rows, by the bench's bytes (``bench.qk_rope``):
-#: cos and sin, 2·T·N·s, against the copy's 2·M·N·s (forward) or 3·M·N·s (backward), M = T·heads
+#: cos and sin, 2·T·N·s, against the copy's 2·M·N·s (forward) or 3·M·N·s (backward),
+#: M = T·heads
 ROPE_EXTRA = {"fwd-qk-rope": f"cos and sin, {100 / ROWS_PER_TOKEN:.1f}% more",
               "bwd-qk-rope": f"cos and sin, {200 / (3 * ROWS_PER_TOKEN):.1f}% more, nor rstd"}
 
@@ -59,6 +61,19 @@ ROPE_EXTRA = {"fwd-qk-rope": f"cos and sin, {100 / ROWS_PER_TOKEN:.1f}% more",
 PEER_RATIO = ("lab / best peer: the lab's fused kernel's time over the fastest peer's, a peer "
               "being any implementation not named `cute.*` or `triton.*` (the lab's) (below 1: "
               "the lab is faster)")
+
+
+def names_section(df: pd.DataFrame) -> List[str]:
+    """What each implementation named in the tables is, and each part a name adds to it
+    (``legend.glossary``); the lessons' teaching kernels (``teach.*``) are their notebooks'."""
+    rows = glossary(n for n in df["impl"].unique() if not n.startswith("teach."))
+    if not rows:
+        return []
+    return (["### Names in the tables", "",
+             "A name is an implementation and the parts added to it: `cute.auto@cached+autograd` "
+             "is `cute.auto`, launched by `@cached`, with `+autograd`.", "",
+             "| name | what it is |", "|---|---|"]
+            + [f"| `{name}` | {about} |" for name, about in rows] + [""])
 
 
 def newer_run(name: str, gpu: str, fusions: Dict[str, Dict[str, pd.DataFrame]]) -> str:
@@ -209,12 +224,12 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
     fig = Figure(figsize=(4.6 * len(gpus) + 2.4, 4.2), layout="constrained")
     figures.plot_speed_of_light(speed.sol_points(df, reported, cal), gpus, df=df,
                                 axes=fig.subplots(1, len(gpus), sharey=True))
-    names.append(save_figure(fig, out / "gpus-roofline.png"))
+    names.append((save_figure(fig, out / "gpus-roofline.png"), ROOFLINE_CAPTION))
     if not hosts.empty:
         fig = Figure(figsize=(4.2 * len(gpus) + 2.4, 4.0), layout="constrained")
         figures.plot_crossover(df, cal=cal, hosts=hosts,
                                axes=fig.subplots(1, len(gpus), sharey=True))
-        names.append(save_figure(fig, out / "gpus-crossover.png"))
+        names.append((save_figure(fig, out / "gpus-crossover.png"), GPUS_CROSSOVER_CAPTION))
         fig = Figure(figsize=(11, 4.6), layout="constrained")
         liger = pr["pair"].str.startswith("liger")
         scenario = (pr_era[pr_era["pair"].str.startswith("liger")]
@@ -222,7 +237,7 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
         figures.plot_reported_vs_modelled(
             pr[liger], scenario, f"per call, CuTe host {era:.0f} µs as reported "
             f"({MODELLED} scenario)", ax=fig.subplots())
-        names.append(save_figure(fig, out / "gpus-reported-vs-modelled.png"))
+        names.append((save_figure(fig, out / "gpus-reported-vs-modelled.png"), ""))
         verdict = model.finding(pr)
         if findings is not None:
             findings.verdict = dict(verdict)
@@ -275,7 +290,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
                "not a measurement):", "",
                markdown_table(ptx[[c for c in keep if c in ptx.columns]], 0),
                ""]
-    md += [f"![{n}]({n})" for n in names] + [""]
+    for name, caption in names:
+        md += [f"![{name}]({name})", ""] + ([caption, ""] if caption else [])
     return md, headline
 
 
