@@ -372,8 +372,10 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
                     "graph nodes, opaque to Inductor; `@decompose`, the lab stepping aside as it "
                     "does by default (Inductor compiles its math); `+qk`, Qwen3's q/k norms and "
                     "RoPE as one op:"] if n == 0 else
-                   ["The fused prologue as a graph node (`compile.lab+qk`) against torch's "
-                    "compiled norms, in a run of its own:"]) + [
+                   ["The fused prologue as a graph node (`compile.lab+qk`)"
+                    + (" and decomposed (`compile.lab+qk@decompose`)"
+                       if ("qwen3", "compile.lab+qk@decompose") in ct.index else "")
+                    + " against torch's compiled norms, in a run of its own:"]) + [
                 "", markdown_table(ct.reset_index(), 2), ""]
         for arch in archs:
             if (arch, "lab") in ratios.index:
