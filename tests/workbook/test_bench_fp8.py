@@ -198,7 +198,9 @@ def test_a_fused_ops_caption_warns_where_another_gpu_holds_a_newer_run_of_other_
     fusions = {"h200": {"fwd-fp8": table("old1", "2026-12-01T10:00:00")},
                "h100_sxm": {"fwd-fp8": table("new2", "2026-12-06T10:00:00")}}
     warning = newer_run("fwd-fp8", "h200", fusions)
-    assert "older than the H100 SXM's (new2, 2026-12-06)" in warning
+    # to the minute: runs of one day are told apart
+    assert ("This run (2026-12-01 10:00 UTC) is older than the H100 SXM's (new2, 2026-12-06 "
+            "10:00)") in warning
     assert warning in fusion_caption("fwd-fp8", fusions["h200"]["fwd-fp8"], warning)
     assert newer_run("fwd-fp8", "h100_sxm", fusions) == ""
     fusions["h100_sxm"]["fwd-fp8"] = table("old1", "2026-12-06T10:00:00")

@@ -215,8 +215,8 @@ def test_eager_caption_names_kernels_alike_by_graph_and_apart_eagerly(df):
         assert f"{ga:.1f} and {gb:.1f}" not in text
     else:
         times = f"graph times within 2% ({ga:.1f} and {gb:.1f} µs)"
-    la, lb = (impl(n).label or n for n in (a, b))  # as the figure's legend names them
-    assert (f"At M={pair['M']}, two kernels with {times}, `{la}` and `{lb}`, read {ea:.0f} and "
+    # named as the tables name them (the figure's panel titles are the legend's words)
+    assert (f"At M={pair['M']}, two kernels with {times}, `{a}` and `{b}`, read {ea:.0f} and "
             f"{eb:.0f} µs eager") in text
     assert "chosen as the furthest apart eagerly" in text
     # graph times that differ in the first decimal are both given, with the tolerance

@@ -350,6 +350,20 @@ def test_bandwidth_plot_highlights_at_most_five_series_and_shows_the_differences
     assert named.get_legend() is not None
 
 
+def test_the_other_lab_kernel_drawn_is_the_one_fastest_at_the_most_widths():
+    """A kernel measured at one width only (cute.cluster at the widest row) must not win the
+    pick on its mean over that one width against kernels faster there and elsewhere."""
+    rows = [("cute.auto", n, 3000) for n in (1024, 4096, 16384)]
+    rows += [("cute.staged", n, g) for n, g in ((1024, 2900), (4096, 3100), (16384, 3950))]
+    rows += [("cute.row", n, g) for n, g in ((1024, 2950), (4096, 3050), (16384, 3000))]
+    rows += [("cute.cluster", 16384, 3815)]
+    rows += [(p, n, 2000 + k) for k, p in enumerate(("quack", "flashinfer", "liger.triton",
+                                                     "torch.native")) for n in (1024, 4096)]
+    d = pd.DataFrame(rows, columns=["impl", "N", "p50"])
+    shown = plots.highlight(d, "N", limit=3)
+    assert "cute.staged" in shown and "cute.cluster" not in shown, shown
+
+
 def test_tables_leave_out_the_teaching_kernels():
     df = many_impls_df(3)
     assert "teach.cta_row" not in tables.bandwidth_table(df, "fwd")["GB/s"].columns

@@ -52,13 +52,13 @@ IMPLS: Tuple[Impl, ...] = (
     Impl("cute.staged", "lab", _ORANGE, "-", "D",
          about="rows ringed through shared memory by cp.async, a persistent grid"),
     Impl("cute.fused", "lab", _SKY, "-", "s",
-         about="backward in one kernel: dX and dW's partial rows, then dW's reduction"),
+         about="backward: one kernel writes dX and dW's partial rows, a second sums them"),
     Impl("cute.split", "lab", _PURPLE, "-", "^",
-         about="backward in two kernels, dX then dW, then dW's reduction"),
+         about="backward: dX and dW's partial rows by kernels of their own, a third sums them"),
     Impl("triton.row", "lab", _GREEN, "-.", "D",
          about="the lab's Triton forward, one program a row"),
     Impl("triton.split", "lab", _GREEN, "-.", "D",
-         about="the lab's Triton backward: dX and dW's partial rows, one program an SM"),
+         about="the lab's Triton backward: dX and dW's partial rows, a program an SM"),
     # peers: dashed lines, open markers
     Impl("liger.triton", "peer", _ORANGE, "--", "P", about="Liger-Kernel's Triton RMSNorm"),
     Impl("liger.cutedsl", "peer", _VERMILLION, "--", "X",
@@ -93,12 +93,14 @@ _IMPL_BY_NAME = {i.name: i for i in IMPLS}
 #: the parts of a compound name (``cute.auto@cached+autograd``, ``cute.auto+fp8.unfused``): as
 #: the report lists it, the pattern that finds it in a name, what it adds
 NAME_PARTS: Tuple[Tuple[str, str, str], ...] = (
-    ("@tvm_ffi", r"@tvm_ffi", "the library's call through its C++ extension (the default)"),
+    ("@tvm_ffi", r"@tvm_ffi", "the library's call (the default): the kernel compiled for "
+     "TVM-FFI takes torch's tensors as they are"),
     ("@compiled", r"@compiled", "a kernel compiled once, its tensors marshalled every call"),
     ("@cached", r"@cached(?!:)", "as @compiled, each tensor's handle kept in a bounded FIFO"),
     ("@cached:<cap>", r"@cached:", "the handle FIFO capped at <cap> (unbounded: no cap)"),
     ("@jit", r"@jit", "the cute.jit function called, its compilation looked up every call"),
-    ("+python_node", r"\+python_node", "launched from Python, not from the C++ extension"),
+    ("+python_node", r"\+python_node", "launched, and its autograd node kept, in Python "
+     "rather than by the library's C++ extension"),
     ("+nvtx", r"\+nvtx", "with NVTX ranges on"),
     ("+settings_per_call", r"\+settings_per_call", "the settings read before every call"),
     ("+varying_m", r"\+varying_m", "every call another row count"),
@@ -110,11 +112,14 @@ NAME_PARTS: Tuple[Tuple[str, str, str], ...] = (
     (".unfused.inductor", r"\.unfused\.inductor", "the bf16 norm, then an Inductor kernel"),
     ("+scaled_mm", r"\+scaled_mm", "then torch._scaled_mm with row-wise scales"),
     ("+bf16+mm", r"\+bf16\+mm", "the bf16 norm, then a bf16 GEMM"),
-    (".qk", r"\.qk\+", "the lab's one op for q/k norms and RoPE (qk_norm_rope)"),
-    ("+rope", r"\+rope", "the q/k norms, then the rotary embedding (the attention prologue)"),
+    ("cute.qk", r"^cute\.qk\+", "the lab's q/k norms and RoPE as one op (qk_norm_rope), CuTe"),
+    ("triton.qk", r"^triton\.qk\+", "the same op on the lab's Triton kernels"),
+    ("+rope", r"\+rope", "the workload: q/k norms, then the rotary embedding (attention's "
+     "prologue)"),
     ("+rope.eager", r"\+rope\.eager", "the rotary embedding as transformers' eager ops"),
     ("torch.eager", r"^torch\.eager", "transformers' Qwen3RMSNorm arithmetic in eager ops"),
-    ("liger.rope", r"^liger\.rope", "the lab's norms, then Liger-Kernel's Triton RoPE"),
+    ("liger.rope", r"^liger\.rope", "the lab's norms, then Liger-Kernel's Triton RoPE: a peer "
+     "in its RoPE alone"),
 )
 #: prefixes of the lab's own implementation names
 LAB_PREFIXES: Tuple[str, ...] = ("cute.", "triton.")

@@ -22,9 +22,10 @@ from ..viz import sweeps
 from .bench import run_bench
 from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
                      writable_dir)
-from .report_captions import (CROSSOVER_CAPTION, EAGER_NOTE, FLOW_CAPTION,
-                              FUSED_VS_SPLIT_CAPTION, LAYOUT_CAPTION, cache_cap_caption,
-                              cache_steps_caption, eager_caption, timeline_caption)
+from .report_captions import (BANDWIDTH_CAPTION, CROSSOVER_CAPTION, EAGER_NOTE, FLOW_CAPTION,
+                              FUSED_VS_SPLIT_CAPTION, HOST_PER_PATH_CAPTION, LAYOUT_CAPTION,
+                              cache_cap_caption, cache_steps_caption, eager_caption,
+                              timeline_caption)
 from .report_sections import (PEER_RATIO, fusion_caption, fusion_figure, gemm_section,
                               names_section, newer_run, save_figure)
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
@@ -201,7 +202,8 @@ def _notebook_figures(df: pd.DataFrame, gpu: str, out: Path, root: Path
         render("bwd-fused-vs-split", lambda ax: sweeps.plot_time_ratio(df, gpu=gpu, ax=ax),
                caption=FUSED_VS_SPLIT_CAPTION)
     if any("@" in i for i in g[g["path"] == "host"]["impl"]):
-        render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6))
+        render("host-per-path", lambda ax: plots_host.plot_host(df, gpu=gpu, ax=ax), (9, 6),
+               caption=HOST_PER_PATH_CAPTION)
         render("host-crossover", lambda ax: plots_host.plot_crossover(df, gpu=gpu, ax=ax),
                caption=CROSSOVER_CAPTION)
     if any(i.startswith("cute.auto@cached:") for i in g["impl"]):
@@ -284,9 +286,14 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                    if not (t := tables.bandwidth_table(df, op, gpu)).empty} for gpu in gpus}
     fusions = {gpu: {name: t for name in tables.FUSIONS
                      if not (t := tables.fusion_table(df, name, gpu)).empty} for gpu in gpus}
-    gpus = [gpu for gpu in gpus if swept[gpu] or fusions[gpu]]  # a section: something to show
-    findings.fused = {gpu: list(dict.fromkeys(tables.FUSION_TOPICS[n] for n in fusions[gpu]))
-                      for gpu in gpus if fusions[gpu]}
+    # a section where there is something to show, the GPU with the most sweeps first
+    gpus = sorted((gpu for gpu in gpus if swept[gpu] or fusions[gpu]),
+                  key=lambda gpu: -len(swept[gpu]))
+    added = {gpu for gpu in gpus if any(not tables.fused_add_table(df, op, gpu).empty
+                                        for op in ("fwd", "bwd"))}
+    findings.fused = {gpu: ["fused residual add"] * (gpu in added) + list(dict.fromkeys(
+        tables.FUSION_TOPICS[n] for n in fusions[gpu])) for gpu in gpus
+        if fusions[gpu] or gpu in added}
     total = sum(len(swept[gpu]) + 1 for gpu in gpus) + 3
     step = iter(range(1, total + 1))
     for gpu in gpus:
@@ -310,10 +317,10 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                              table[part].to_string(float_format=lambda v: f"{v:.0f}",
                                                    sparsify=False), ""]  # every row's M
             md += host_section(df, op, gpu)
-            for name in _figures(df, gpu, op, out):
-                md += [f"![{name}]({name})", ""]
-                if name.endswith("-eager-vs-graph.png"):
-                    md += [eager_caption(df, op, gpu), ""]
+            md += figure_lines([(name, eager_caption(df, op, gpu)
+                                 if name.endswith("-eager-vs-graph.png") else
+                                 BANDWIDTH_CAPTION.format(x=name.rsplit("-", 1)[1][0]))
+                                for name in _figures(df, gpu, op, out)])
         for op in ("fwd", "bwd"):
             add = tables.fused_add_table(df, op, gpu)
             if not add.empty:

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from ..analysis import tables
-from ..legend import impl
+from ..analysis.host import HOST_SHAPE
 
 #: the eager-vs-graph grid's second title line
 EAGER_NOTE = ("eager at small M times the host (the launch path and its noise), not the "
@@ -27,7 +27,6 @@ def eager_caption(df: pd.DataFrame, op: str, gpu: str) -> str:
         (a, b), (ga, gb), (ea, eb) = pair["impls"], pair["graph"], pair["eager"]
         same = (f"the same graph time ({ga:.1f} µs)" if f"{ga:.1f}" == f"{gb:.1f}" else
                 f"graph times within {tables.SAME_GRAPH:.0%} ({ga:.1f} and {gb:.1f} µs)")
-        a, b = (impl(n).style["label"] for n in (a, b))  # as the figure's legend names them
         text += (f" At M={pair['M']}, two kernels with {same}, `{a}` and `{b}`, read "
                  f"{ea:.0f} and {eb:.0f} µs eager (the pair is chosen as the furthest apart "
                  "eagerly among the lab's kernels whose graph times lie within "
@@ -168,3 +167,28 @@ GPUS_CROSSOVER_CAPTION = (
     "against the row count (a curve: measured on the H200, modelled on the others). Left of "
     "a ring, where the curve meets its line, the call is host-bound: a faster kernel would "
     "not make it faster.")
+
+#: the bandwidth sweeps' figures, ``x`` the axis swept (M or N)
+BANDWIDTH_CAPTION = (
+    "GB/s: the op's least DRAM traffic over its median CUDA-graph time, a band from p20 to "
+    "p80, against {x}. Drawn: `cute.auto`, the other lab kernel fastest at the most values of "
+    "{x}, and the peers fastest at the most; the dotted line is the 1 GiB copy measured in the "
+    "same run, read as a percentage on the right axis. The table above has every "
+    "implementation.")
+
+#: notebook 03's host time per launch path
+HOST_PER_PATH_CAPTION = (
+    f"CPU µs per call at {HOST_SHAPE[0]}x{HOST_SHAPE[1]} bf16 (median, whiskers p20-p80, log "
+    "scale), every implementation's calls interleaved with the others' on one host, for three "
+    "workloads: inference, inputs that need grad (the autograd graph recorded), and the "
+    "forward with its backward. The first rows are `cute.auto` reached by each launch path "
+    "(the key under the legend); a point off the scale is drawn hollow at the right edge, its "
+    "value beside it.")
+
+#: notebook 04's reported-against-modelled figure
+REPORTED_CAPTION = (
+    "Liger-Kernel's CuTe DSL forward over its Triton one at 4096 columns (below 1: CuTe is "
+    "faster), per GPU and row count, parity within 5% shaded: the kernels alone and the call "
+    "with its host time as the model gives them, the ratios the pull request reported (stars), "
+    "the H200's eager ratio as measured, and the call with the CuTe host cost the pull request "
+    "reported (the scenario).")

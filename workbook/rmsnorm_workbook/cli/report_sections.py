@@ -22,7 +22,7 @@ from ..bench.qk_rope import ROWS_PER_TOKEN
 from ..legend import glossary, impl
 from ..analysis.reported import load_reported, pr_era_host
 from ..analysis.specs import SPECS, bandwidth_table
-from .report_captions import GPUS_CROSSOVER_CAPTION, ROOFLINE_CAPTION
+from .report_captions import GPUS_CROSSOVER_CAPTION, REPORTED_CAPTION, ROOFLINE_CAPTION
 
 if TYPE_CHECKING:
     from .report_summary import Findings
@@ -86,10 +86,12 @@ def newer_run(name: str, gpu: str, fusions: Dict[str, Dict[str, pd.DataFrame]]) 
              and t.attrs["run"][0] != mine.attrs["run"][0]]
     if not newer:
         return ""
-    other = max(newer)[1]
-    commit, day = fusions[other][name].attrs["run"]
-    return (f" This run is older than the {gpu_title(other)}'s ({commit}, {day}): the kernels "
-            "may have changed in between, so compare the two GPUs' rows with care.")
+    stamp, other = max(newer)
+    commit, _ = fusions[other][name].attrs["run"]
+    when = lambda ts: str(ts)[:16].replace("T", " ")  # noqa: E731  to the minute, UTC
+    return (f" This run ({when(mine.attrs['timestamp'])} UTC) is older than the "
+            f"{gpu_title(other)}'s ({commit}, {when(stamp)}): the kernels may have changed in "
+            "between, so compare the two GPUs' rows with care.")
 
 
 def fusion_caption(name: str, t: pd.DataFrame, warning: str = "") -> str:
@@ -105,6 +107,9 @@ def fusion_caption(name: str, t: pd.DataFrame, warning: str = "") -> str:
                      if c == ceiling else f"; {c}: {impl(c).label or c}"
                      for c in (ceiling, *others) if c in t)
     rows = f"; M counts head rows (tokens × {ROWS_PER_TOKEN} heads)" if rope else ""
+    if rope and "liger.rope" in t:
+        rows += ("; `liger.rope` is the lab's norms then Liger-Kernel's RoPE, so against it the "
+                 "ratio weighs the fusion alone")
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
             f"(commit {commit}, {day}){copies}{rows}; {PEER_RATIO}. At ten µs a call or less, "
             "launch and the last wave of CTAs weigh as much as bytes; the copy is a kernel too, "
@@ -237,7 +242,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
         figures.plot_reported_vs_modelled(
             pr[liger], scenario, f"per call, CuTe host {era:.0f} µs as reported "
             f"({MODELLED} scenario)", ax=fig.subplots())
-        names.append((save_figure(fig, out / "gpus-reported-vs-modelled.png"), ""))
+        names.append((save_figure(fig, out / "gpus-reported-vs-modelled.png"),
+                      REPORTED_CAPTION))
         verdict = model.finding(pr)
         if findings is not None:
             findings.verdict = dict(verdict)
@@ -371,7 +377,8 @@ def model_section(steps: pd.DataFrame, out: Path, findings: Optional["Findings"]
                     "model with torch's norms compiled): `compile.lab` has the lab's norms as "
                     "graph nodes, opaque to Inductor; `@decompose`, the lab stepping aside as it "
                     "does by default (Inductor compiles its math); `+qk`, Qwen3's q/k norms and "
-                    "RoPE as one op:"] if n == 0 else
+                    "RoPE as one op; `shipped`, transformers' model as built, not compiled, for "
+                    "scale:"] if n == 0 else
                    ["The fused prologue as a graph node (`compile.lab+qk`)"
                     + (" and decomposed (`compile.lab+qk@decompose`)"
                        if ("qwen3", "compile.lab+qk@decompose") in ct.index else "")

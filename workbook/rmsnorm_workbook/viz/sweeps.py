@@ -96,27 +96,35 @@ def legend_outside(ax, where: str = "right", offset: float = 1.02, **kw) -> None
 def highlight(d: pd.DataFrame, x: str, limit: int = MAX_SERIES - 1,
               keep: Sequence[str] = ("cute.auto",)) -> list:
     """At most ``limit`` implementations of ``d`` (bandwidth rows) to draw: those of ``keep``
-    that were measured, the fastest other lab kernel, then the peers that are the fastest peer
-    at some ``x`` (those winning most first: a peer best at one width must not hide behind a
-    better mean), then the fastest peers by their mean median GB/s over ``x`` and, if room is
-    left, the next fastest of any; returned in the registry's order."""
+    that were measured, the fastest other lab kernel, then the peers, each ranked by the ``x``
+    values at which it is the fastest of its kind (those winning most first: one best at one
+    width must not hide behind a better mean, nor one measured at a single width win on its
+    mean), then by their mean median GB/s over ``x``, and, if room is left, the next fastest of
+    any; returned in the registry's order."""
     names = impl_order(d["impl"])
     if len(names) <= limit:
         return names
     chosen = [k for k in keep if k in names][:limit]
     mean = d.groupby("impl")["p50"].mean().sort_values(ascending=False)
-    lab = [n for n in mean.index if n.startswith(LAB_PREFIXES) and n not in chosen]
-    peer_rows = d[~d["impl"].astype(str).str.startswith(LAB_PREFIXES)]
-    wins = (peer_rows.loc[peer_rows.groupby(x)["p50"].idxmax(), "impl"].value_counts()
-            if len(peer_rows) else pd.Series(dtype=int))
-    winners = sorted(wins.index, key=lambda n: (-wins[n], -mean[n]))
-    peers = winners + [n for n in mean.index if not n.startswith(LAB_PREFIXES)]
+    is_lab = d["impl"].astype(str).str.startswith(LAB_PREFIXES)
+    lab = _by_wins(d[is_lab & ~d["impl"].isin(chosen)], x, mean)
+    peers = _by_wins(d[~is_lab], x, mean)
     for name in lab[:1] + peers + list(mean.index):
         if len(chosen) >= limit:
             break
         if name not in chosen:
             chosen.append(name)
     return impl_order(chosen)
+
+
+def _by_wins(rows: pd.DataFrame, x: str, mean: pd.Series) -> list:
+    """The implementations of ``rows``, those fastest at the most ``x`` values first, then by
+    ``mean``; the ones never fastest after them."""
+    if rows.empty:
+        return []
+    wins = rows.loc[rows.groupby(x)["p50"].idxmax(), "impl"].value_counts()
+    names = rows["impl"].unique()
+    return sorted(names, key=lambda n: (-wins.get(n, 0), -mean[n]))
 
 
 def _percent_axis(ax, ceiling: float) -> None:
