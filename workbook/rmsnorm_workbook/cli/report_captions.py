@@ -91,8 +91,6 @@ def cache_cap_caption(df: pd.DataFrame, gpu: str) -> str:
     return text
 
 
-
-
 def cache_steps_caption(df: pd.DataFrame, gpu: str) -> str:
     """What the cache-cap figure's step-time panel draws, with its range over the caps against
     the library's call, from ``analysis.host.cache_table`` and ``step_of``."""
