@@ -215,8 +215,8 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
         md += ["No CUDA-graph measurements to calibrate the model on: nothing to model.", ""]
         return md, headline
     md += ["Bandwidth, datasheet vs measured copy; each GPU's copy as measured in the run "
-           "named (of its forward runs, the one that measured the most rows), the copy that "
-           "run's cells of the forward's `% of copy` table are divided by:", "",
+           "named (of its forward runs, the one that measured the most rows; where the GPU "
+           "has a forward sweep, the copy its `% of copy` cells are divided by):", "",
            markdown_table(_named(bandwidth_table(df).drop(columns="kind")), 0), ""]
     hosts = model.host_costs(df)
     pr = model.pr_comparison(df, reported, cal=cal, hosts=hosts)
@@ -293,7 +293,11 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
         keep = ["kernel", "arch", "registers", "spill_bytes", "ld.global 16B", "st.global 16B",
                 "shuffles", "barriers", "instructions", "fma", "mul", "packed f32x2"]
         md += ["Compiled code, sm_90a vs sm_100a (from the cached PTX table; compiler output, "
-               "not a measurement):", "",
+               "not a measurement). Each kernel is bf16 at 4096 columns unless its N is named: "
+               "`fwd.<variant>` the forward's variants (`cute.<variant>` in the tables), "
+               "`fwd.fallback` the one for any width, one element a copy; `bwd.fused` the fused "
+               "backward, `bwd.dx` and `bwd.dw` the split one's two kernels; chunked, a row too "
+               "wide for the registers walked in chunks:", "",
                markdown_table(ptx[[c for c in keep if c in ptx.columns]], 0),
                ""]
     for name, caption in names:
