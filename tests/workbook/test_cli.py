@@ -234,6 +234,11 @@ def test_report_on_the_recorded_results_without_a_gpu(tmp_path):
                       ("gpus-crossover.png", "Per GPU, the forward at 4096 columns")):
         assert md.split(f"![{fig}]({fig})")[1].lstrip().startswith(says), fig
     assert "Right panel: the same step's eager time per cap" in md
+    # a sweep's caption names the ceiling line where the figure draws one (full has none)
+    caption = lambda fig: md.split(f"![{fig}]({fig})")[1].lstrip().split("\n")[0]  # noqa: E731
+    assert "the dotted line is the 1 GiB `copy`" in caption("h200-fwd-bandwidth-vs-M.png")
+    assert "the dotted line is the 1 GiB `copy2r1w`" in caption("h200-bwd-bandwidth-vs-N.png")
+    assert "dotted" not in caption("h200-full-bandwidth-vs-N.png")
     # every name in the tables is in the list of names, the summary names its ceilings so
     names = md.split("### Names in the tables")[1].split("\n## ")[0]
     assert "| `cute.auto` |" in names and "| `copy2r1w` |" in names

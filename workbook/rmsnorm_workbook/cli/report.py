@@ -22,10 +22,10 @@ from ..viz import sweeps
 from .bench import run_bench
 from .common import (EXIT_FAILED, EXIT_USAGE, UsageError, error, existing_dir, reason,
                      writable_dir)
-from .report_captions import (BANDWIDTH_CAPTION, CROSSOVER_CAPTION, EAGER_NOTE, FLOW_CAPTION,
+from .report_captions import (CROSSOVER_CAPTION, EAGER_NOTE, FLOW_CAPTION,
                               FUSED_VS_SPLIT_CAPTION, HOST_PER_PATH_CAPTION, LAYOUT_CAPTION,
-                              cache_cap_caption, cache_steps_caption, eager_caption,
-                              timeline_caption)
+                              bandwidth_caption, cache_cap_caption, cache_steps_caption,
+                              eager_caption, timeline_caption)
 from .report_sections import (PEER_RATIO, fusion_caption, fusion_figure, gemm_section,
                               names_section, newer_run, save_figure)
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
@@ -319,7 +319,7 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
             md += host_section(df, op, gpu)
             md += figure_lines([(name, eager_caption(df, op, gpu)
                                  if name.endswith("-eager-vs-graph.png") else
-                                 BANDWIDTH_CAPTION.format(x=name.rsplit("-", 1)[1][0]))
+                                 bandwidth_caption(df, op, gpu, name.rsplit("-", 1)[1][0]))
                                 for name in _figures(df, gpu, op, out)])
         for op in ("fwd", "bwd"):
             add = tables.fused_add_table(df, op, gpu)

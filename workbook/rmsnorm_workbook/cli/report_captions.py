@@ -166,13 +166,17 @@ GPUS_CROSSOVER_CAPTION = (
     "a ring, where the curve meets its line, the call is host-bound: a faster kernel would "
     "not make it faster.")
 
-#: the bandwidth sweeps' figures, ``x`` the axis swept (M or N)
-BANDWIDTH_CAPTION = (
-    "GB/s: the op's least DRAM traffic over its median CUDA-graph time, a band from p20 to "
-    "p80, against {x}. Drawn: `cute.auto`, the other lab kernel fastest at the most values of "
-    "{x}, and the peers fastest at the most; the dotted line is the 1 GiB copy measured in the "
-    "same run, read as a percentage on the right axis. The table above has every "
-    "implementation.")
+def bandwidth_caption(df: pd.DataFrame, op: str, gpu: str, x: str) -> str:
+    """What a bandwidth sweep's figure of ``op`` against ``x`` (M or N) draws: the lines it
+    picks (``viz.sweeps.highlight``) and, where ``op``'s ceiling was measured, its line."""
+    text = ("GB/s: the op's least DRAM traffic over its median CUDA-graph time, a band from p20 "
+            f"to p80, against {x}. Drawn: `cute.auto`, the other lab kernel fastest at the most "
+            f"values of {x}, and the peers fastest at the most")
+    if tables.ceiling_gbps(df, op, gpu) is not None:
+        text += (f"; the dotted line is the 1 GiB `{tables.CEILING_OF_OP[op]}` measured in the "
+                 "same run, read as a percentage on the right axis")
+    return text + ". The table above has every implementation."
+
 
 #: notebook 03's host time per launch path
 HOST_PER_PATH_CAPTION = (
