@@ -56,7 +56,8 @@ IMPLS: Tuple[Impl, ...] = (
     Impl("cute.split", "lab", _PURPLE, "-", "^",
          about="backward: dX and dW's partial rows by kernels of their own, a third sums them"),
     Impl("triton.row", "lab", _GREEN, "-.", "D",
-         about="the lab's Triton forward, one program a row"),
+         about="the lab's Triton forward, one program a row (in host tables of `full`, the "
+               "Triton backend's whole call, its backward too)"),
     Impl("triton.split", "lab", _GREEN, "-.", "D",
          about="the lab's Triton backward: dX and dW's partial rows, a program an SM"),
     # peers: dashed lines, open markers
