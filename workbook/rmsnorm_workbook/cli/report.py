@@ -27,7 +27,7 @@ from .report_captions import (CROSSOVER_CAPTION, EAGER_NOTE, FLOW_CAPTION,
                               bandwidth_caption, cache_cap_caption, cache_steps_caption,
                               eager_caption, timeline_caption)
 from .report_sections import (PEER_RATIO, fusion_caption, fusion_figure, gemm_section,
-                              names_section, newer_run, save_figure)
+                              figure_lines, names_section, newer_run, save_figure)
 from .report_summary import Findings, markdown_lines, op_headline, stdout_lines
 
 
@@ -131,8 +131,9 @@ def host_section(df: pd.DataFrame, op: str, gpu: str) -> List[str]:
     return [caption, "", tables.markdown_table(host, 1, right_align=True), ""]
 
 
-def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
-    """Render the op's figures for one GPU; returns the file names (those with data only)."""
+def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[Tuple[str, str]]:
+    """Render the op's figures for one GPU; returns each one's file name and caption (those with
+    data only)."""
     from matplotlib.figure import Figure  # no pyplot: no global figure state in a loop
 
     d = df[(df["gpu"] == gpu) & (df["op"] == op)]
@@ -142,11 +143,13 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
     if not bw[bw["N"] == 4096].empty:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
         sweeps.plot_bandwidth_vs_M(df, op, N=4096, gpu=gpu, ax=fig.subplots())
-        names.append(save_figure(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"))
+        names.append((save_figure(fig, out / f"{gpu}-{op}-bandwidth-vs-M.png"),
+                      bandwidth_caption(df, op, gpu, "M")))
     if not bw[bw["M"] == 16384].empty:
         fig = Figure(figsize=(7, 4.5), layout="constrained")
         sweeps.plot_bandwidth_vs_N(df, op, M=16384, gpu=gpu, ax=fig.subplots())
-        names.append(save_figure(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"))
+        names.append((save_figure(fig, out / f"{gpu}-{op}-bandwidth-vs-N.png"),
+                      bandwidth_caption(df, op, gpu, "N")))
     timed = tables.library_rows(d[(d["metric"] == "time") & (d["N"] == 4096)
                                   & ~d["impl"].isin(results_io.CEILINGS)])
     both = timed.groupby("impl")["path"].agg(lambda p: {"eager", "graph"} <= set(p))
@@ -171,7 +174,8 @@ def _figures(df: pd.DataFrame, gpu: str, op: str, out: Path) -> List[str]:
         fig.suptitle(f"{gpu_title(gpu)}: {op}, µs per call, eager vs CUDA-graph replay "
                      "(N=4096)\n"
                      f"{EAGER_NOTE}", linespacing=1.6)
-        names.append(save_figure(fig, out / f"{gpu}-{op}-eager-vs-graph.png"))
+        names.append((save_figure(fig, out / f"{gpu}-{op}-eager-vs-graph.png"),
+                      eager_caption(df, op, gpu)))
     return names
 
 
@@ -249,14 +253,6 @@ def _explainer_figures(out: Path) -> List[Tuple[str, str]]:
     return names
 
 
-def figure_lines(figures: List[Tuple[str, str]]) -> List[str]:
-    """Markdown for figures ``(file name, caption)``, each caption under its figure."""
-    md: List[str] = []
-    for name, caption in figures:
-        md += [f"![{name}]({name})", ""] + ([caption, ""] if caption else [])
-    return md
-
-
 def _quiet(_: str) -> None:
     pass
 
@@ -289,11 +285,11 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
     # a section where there is something to show, the GPU with the most sweeps first
     gpus = sorted((gpu for gpu in gpus if swept[gpu] or fusions[gpu]),
                   key=lambda gpu: -len(swept[gpu]))
-    added = {gpu for gpu in gpus if any(not tables.fused_add_table(df, op, gpu).empty
-                                        for op in ("fwd", "bwd"))}
-    findings.fused = {gpu: ["fused residual add"] * (gpu in added) + list(dict.fromkeys(
+    adds = {gpu: {op: t for op in ("fwd", "bwd")
+                  if not (t := tables.fused_add_table(df, op, gpu)).empty} for gpu in gpus}
+    findings.fused = {gpu: ["fused residual add"] * bool(adds[gpu]) + list(dict.fromkeys(
         tables.FUSION_TOPICS[n] for n in fusions[gpu])) for gpu in gpus
-        if fusions[gpu] or gpu in added}
+        if fusions[gpu] or adds[gpu]}
     total = sum(len(swept[gpu]) + 1 for gpu in gpus) + 3
     step = iter(range(1, total + 1))
     for gpu in gpus:
@@ -317,19 +313,14 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
                              table[part].to_string(float_format=lambda v: f"{v:.0f}",
                                                    sparsify=False), ""]  # every row's M
             md += host_section(df, op, gpu)
-            md += figure_lines([(name, eager_caption(df, op, gpu)
-                                 if name.endswith("-eager-vs-graph.png") else
-                                 bandwidth_caption(df, op, gpu, name.rsplit("-", 1)[1][0]))
-                                for name in _figures(df, gpu, op, out)])
-        for op in ("fwd", "bwd"):
-            add = tables.fused_add_table(df, op, gpu)
-            if not add.empty:
-                md += [f"### fused residual add, {op}", "",
-                       f"`bench --op {op}-add`: µs per call, CUDA-graph replay, median, each "
-                       "shape from the newest run that measured it; "
-                       f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes; {PEER_RATIO}:",
-                       "",
-                       tables.markdown_table(add, 2, right_align=True), ""]
+            md += figure_lines(_figures(df, gpu, op, out))
+        for op, add in adds[gpu].items():
+            md += [f"### fused residual add, {op}", "",
+                   f"`bench --op {op}-add`: µs per call, CUDA-graph replay, median, each "
+                   "shape from the newest run that measured it; "
+                   f"{tables.ADD_CEILING_OF_OP[op]} moves the same bytes; {PEER_RATIO}:",
+                   "",
+                   tables.markdown_table(add, 2, right_align=True), ""]
         warnings = {name: newer_run(name, gpu, fusions) for name in fusions[gpu]}
         for name, t in fusions[gpu].items():
             md += [f"### {name}", "", fusion_caption(name, t, warnings[name]), "",

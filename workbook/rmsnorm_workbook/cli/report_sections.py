@@ -194,6 +194,14 @@ def save_figure(fig, path: Path) -> str:
     return path.name
 
 
+def figure_lines(figures: List[Tuple[str, str]]) -> List[str]:
+    """Markdown for figures ``(file name, caption)``, each caption under its figure."""
+    md: List[str] = []
+    for name, caption in figures:
+        md += [f"![{name}]({name})", ""] + ([caption, ""] if caption else [])
+    return md
+
+
 def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Findings"] = None
                 ) -> Tuple[List[str], List[str]]:
     """Render the roofline (attainable TFLOP/s against arithmetic intensity, per GPU), the
@@ -300,9 +308,7 @@ def gpu_section(df: pd.DataFrame, out: Path, root: Path, findings: Optional["Fin
                "wide for the registers walked in chunks:", "",
                markdown_table(ptx[[c for c in keep if c in ptx.columns]], 0),
                ""]
-    for name, caption in names:
-        md += [f"![{name}]({name})", ""] + ([caption, ""] if caption else [])
-    return md, headline
+    return md + figure_lines(names), headline
 
 
 #: the model-step columns the report shows, and those it compares with torch's norm
