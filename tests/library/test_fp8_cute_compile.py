@@ -118,14 +118,21 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
     # divisors): one reciprocal, 1 / scale once a thread (static) or a row (per token: once
     # for each of a tile group's unrolled tiles, with 1 / scale rounded down)
     assert not re.findall(r"\bdiv\.rn\.f32\s+%r\d+, %r\d+, %r\d+;", text)
+    # per token, y of a 16-bit dtype and no amax bound: y / s as arith.div_to_e4m3, which
+    # needs 1 / s rounded down and its tail, not 1 / s rounded to nearest
+    short = quant == "token" and x != F32 and not ub
     rcps = len(re.findall(r"\brcp\.rn\.f32\b", text))
-    assert rcps == (plan.tiles_per_cta if quant == "token" else 1)
+    assert rcps == (0 if short else plan.tiles_per_cta if quant == "token" else 1)
     if quant == "token":
         assert len(re.findall(r"\brcp\.rm\.f32\b", text)) == plan.tiles_per_cta
-        # y / s and amax / 448 as arith.div_rn: the faithful product corrected once by its
-        # exact remainder, for each value of a copy at least and for the row's scale
+        # amax / 448 as arith.div_rn: the faithful product corrected once by its exact
+        # remainder, and so is y / s for each value of a copy at least, unless short
         corrections = len(re.findall(r"\bfma\.rn\.f32 e, %r\d+, q0, ny;", text))
-        assert corrections >= plan.vec + 1
+        shorts = len(re.findall(r"\bmul\.rn\.f32 p, %r\d+, %r\d+; fma\.rn\.f32 %r\d+", text))
+        if short:
+            assert corrections == plan.tiles_per_cta and shorts >= plan.vec
+        else:
+            assert corrections >= plan.vec + 1 and shorts == 0
         assert re.search(r"\bmax\.(?:bf16x2|f16x2|f32)\b", text)  # amax: NaN passed over
         # the amax bound: a min.f32 against a register
         assert bool(re.search(r"\bmin\.f32\s+%r\d+, %r\d+, %r\d+;", text)) == ub

@@ -3,7 +3,8 @@ CPU, step for step in exact arithmetic: the IEEE quotient ``div.rn.f32`` gives, 
 the scales ``token_scale`` makes (``y d + y t``, with 1/s rounded down and its tail, corrected
 once by its FMA remainder and 1/s rounded to nearest), zeros keeping y's sign; and where a row
 holds an infinity, the divisor clamped to fp32's largest value gives what division by infinity
-does, without the test of the remainder (``finite=True``)."""
+does, without the test of the remainder (``finite=True``). For 16-bit y and unbounded scales,
+``div_to_e4m3`` leaves the correction out: every such pair keeps its e4m3 code."""
 
 from fractions import Fraction
 
@@ -136,3 +137,62 @@ def test_every_bf16_value_of_a_range_divides_exactly():
         for v in y:
             want = float(np.float32(v) / np.float32(s))
             assert same(div_rn(float(v), s, recip, True), want), (v, s)
+
+
+def positive_values(dtype: torch.dtype) -> np.ndarray:
+    """Every positive finite value of a 16-bit dtype, subnormals included, in fp32."""
+    top = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}[dtype]
+    return torch.arange(1, top, dtype=torch.int32).to(torch.int16).view(dtype).float().numpy()
+
+
+def e4m3(q: np.ndarray) -> np.ndarray:
+    """The store's codes of fp32 quotients: ``min.f32`` with 448 (NaN to 448), then the nearest
+    e4m3, ties to even, saturated (``cvt.rn.satfinite``; torch's cast, within +-448)."""
+    q = np.maximum(np.fmin(q, np.float32(448.0)), np.float32(-448.0)).astype(np.float32)
+    return torch.from_numpy(q).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+
+def short_division_mismatches(dtype: torch.dtype, one_multiply: bool = False) -> int:
+    """Over every amax of ``dtype`` (its scale as ``token_scale`` makes it) and every y of the
+    dtype with ``amax * 2^-22 <= y <= amax``: how many e4m3 codes of ``div_to_e4m3``'s
+    ``y d + y t`` (or of ``y r``) differ from the IEEE quotient's. In float64, each fp32
+    rounding below is the PTX's one rounding of an exact value: products of y's 11 bits and a
+    24-bit factor are exact, ``1 - s d`` is, and so is ``y d + p`` (its bits span 48); the
+    quotient ``y / s`` lies at least 2^-49 of its size from a tie of fp32's rounding (y's 11
+    bits cannot be s times a 25-bit odd significand), so float64's division rounds it to fp32
+    as div.rn does. Smaller y give quotients below 2^-13, whose codes are zeros either way."""
+    f32, f64 = np.float32, np.float64
+    values = positive_values(dtype)
+    s = np.maximum(values / f32(448.0), f32(1 / (448 * 512))).astype(f32)
+    r = (f32(1.0) / s).astype(f32)
+    d = np.where(r.astype(f64) * s.astype(f64) > 1.0, np.nextafter(r, f32(0)), r).astype(f32)
+    t = ((1.0 - s.astype(f64) * d.astype(f64)).astype(f32).astype(f64) * d).astype(f32)
+    bad = 0
+    for i, amax in enumerate(values):
+        y = values[(values >= amax * 2.0 ** -22) & (values <= amax)].astype(f64)
+        want = (y / f64(s[i])).astype(f32)
+        if one_multiply:
+            got = (y * f64(r[i])).astype(f32)
+        else:
+            got = (y * f64(d[i]) + (y * f64(t[i])).astype(f32)).astype(f32)
+        bad += int((e4m3(got) != e4m3(want)).sum())
+    return bad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_without_the_correction_every_16_bit_pair_keeps_its_code(dtype):
+    """``div_to_e4m3``: for every pair of a 16-bit y and a per-token scale of an amax no
+    smaller than |y| (no bound), the e4m3 code of ``y d + y t`` is the IEEE quotient's. Negative
+    y mirror positive (each step rounds to nearest), zeros keep their sign as in ``div_rn``."""
+    assert short_division_mismatches(dtype) == 0
+    scales = [float(np.float32(1 / (448 * 512))), float(np.float32(3.0) / 448), np.inf]
+    for v in [0.0, -0.0, 1.5, -1.5, np.inf, -np.inf, np.nan]:
+        for s in scales[2:] if abs(v) == np.inf else scales:  # an infinite y: s is infinite
+            _, d, t = reciprocals(s, min(s, F32_MAX))
+            got, want = np.float32(fma(v, d, mul(v, t))), np.float32(v) / np.float32(s)
+            assert e4m3(np.array([got])) == e4m3(np.array([want])), (v, s)
+
+
+def test_one_multiply_by_the_nearest_reciprocal_is_not_enough():
+    """Why ``div_to_e4m3`` keeps the tail: ``y r`` changes some codes of bf16 pairs."""
+    assert short_division_mismatches(torch.bfloat16, one_multiply=True) > 0

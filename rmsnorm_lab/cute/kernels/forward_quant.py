@@ -21,8 +21,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32
 
 from ...reference import FP8_MAX, FP8_MIN_SCALE
-from ..device.arith import (constant_reciprocals, div_rn, halves_max, max_x2, min_x2, reciprocals,
-                            round_mul_x2, unpack_x2)
+from ..device.arith import (constant_reciprocals, div_rn, div_to_e4m3, halves_max, max_x2,
+                            min_x2, reciprocals, round_mul_x2, unpack_x2)
 from ..device.tiles import RowCopy
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
@@ -182,11 +182,18 @@ class QuantEpilogue:
             return s, recip
         return s_finite, recip
 
+    def short_division(self) -> bool:
+        """Per token, does y divide as ``div_to_e4m3`` (two instructions a value)? For 16-bit
+        x without an amax bound: the pairs of y and scale checked against the IEEE quotient.
+        fp32 y (24 bits) and a bounded scale (any fp32) keep ``div_rn``'s corrected quotient."""
+        return self.x_type.width == 16 and not self.plan.scale_ub
+
     @cute.jit
     def store_fp8(self, cp: RowCopy, mQ, tile, c: cutlass.Constexpr[int], tXrX, scale, row_ok):
         """Column chunk c of y, in registers ``tXrX`` in x's dtype (``round_y``), as fp8: times
         the static scale's inverse, or divided by the row's scale (``scale``: the pair
-        ``token_scale`` returns; ``div_rn``, the IEEE quotient); NaN to +448 (``min.f32``
+        ``token_scale`` returns; ``div_rn``, the IEEE quotient, or ``div_to_e4m3`` where
+        ``short_division`` holds: the same code); NaN to +448 (``min.f32``
         passes over it), the rest saturated to +-448 by the convert (``cvt.rn.satfinite``),
         rounded to nearest even."""
         p = self.plan
@@ -194,7 +201,9 @@ class QuantEpilogue:
         for k in cutlass.range_constexpr(p.vecs_per_thread):  # a copy at a time: fewer live
             tYf = self.unpacked(tXrX, k)
             for i in cutlass.range_constexpr(p.vec):
-                if cutlass.const_expr(p.quant == "token"):
+                if cutlass.const_expr(p.quant == "token" and self.short_division()):
+                    v = div_to_e4m3(tYf[i], scale[1])
+                elif cutlass.const_expr(p.quant == "token"):
                     v = div_rn(tYf[i], scale[0], scale[1], finite=not p.scale_ub)
                 else:
                     v = tYf[i] * scale
