@@ -19,9 +19,10 @@ before it rounds, so within an ulp; from within an ulp, one step by the exact re
 ``y - s q`` and ``r`` gives the correctly rounded quotient (Markstein's theorem on division by
 FMA; Muller et al., Handbook of Floating-Point Arithmetic). The remainder is taken as
 ``s q - y`` and the step subtracts it: a zero quotient then keeps y's sign with no copysign.
-Where the quotient goes on to e4m3, y has a 16-bit dtype's few bits and s is a per-token scale
-of a 16-bit amax, the step changes no code: ``div_to_e4m3`` is ``y d + y t`` alone, checked
-against the IEEE quotient for every such pair (test_fp8_division.py).
+Where the quotient goes on to e4m3, y has a 16-bit dtype's few bits and s is the per-token
+scale of an unbounded 16-bit amax no smaller than |y|, the step changes no code:
+``div_to_e4m3`` is ``y d + y t`` alone. test_fp8_division.py runs its PTX against the IEEE
+quotient for every such pair with ``|y| >= amax 2^-22``; smaller y give codes of zero either way.
 
 Two 16-bit values a word: ``max_x2`` and ``min_x2`` compare them (ptxas joins two into one
 three-input instruction), ``halves_max`` reads a word's two as fp32, ``unpack_x2`` one of them,
@@ -118,6 +119,10 @@ def div_rn(y: Float32, s: Float32, recip, finite: bool = False, *, loc=None,
         f"{keep_product}mov.f32 $0, q1; }}", loc, ip)
 
 
+#: ``div_to_e4m3``'s PTX, operands ``$1, $2, $3 = y, d, t`` (test_fp8_division.py runs it)
+DIV_TO_E4M3 = "mul.rn.f32 p, $1, $3; fma.rn.f32 $0, $1, $2, p;"
+
+
 @dsl_user_op
 def div_to_e4m3(y: Float32, recip, *, loc=None, ip=None) -> Float32:
     """``y / s`` as far as its e4m3 code (rounded to nearest even) goes: ``y d + y t``, two
@@ -125,8 +130,7 @@ def div_to_e4m3(y: Float32, recip, *, loc=None, ip=None) -> Float32:
     of a scale ``max(amax / 448, 1 / (448 * 512))`` with amax of that dtype and no smaller than
     ``|y|`` (module docstring). NaN, infinite and zero y and an infinite s as ``div_rn``."""
     _, d, t = recip
-    return _asm_f32((y, d, t), "{ .reg .f32 p; mul.rn.f32 p, $1, $3; fma.rn.f32 $0, $1, $2, p; }",
-                    loc, ip)
+    return _asm_f32((y, d, t), "{ .reg .f32 p; " + DIV_TO_E4M3 + " }", loc, ip)
 
 
 @dsl_user_op
