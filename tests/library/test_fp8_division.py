@@ -176,20 +176,18 @@ def short_division_mismatches(dtype: torch.dtype, one_multiply: bool = False) ->
     rounding (y's 11 bits cannot be s times a 25-bit odd significand), so float64's division
     rounds it to fp32 as div.rn does. Smaller y give quotients below 2^-13: e4m3's smallest step
     is 2^-9, so below 2^-10 both round to a zero of y's sign."""
-    f32, f64 = np.float32, np.float64
+    f32 = np.float32
     values = positive_values(dtype)
-    s = np.maximum(values / f32(448.0), f32(1 / (448 * 512))).astype(f32)
-    r = (f32(1.0) / s).astype(f32)
-    d = np.where(r.astype(f64) * s.astype(f64) > 1.0, np.nextafter(r, f32(0)), r).astype(f32)
-    t = ((1.0 - s.astype(f64) * d.astype(f64)).astype(f32).astype(f64) * d).astype(f32)
+    scales = np.maximum(values / f32(448.0), f32(1 / (448 * 512))).astype(f32)
     bad = 0
-    for i, amax in enumerate(values):
-        y = values[(values >= amax * 2.0 ** -22) & (values <= amax)].astype(f64)
-        want = (y / f64(s[i])).astype(f32)
+    for amax, s in zip(values, scales.tolist()):
+        y = values[(values >= amax * 2.0 ** -22) & (values <= amax)].astype(np.float64)
+        want = (y / s).astype(f32)
+        r, d, t = reciprocals(s, s)
         if one_multiply:
-            got = (y * f64(r[i])).astype(f32)
+            got = (y * r).astype(f32)
         else:
-            got = run_ptx(arith.DIV_TO_E4M3, {"$1": y, "$2": f64(d[i]), "$3": f64(t[i])})
+            got = run_ptx(arith.DIV_TO_E4M3, {"$1": y, "$2": d, "$3": t})
         bad += int((e4m3(got) != e4m3(want)).sum())
     return bad
 

@@ -267,9 +267,8 @@ def write_report(df: pd.DataFrame, out: Path, root: Path,
           f"Measured by this lab's benchmark; results read from `{shown_path(root)}` (figures "
           "quoted from elsewhere, in `results/reported/`, appear only in the section across "
           "GPUs, labelled reported). `graph` is device time by CUDA-graph replay with L2-cold "
-          "inputs; "
-          "`eager` is `triton.testing.do_bench` "
-          "(L2 flushed before each call), so it includes launch gaps; `host` is CPU enqueue µs "
+          "inputs; `eager` is `triton.testing.do_bench` (L2 flushed before each call), so it "
+          "includes launch gaps; `host` is CPU enqueue µs "
           "per call. Bandwidth is the op's minimum traffic over time; ceilings (`copy`: 1 read "
           "+ 1 write, `copy2r1w`: 2 reads + 1 write) are SM kernels on 1 GiB tensors measured "
           f"in the same run. Read: {count_line(df, root)}.", ""]

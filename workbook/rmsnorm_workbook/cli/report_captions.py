@@ -166,6 +166,7 @@ GPUS_CROSSOVER_CAPTION = (
     "a ring, where the curve meets its line, the call is host-bound: a faster kernel would "
     "not make it faster.")
 
+
 def bandwidth_caption(df: pd.DataFrame, op: str, gpu: str, x: str) -> str:
     """What a bandwidth sweep's figure of ``op`` against ``x`` (M or N) draws: the lines it
     picks (``viz.sweeps.highlight``) and, where ``op``'s ceiling was measured, its line."""
