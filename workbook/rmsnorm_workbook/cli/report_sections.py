@@ -110,11 +110,14 @@ def fusion_caption(name: str, t: pd.DataFrame, warning: str = "") -> str:
     if rope and "liger.rope" in t:
         rows += ("; `liger.rope` is the lab's norms then Liger-Kernel's RoPE, so against it the "
                  "ratio weighs the fusion alone")
+    if name.startswith("fwd-fp8"):
+        rows += ("; vLLM's fp8 norms, whose conventions these follow, are compared code for code "
+                 "(docs/benchmarks.md), not timed: vLLM pins a torch of its own")
     return (f"`bench --op {name}`: µs per call, CUDA-graph replay, median, its newest run "
-            f"(commit {commit}, {day}){copies}{rows}; {PEER_RATIO}. At ten µs a call or less, "
-            "launch and the last wave of CTAs weigh as much as bytes; the copy is a kernel too, "
-            f"not a bound, and a kernel with its bytes in flight sooner can finish under it."
-            f"{warning}")
+            f"(commit {commit}, {day}){copies}{rows}; {PEER_RATIO}. The copy is a kernel too, "
+            "not a bound: a kernel with its bytes in flight sooner can finish under it, most of "
+            "all at ten µs a call or less, where launch and the last wave of CTAs weigh as much "
+            f"as bytes.{warning}")
 
 
 def fusion_figure(fusions: Dict[str, pd.DataFrame], gpu: str, out: Path) -> List[str]:

@@ -26,7 +26,8 @@ def plot_fusions_vs_peer(fusions: Dict[str, pd.DataFrame], gpu: str, fig) -> Lis
     """One panel per fused op with a ``lab / best peer`` column: the lab's fused kernel's time
     over the fastest other implementation's at each shape, the bar blue where the lab is faster,
     vermillion where it is slower, grey where the two are within ``LEVEL`` (a key below the
-    panels); its value written in a column right of the panel. Returns the axes."""
+    panels); its value written in a column right of the panel; each panel titled with its run
+    and the peers it counts. Returns the axes."""
     names = [n for n, t in fusions.items() if RATIO in t.columns and t[RATIO].notna().any()]
     axes = fig.subplots(1, len(names), squeeze=False)[0] if names else []
     # one range for every panel, up to XMAX: a bar past it is cut there and its value says so
@@ -46,7 +47,9 @@ def plot_fusions_vs_peer(fusions: Dict[str, pd.DataFrame], gpu: str, fig) -> Lis
                     va="center", ha="left", fontsize=7)
         ax.set_xlim(0, top)
         run = fusions[name].attrs.get("run")  # which code was measured, and when
-        ax.set_title(f"{name}\n{run[0][:7]}, {run[1]}" if run else name, fontsize=9)
+        peers = sorted({p.split("+")[0] for p in fusions[name].attrs.get("peers", [])})
+        title = f"{name}\n{run[0][:7]}, {run[1]}" if run else name
+        ax.set_title(title + (f"\nagainst {', '.join(peers)}" if peers else ""), fontsize=9)
         ax.set_xlabel("time / fastest peer's", fontsize=8)
     if names:
         key = [Patch(color=c, label=t) for c, t in ((BLUE, "the lab faster"), (GREY, (
