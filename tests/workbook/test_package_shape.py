@@ -2,18 +2,11 @@
 the workbook, the workbook reaching the library through its public modules, no source file over
 the line limit, few modules at the top."""
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from script_module import load_script
 
 
 def load_checker():
-    spec = importlib.util.spec_from_file_location("check_layers",
-                                                  ROOT / "scripts" / "check_layers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/check_layers.py")
 
 
 def test_the_checker_finds_a_cycle_and_a_library_module_importing_tooling():

@@ -17,6 +17,8 @@ import pytest
 import torch
 import yaml
 
+from script_module import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -79,9 +81,7 @@ def test_torch_is_a_lower_bound_not_a_pin():
 # --- install.sh and its decisions (scripts/install_helper.py) ---------------------------------
 
 HELPER_PATH = REPO / "scripts" / "install_helper.py"
-_spec = importlib.util.spec_from_file_location("install_helper", HELPER_PATH)
-helper = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(helper)
+helper = load_script("scripts/install_helper.py")
 
 TESTED = REPO / ".ci" / "constraints.txt"
 

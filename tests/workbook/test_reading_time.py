@@ -2,18 +2,15 @@
 within three, counted from the committed notebooks, so a sentence or a printed line added to one
 lesson has to be paid for in another."""
 
-import importlib.util
 from pathlib import Path
+
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reading_time():
-    spec = importlib.util.spec_from_file_location("reading_time",
-                                                  ROOT / "scripts" / "reading_time.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/reading_time.py")
 
 
 def test_the_workbook_reads_within_its_budget():

@@ -2,18 +2,16 @@
 names, the sources it builds; the build and the comparison itself need a GPU and nvcc (the steps
 it counts are ``reference.fp8_order``'s, tested in tests/library/test_fp8.py)."""
 
-import importlib.util
 from pathlib import Path
+
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vllm_fp8_parity"
 
 
 def load_parity():
-    spec = importlib.util.spec_from_file_location("parity", SCRIPT / "parity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/vllm_fp8_parity/parity.py")
 
 
 def test_names_the_sdists_version_and_commit(tmp_path):
