@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from rmsnorm_lab import reference
 from rmsnorm_lab.cute.device import arith
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -146,10 +147,10 @@ def positive_values(dtype: torch.dtype) -> np.ndarray:
 
 
 def e4m3(q: np.ndarray) -> np.ndarray:
-    """The store's codes of fp32 quotients: ``min.f32`` with 448 (NaN to 448), then the nearest
-    e4m3, ties to even, saturated (``cvt.rn.satfinite``; torch's cast, within +-448)."""
-    q = np.maximum(np.fmin(q, np.float32(448.0)), np.float32(-448.0)).astype(np.float32)
-    return torch.from_numpy(q).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    """The store's codes of fp32 quotients (``reference.saturate_fp8``: NaN to 448, clamped,
+    nearest e4m3 with ties to even, as ``min.f32`` then ``cvt.rn.satfinite``)."""
+    q = torch.from_numpy(np.asarray(q, dtype=np.float32))
+    return reference.saturate_fp8(q).view(torch.uint8).numpy()
 
 
 def run_ptx(body: str, operands: dict) -> np.ndarray:
