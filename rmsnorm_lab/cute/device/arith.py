@@ -42,13 +42,13 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 _OPERANDS = {Float32: (T.f32, "f"), Uint32: (T.i32, "r")}
 
 
-def _asm(result, args, body: str, loc, ip):
+def _asm(result, args, body: str, loc, ip, side_effects: bool = False):
     """Inline PTX ``body``: ``$0`` of type ``result``, ``$1``... the ``args``, each a Float32
     or a Uint32."""
     ir_type, register = _OPERANDS[result]
     constraints = ",".join(["=" + register] + [_OPERANDS[type(v)][1] for v in args])
     return result(llvm.inline_asm(ir_type(), [v.ir_value(loc=loc, ip=ip) for v in args], body,
-                                  constraints, loc=loc, ip=ip))
+                                  constraints, has_side_effects=side_effects, loc=loc, ip=ip))
 
 
 def _asm_f32(args, body: str, loc, ip) -> Float32:
@@ -73,6 +73,13 @@ def sum_of_products_x2(a: Uint32, b: Uint32, c: Uint32, d: Uint32, kind: str, *,
     return _asm_b32((a, b, c, d), "{ .reg .b32 p, q; "
                     f"mul.rn.{kind} p, $1, $2; mul.rn.{kind} q, $3, $4; add.rn.{kind} $0, p, q; }}",
                     loc, ip)
+
+
+@dsl_user_op
+def reciprocal_rn(s: Float32, *, loc=None, ip=None) -> Float32:
+    """``1 / s`` rounded to nearest (``rcp.rn.f32``), where the code stands: as an asm statement
+    with side effects no compiler moves it (its slow path branches on s)."""
+    return _asm(Float32, [Float32(s)], "rcp.rn.f32 $0, $1;", loc, ip, side_effects=True)
 
 
 @dsl_user_op

@@ -208,7 +208,7 @@ class RMSNormForward(RowTiles):
             tXrXn = cute.make_fragment_like(tXrX)
             self.load_chunk(cp, mX, t.bidx, 0, tXrXn, t.bidx < num_tiles)
         slot = Int32(0)  # the row sum's shared-memory slot, alternating (reduce.row_sum)
-        inv_scale = self.tensor_scale(a)
+        loaded_scale = self.tensor_scale(a)  # in flight with the first row's loads
         for tile in cutlass.range(t.bidx, num_tiles, t.gdim):
             row = tile * p.rows_per_cta + t.row
             row_ok = row < M
@@ -253,7 +253,7 @@ class RMSNormForward(RowTiles):
                 scale = self.token_scale(a, amax, row, writer)
                 order = list(range(p.chunks))
             else:
-                scale = inv_scale
+                scale = loaded_scale
 
             # Pass 2: normalize, scale, store (a scale a row: the chunk still in registers
             # holds y, chunk_amax's).
@@ -313,7 +313,7 @@ class RMSNormForward(RowTiles):
         tWrW = None
         if cutlass.const_expr(self.w_type is not None):
             tWrW = cp.weight(a.mW, 0)
-        inv_scale = self.tensor_scale(a)
+        loaded_scale = self.tensor_scale(a)
         for j in cutlass.range_constexpr(tiles):
             row = (first + j) * p.rows_per_cta + t.row
             if cutlass.const_expr(p.residual):
@@ -322,7 +322,7 @@ class RMSNormForward(RowTiles):
                          p.threads_per_row)
             writer = ok[j] and t.lane % p.threads_per_row == 0  # of rstd, and a row's scale
             rstd = self.row_rstd(ss, a.eps, a.mRstd, row, writer)
-            scale = inv_scale
+            scale = loaded_scale
             if cutlass.const_expr(p.quant == "token"):
                 amax = row_max(self.chunk_amax(bufs[j], rstd, tWrW, a.offset), None, 0, t.row,
                                0, t.lane, 1, p.threads_per_row)
@@ -374,12 +374,13 @@ class RMSNormForward(RowTiles):
     def store_chunk(self, cp: RowCopy, a: ForwardArgs, tile, c: cutlass.Constexpr[int], tXrX,
                     rstd: Float32, tWrW, row_ok, scale=None, pre=None):
         """Column chunk c of y <- normalize(registers); as fp8 (``plan.quant``), y times the
-        static scale's inverse or over the row's scale (``scale``); as NVFP4, ``scale`` is the
-        global scale (``store_nvfp4``)."""
+        inverse of the static scale (``scale`` as ``tensor_scale`` loaded it) or over the row's
+        scale (``scale``: ``token_scale``'s); as NVFP4, ``scale`` is the global scale
+        (``store_nvfp4``)."""
         mY = a.mY
         if cutlass.const_expr(self.plan.quant in ("static", "token")):
             self.round_y(tXrX, rstd, tWrW, a.offset)
-            self.store_fp8(cp, mY, tile, c, tXrX, scale, row_ok)
+            self.store_fp8(cp, mY, tile, c, tXrX, self.scale_multiplier(scale), row_ok)
             return
         y = self.normalize(tXrX.load().to(Float32), rstd, tWrW, a.offset)
         if cutlass.const_expr(self.plan.quant == "nvfp4"):
@@ -401,7 +402,7 @@ class RMSNormForward(RowTiles):
                                    store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
 
     def tensor_scale(self, a: ForwardArgs):
-        """What the quantizing epilogues (forward_quant.py) read once a thread: none here."""
+        """What the quantizing epilogues (forward_quant.py) load once a thread: none here."""
         return None
 
     @cute.jit

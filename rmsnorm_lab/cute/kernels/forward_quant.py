@@ -22,7 +22,7 @@ from cutlass import Float32, Int32, Uint32
 
 from ...reference import FP8_MAX, FP8_MIN_SCALE
 from ..device.arith import (constant_reciprocals, div_rn, div_to_e4m3, halves_max, max_x2,
-                            min_x2, reciprocals, round_mul_x2, unpack_x2)
+                            min_x2, reciprocal_rn, reciprocals, round_mul_x2, unpack_x2)
 from ..device.tiles import RowCopy
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
@@ -39,14 +39,22 @@ class QuantEpilogue:
 
     @cute.jit
     def tensor_scale(self, a: ForwardArgs):
-        """Once a thread: ``1 / scale`` of a static fp8 scale (IEEE, ``rcp.rn``), NVFP4's global
-        scale as given; None otherwise."""
+        """Once a thread: the static fp8 scale or NVFP4's global scale, as loaded; None
+        otherwise."""
         scale = None
-        if cutlass.const_expr(self.plan.quant == "static"):
-            scale = Float32(1.0) / a.mScale[0]
-        elif cutlass.const_expr(self.plan.quant == "nvfp4"):
+        if cutlass.const_expr(self.plan.quant in ("static", "nvfp4")):
             scale = a.mScale[0]
         return scale
+
+    @cute.jit
+    def scale_multiplier(self, loaded):
+        """``1 / scale`` of a static fp8 scale (IEEE, ``rcp.rn``); any other scale as given.
+        Taken where a chunk is stored, after w's loads: the reciprocal's slow path branches on
+        the scale, and a branch ahead of x's or w's loads would hold them back until the scale
+        arrives."""
+        if cutlass.const_expr(self.plan.quant == "static"):
+            loaded = reciprocal_rn(loaded)
+        return loaded
 
     @cute.jit
     def store_nvfp4(self, cp: RowCopy, mQ, mBlockScales, tile, c: cutlass.Constexpr[int], tXrX,

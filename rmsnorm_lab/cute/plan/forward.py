@@ -22,8 +22,7 @@ import torch
 
 from ...common.rows import INT32_LIMIT
 from ...registry import FORWARD_VARIANTS as VARIANTS
-from .quant import (FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD, fp8_launch_bound,
-                    quant_problem)
+from .quant import FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD, quant_problem
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
 # at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
@@ -334,8 +333,7 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         return ForwardPlan(threads_per_row=lanes, rows_per_cta=rows,
                            vecs_per_thread=vecs_per_thread, chunks=1, tiles_per_cta=tiles,
                            pdl=pdl and uses_pdl(variant, lanes * rows, arch, tiles_per_cta=tiles),
-                           min_ctas_per_sm=fp8_launch_bound(quant, offset, lanes * rows,
-                                                            vecs_per_thread), **common)
+                           **common)
     threads, vecs_per_thread, chunks = _row_mapping(n_vecs, max_vecs_of)
     min_ctas_per_sm = 0
     few_rows = row_class > 0 and variant == "row" and chunks == 1 and not residual
@@ -349,7 +347,6 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
     elif (variant == "row" and not residual and quant in ("static", "token") and chunks == 1
             and -(-n_vecs // fp8_threads) <= max_vecs_of(fp8_threads)):
         threads, vecs_per_thread = fp8_threads, -(-n_vecs // fp8_threads)
-        min_ctas_per_sm = fp8_launch_bound(quant, offset, threads, vecs_per_thread)
     elif (variant == "row" and not residual and not quant and arch in TWO_PASS_ARCHS
             and two_pass_fits(x_dtype, w_dtype, casting_mode)):
         if n_vecs == TWO_PASS_ROW_COPIES:

@@ -22,19 +22,6 @@ FP8_COPIES_PER_THREAD = 4
 # 128 threads): it then launches with PDL, which pays there with either scale; a smaller CTA
 # loses with PDL (docs/design-record.md, 'Forward: fp8 output').
 FP8_PDL_COPIES_PER_THREAD = 2
-# ... and with a static scale and no offset, at 256 threads a CTA, a launch bound: left to
-# itself, ptxas takes 198 registers at eight copies a thread (one CTA an SM), and at four copies
-# on a warp-per-row tile it spills at 64. Bound to these CTAs an SM, none spills (72 registers at
-# four copies, 128 at eight); four CTAs of four copies spill.
-FP8_BOUND_THREADS = 256
-FP8_BOUND_CTAS = {4: 3, 8: 2}  # copies a thread -> CTAs an SM
-
-
-def fp8_launch_bound(quant: str, offset: bool, threads: int, vecs_per_thread: int) -> int:
-    """``min_ctas_per_sm`` of an fp8 plan (0: no bound)."""
-    if quant == "static" and not offset and threads == FP8_BOUND_THREADS:
-        return FP8_BOUND_CTAS.get(vecs_per_thread, 0)
-    return 0
 
 
 def quant_problem(quant: str, scale_ub: bool, variant: str, N: int, x_bytes: Optional[int],
