@@ -12,7 +12,8 @@ import torch
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
 from rmsnorm_lab.cute.plan.forward import PDL_MIN_THREADS, NotEligible, plan_forward
-from rmsnorm_lab.cute.plan.quant import FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD
+from rmsnorm_lab.cute.plan.quant import (FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD,
+                                        fp8_launch_bound)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
@@ -73,7 +74,8 @@ def test_the_plan_is_the_forwards_tile(case, arch):
         assert (plan.vecs_per_thread == FP8_COPIES_PER_THREAD or plan.threads_per_row == 256
                 or (plan.threads_per_row, plan.vecs_per_thread) == pdl_tile)
         assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= N
-        assert plan.min_ctas_per_sm == 0
+        assert plan.min_ctas_per_sm == fp8_launch_bound(quant, offset, plan.threads,
+                                                        plan.vecs_per_thread)
     elif forward.min_ctas_per_sm:
         assert plan.min_ctas_per_sm == 0 and plan.threads_per_row <= 256
     else:
@@ -153,16 +155,19 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
 
 @pytest.mark.parametrize("offset", [False, True])
 @pytest.mark.parametrize("quant", ["static", "token"])
-@pytest.mark.parametrize("variant,N", [("warp", 1024), ("row", 8192)])
-def test_the_tiles_of_256_threads_keep_four_ctas_an_sm(variant, N, quant, offset):
-    """256 threads a CTA, four copies a thread: at most 64 registers a thread, or an SM holds a
-    CTA fewer. The static scale's reciprocal comes after the loads (``scale_multiplier``): taken
-    before them, it held them back, and ptxas took 74 registers at 8192 columns (three CTAs)."""
+@pytest.mark.parametrize("variant,N,threads", [("warp", 1024, 256), ("row", 8192, 256),
+                                               ("row", 4096, 128)])
+def test_the_four_copy_tiles_keep_their_ctas_an_sm(variant, N, threads, quant, offset):
+    """Four copies a thread: at most 64 registers, or an SM holds a CTA fewer (four of 256
+    threads, eight of 128). The static scale's reciprocal comes after the loads
+    (``scale_multiplier``): taken before them, it held them back, and ptxas took 74 registers
+    at 8192 columns (three CTAs). At 128 threads a static scale takes a launch bound
+    (``fp8_launch_bound``): 66 registers without it."""
     plan = fp8_plan(variant, N, BF16, BF16, "llama", quant, False, False, offset, "sm_90a")
     ptx = compile_and_inspect(plan, "sm_90a")
     if ptx.registers is None:
         pytest.skip("no ptxas new enough for this PTX")
-    assert plan.threads == 256 and plan.vecs_per_thread == 4
+    assert plan.threads == threads and plan.vecs_per_thread == 4
     assert ptx.registers <= 64 and ptx.spill_bytes == 0, ptx.registers
 
 
@@ -190,3 +195,12 @@ def test_auto_always_picks_a_variant_with_an_fp8_kernel(M, N):
         v = auto_variant(N, True, BF16, M, residual=residual)
         fp8_plan(v, N, BF16, BF16, "llama", "token", False, residual, False, "sm_90a")
         assert row_class(M) in (0, 1, 2)
+
+
+def test_a_static_scale_at_few_rows_keeps_the_bound():
+    """1024 rows of 4096 columns (the middle row class) take the same 128-thread tile, bound:
+    eight CTAs an SM, so 1024 CTAs fit one wave of an H100's or H200's 132 SMs."""
+    plan = plan_forward("row", 4096, BF16, BF16, "llama", False, True, arch="sm_90a", pdl=True,
+                        row_class=row_class(1024), quant="static", offset=False)
+    assert (plan.threads, plan.vecs_per_thread, plan.min_ctas_per_sm) == (128, 4, 8)
+    assert 132 * plan.min_ctas_per_sm >= 1024

@@ -22,7 +22,8 @@ import torch
 
 from ...common.rows import INT32_LIMIT
 from ...registry import FORWARD_VARIANTS as VARIANTS
-from .quant import FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD, quant_problem
+from .quant import (FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD, fp8_launch_bound,
+                    quant_problem)
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
 # at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
@@ -344,9 +345,11 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
         if row_class == 1:
             threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
             vecs_per_thread = -(-n_vecs // threads)
+        min_ctas_per_sm = fp8_launch_bound(quant, offset, threads, vecs_per_thread)
     elif (variant == "row" and not residual and quant in ("static", "token") and chunks == 1
             and -(-n_vecs // fp8_threads) <= max_vecs_of(fp8_threads)):
         threads, vecs_per_thread = fp8_threads, -(-n_vecs // fp8_threads)
+        min_ctas_per_sm = fp8_launch_bound(quant, offset, threads, vecs_per_thread)
     elif (variant == "row" and not residual and not quant and arch in TWO_PASS_ARCHS
             and two_pass_fits(x_dtype, w_dtype, casting_mode)):
         if n_vecs == TWO_PASS_ROW_COPIES:

@@ -22,6 +22,18 @@ FP8_COPIES_PER_THREAD = 4
 # 128 threads): it then launches with PDL, which pays there with either scale; a smaller CTA
 # loses with PDL (docs/design-record.md, 'Forward: fp8 output').
 FP8_PDL_COPIES_PER_THREAD = 2
+# A static scale's tile of 128 threads of four copies (4096 bf16 columns, many rows or few), no
+# offset: left to itself ptxas takes 66 registers there, seven CTAs an SM, so 1024 rows take two
+# waves; bound to eight CTAs it takes 64 and spills none. No other fp8 tile takes a bound: the
+# 256-thread tiles take fewer registers without one (docs/design-record.md, 'Forward: fp8 output').
+FP8_STATIC_BOUNDS = {(128, 4): 8}  # (threads, copies a thread) -> CTAs an SM
+
+
+def fp8_launch_bound(quant: str, offset: bool, threads: int, vecs_per_thread: int) -> int:
+    """``min_ctas_per_sm`` of an fp8 plan's one-row tile (0: no bound)."""
+    if quant != "static" or offset:
+        return 0
+    return FP8_STATIC_BOUNDS.get((threads, vecs_per_thread), 0)
 
 
 def quant_problem(quant: str, scale_ub: bool, variant: str, N: int, x_bytes: Optional[int],
