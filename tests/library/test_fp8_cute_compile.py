@@ -160,8 +160,8 @@ def test_compiles_to_a_saturating_fp8_store(case, arch):
 def test_the_four_copy_tiles_keep_their_ctas_an_sm(variant, N, threads, quant, offset):
     """Four copies a thread: at most 64 registers, or an SM holds a CTA fewer (four of 256
     threads, eight of 128). The static scale's reciprocal comes after the loads
-    (``scale_multiplier``): taken before them, it held them back, and ptxas took 74 registers
-    at 8192 columns (three CTAs). At 128 threads a static scale takes a launch bound
+    (``scale_multiplier``): before them it would hold them back, at 74 registers at 8192
+    columns (three CTAs). At 128 threads a static scale takes a launch bound
     (``fp8_launch_bound``): 66 registers without it."""
     plan = fp8_plan(variant, N, BF16, BF16, "llama", quant, False, False, offset, "sm_90a")
     ptx = compile_and_inspect(plan, "sm_90a")
