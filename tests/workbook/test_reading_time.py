@@ -2,11 +2,7 @@
 within three, counted from the committed notebooks, so a sentence or a printed line added to one
 lesson has to be paid for in another."""
 
-from pathlib import Path
-
-from script_module import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
+from script_module import ROOT, load_script
 
 
 def _reading_time():

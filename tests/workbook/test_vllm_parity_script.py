@@ -2,11 +2,8 @@
 names, the sources it builds; the build and the comparison itself need a GPU and nvcc (the steps
 it counts are ``reference.fp8_order``'s, tested in tests/library/test_fp8.py)."""
 
-from pathlib import Path
+from script_module import ROOT, load_script
 
-from script_module import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vllm_fp8_parity"
 
 
