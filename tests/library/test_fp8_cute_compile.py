@@ -11,10 +11,9 @@ import torch
 
 from rmsnorm_lab.cute.inspect_ptx import compile_and_inspect
 from rmsnorm_lab.cute.plan.auto import auto_variant, row_class
-from rmsnorm_lab.cute.plan.forward import (COPY_BYTES, PDL_MIN_THREADS, WIDE_CTAS_PER_SM,
-                                          WIDE_THREADS, NotEligible, plan_forward)
+from rmsnorm_lab.cute.plan.forward import PDL_MIN_THREADS, NotEligible, plan_forward
 from rmsnorm_lab.cute.plan.quant import (FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD,
-                                        FP8_STATIC_WIDE_COPIES, fp8_launch_bound)
+                                        fp8_launch_bound)
 
 BF16, F32, F16 = torch.bfloat16, torch.float32, torch.float16
 ARCHS = ["sm_90a", "sm_100a"]
@@ -59,22 +58,13 @@ def fp8_plan(variant, N, x, w, mode, quant, ub, residual, offset, arch):
                         pdl=True, residual=residual, quant=quant, scale_ub=ub, offset=offset)
 
 
-def static_wide(N, x, w, quant, residual, arch) -> bool:
-    """Does a static scale take the wide tile (FP8_STATIC_WIDE_COPIES): 32 KB rows on Hopper,
-    where the weight is no wider than x?"""
-    narrow_weight = w is None or w.itemsize <= x.itemsize
-    return (quant == "static" and not residual and arch == "sm_90a" and narrow_weight
-            and N * x.itemsize == COPY_BYTES * FP8_STATIC_WIDE_COPIES)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_the_plan_is_the_forwards_tile(case, arch):
     """The forward's tile with an fp8 epilogue, but a one-row tile of one chunk (no residual)
     takes four copies a thread (FP8_COPIES_PER_THREAD), where the forward takes two, or two on
-    a CTA that four would leave too small for PDL; the epilogue keeps off the register-bound
-    tiles of one copy a chunk (Hopper's 16 KB and wide rows), but for a static scale on rows of
-    32 KB, which takes the wide tile."""
+    a CTA that four would leave too small for PDL, and the epilogue keeps off the register-bound
+    tiles of one copy a chunk (Hopper's 16 KB and wide rows)."""
     plan = fp8_plan(*case, arch)
     variant, N, x, w, mode, quant, ub, residual, offset = case
     forward = plan_forward(variant, N, x, w, mode, store_rstd=False, aligned=True, arch=arch,
@@ -86,9 +76,6 @@ def test_the_plan_is_the_forwards_tile(case, arch):
         assert plan.threads_per_row * plan.vecs_per_thread * plan.vec >= N
         assert plan.min_ctas_per_sm == fp8_launch_bound(quant, offset, plan.threads,
                                                         plan.vecs_per_thread)
-    elif static_wide(N, x, w, quant, residual, arch):
-        assert (plan.threads, plan.vecs_per_thread, plan.chunks, plan.min_ctas_per_sm) == (
-            WIDE_THREADS, 1, 2, WIDE_CTAS_PER_SM)
     elif forward.min_ctas_per_sm:
         assert plan.min_ctas_per_sm == 0 and plan.threads_per_row <= 256
     else:
@@ -217,29 +204,3 @@ def test_a_static_scale_at_few_rows_keeps_the_bound():
                         row_class=row_class(1024), quant="static", offset=False)
     assert (plan.threads, plan.vecs_per_thread, plan.min_ctas_per_sm) == (128, 4, 8)
     assert 132 * plan.min_ctas_per_sm >= 1024
-
-
-@pytest.mark.parametrize("offset", [False, True])
-@pytest.mark.parametrize("x,w", [(BF16, BF16), (F16, F16), (BF16, None), (F32, F32)])
-def test_a_static_scale_on_32_kb_rows_takes_the_wide_tile_in_32_registers(x, w, offset):
-    """16384 bf16 columns (8192 fp32): 1024 threads x one copy x two chunks, bound to two CTAs
-    an SM, so ptxas must fit 32 registers. The one-row tile it replaces holds the row in 104;
-    a weight wider than x, few rows, four chunks and Blackwell keep the one-row tiles."""
-    N = COPY_BYTES * FP8_STATIC_WIDE_COPIES // x.itemsize
-    plan = fp8_plan("row", N, x, w, "llama", "static", False, False, offset, "sm_90a")
-    assert (plan.threads, plan.vecs_per_thread, plan.chunks, plan.min_ctas_per_sm) == (
-        WIDE_THREADS, 1, 2, WIDE_CTAS_PER_SM)
-    ptx = compile_and_inspect(plan, "sm_90a")
-    if ptx.registers is None:
-        pytest.skip("no ptxas new enough for this PTX")
-    assert ptx.registers <= 32 and ptx.spill_bytes == 0, (ptx.registers, ptx.spill_bytes)
-    for other in (dict(w=F32 if x != F32 else None, arch="sm_90a"), dict(w=w, arch="sm_100a")):
-        if other["w"] is None:
-            continue
-        p = fp8_plan("row", N, x, other["w"], "llama", "static", False, False, offset,
-                     other["arch"])
-        assert p.chunks == 1 and p.threads < WIDE_THREADS
-    few = plan_forward("row", N, x, w, "llama", False, True, arch="sm_90a", pdl=True,
-                       row_class=row_class(1024), quant="static", offset=offset)
-    wide = fp8_plan("row", 2 * N, x, w, "llama", "static", False, False, offset, "sm_90a")
-    assert few.threads < WIDE_THREADS and wide.min_ctas_per_sm == 0

@@ -170,7 +170,7 @@ def test_cute_equals_its_chain_on_random_rows(shape, dtype, kind):
 @pytest.mark.parametrize("kind", ["per_token", "static", "bounded"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(257, 4096), (4096, 128), (16, 16384), (2, 70001),
-                                   (8192, 8192), (8, 32768), (3073, 16384)],
+                                   (8192, 8192), (8, 32768)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_random_rows_within_one_fp8_step(backend, shape, dtype, kind):

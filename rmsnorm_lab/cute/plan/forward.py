@@ -22,8 +22,8 @@ import torch
 
 from ...common.rows import INT32_LIMIT
 from ...registry import FORWARD_VARIANTS as VARIANTS
-from .quant import (FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD, FP8_STATIC_WIDE_COPIES,
-                    fp8_launch_bound, quant_problem)
+from .quant import (FP8_COPIES_PER_THREAD, FP8_PDL_COPIES_PER_THREAD, fp8_launch_bound,
+                    quant_problem)
 COPY_BYTES = 16
 # Threads per row for a row held in registers in one pass: about 2 copies in flight per thread,
 # at most 256 threads; more threads of fewer copies each lost (the tiles of one copy a chunk,
@@ -346,11 +346,6 @@ def plan_forward(variant: str, N: int, x_dtype: torch.dtype, w_dtype: Optional[t
             threads = row_threads(n_vecs, FEW_ROWS_COPIES_PER_THREAD)
             vecs_per_thread = -(-n_vecs // threads)
         min_ctas_per_sm = fp8_launch_bound(quant, offset, threads, vecs_per_thread)
-    elif (variant == "row" and not residual and quant == "static" and arch in TWO_PASS_ARCHS
-            and n_vecs == FP8_STATIC_WIDE_COPIES
-            and two_pass_fits(x_dtype, w_dtype, casting_mode)):
-        threads, vecs_per_thread = WIDE_THREADS, 1
-        chunks, min_ctas_per_sm = -(-n_vecs // WIDE_THREADS), WIDE_CTAS_PER_SM
     elif (variant == "row" and not residual and quant in ("static", "token") and chunks == 1
             and -(-n_vecs // fp8_threads) <= max_vecs_of(fp8_threads)):
         threads, vecs_per_thread = fp8_threads, -(-n_vecs // fp8_threads)

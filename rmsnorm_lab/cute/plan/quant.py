@@ -27,11 +27,6 @@ FP8_PDL_COPIES_PER_THREAD = 2
 # waves; bound to eight CTAs it takes 64 and spills none. No other fp8 tile takes a bound: the
 # 256-thread tiles take fewer registers without one (docs/design-record.md, 'Forward: fp8 output').
 FP8_STATIC_BOUNDS = {(128, 4): 8}  # (threads, copies a thread) -> CTAs an SM
-# A static scale on rows of exactly this many copies (32 KB: 16384 bf16 columns) on Hopper takes
-# the forward's wide tile (1024 threads x one copy x two column chunks, two CTAs an SM), where
-# ptxas fits it in 32 registers: the one-row tile of 256 x 8 copies takes 104, two CTAs of 256 an
-# SM. Four chunks (32768 bf16) spill under the bound (docs/design-record.md, 'Forward: fp8 output').
-FP8_STATIC_WIDE_COPIES = 2048
 
 
 def fp8_launch_bound(quant: str, offset: bool, threads: int, vecs_per_thread: int) -> int:
