@@ -171,36 +171,11 @@ def test_the_four_copy_tiles_keep_their_ctas_an_sm(variant, N, threads, quant, o
     assert ptx.registers <= 64 and ptx.spill_bytes == 0, ptx.registers
 
 
-@pytest.mark.parametrize("variant", ["persistent", "cluster"])
+@pytest.mark.parametrize("variant", ["persistent", "cluster", "staged"])
 def test_other_variants_write_no_fp8(variant):
     with pytest.raises(NotEligible, match="fp8 output is written by the row, warp, fallback"):
         plan_forward(variant, 32768, BF16, BF16, "llama", False, True, arch="sm_90a",
                      quant="token")
-
-
-def test_the_staged_ring_writes_fp8_with_a_static_scale_alone():
-    with pytest.raises(NotEligible, match="static scale alone"):
-        plan_forward("staged", 16384, BF16, BF16, "llama", False, True, arch="sm_90a",
-                     quant="token")
-
-
-@pytest.mark.parametrize("offset", [False, True])
-@pytest.mark.parametrize("x,w,N", [(BF16, BF16, 16384), (F16, None, 8192), (F32, F32, 4096),
-                                   (BF16, F32, 16384)])
-def test_the_staged_ring_compiles_to_cp_async_and_an_fp8_store(x, w, N, offset):
-    """A row of any width the ring takes, rows that fit the registers included: ``stages - 1``
-    rows in flight by cp.async, read back from shared memory twice (the sum, the store), and
-    stored as e4m3 after one reciprocal of the static scale a chunk, without spills."""
-    plan = fp8_plan("staged", N, x, w, "llama", "static", False, False, offset, "sm_90a")
-    assert plan.stages >= 2 and plan.vecs_per_thread == 1
-    ptx = compile_and_inspect(plan, "sm_90a")
-    assert re.search(r"\bcp\.async\.cg\.shared\.global\b", ptx.ptx)
-    assert re.search(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b", ptx.ptx)
-    assert len(re.findall(r"\brcp\.rn\.f32\b", ptx.ptx)) == plan.chunks
-    assert ptx.local_accesses == 0
-    if ptx.spill_bytes is None:
-        pytest.skip("no ptxas new enough for this PTX")
-    assert ptx.spill_bytes == 0, (ptx.registers, ptx.spill_bytes)
 
 
 def test_an_fp8_plan_keeps_no_rstd_and_bounds_only_per_token_scales():

@@ -12,8 +12,7 @@ residual add, and one class for rows split over a thread-block cluster.
                  of a cluster, their partial sums exchanged through distributed shared memory.
 
 The row, warp and fallback kernels also write y quantized for the GEMM that reads it, fp8 or
-NVFP4 (``plan.quant``): the same schedules with another store, forward_quant.py, which also
-rings rows through shared memory for fp8 with a static scale (``staged``).
+NVFP4 (``plan.quant``): the same schedules with another store, forward_quant.py.
 
 ``RMSNormForward.kernel`` runs one of two schedules: ``tile_group`` (several tiles of short rows
 a CTA) or ``tile_loop`` (tile after tile). Rows wider than the register budget

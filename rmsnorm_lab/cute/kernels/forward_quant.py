@@ -1,18 +1,15 @@
 """The forward's quantizing epilogues: y written for the GEMM that reads it, by the row,
-warp-per-row and fallback kernels of forward.py and the staged ring of forward_staged.py (their
-tiles, their sums, another store).
+warp-per-row and fallback kernels of forward.py (their tiles, their sums, another store).
 
 * ``RMSNormFp8Forward`` (``plan.quant`` ``static`` or ``token``): float8_e4m3fn. y rounded to x's
   dtype, then multiplied by the inverse of a static scale, or divided by the row's own scale
   (its amax of ``|y|`` over 448: one more row reduction, and over column chunks one more pass;
   the chunk in registers keeps y from the amax to the store); NaN to +448 and the convert
   saturating (reference.quantize_fp8).
-* ``RMSNormFp8StagedForward`` (``staged``, a static scale): the same store after the staged
-  ring (forward_staged.py), rows in flight in shared memory rather than registers.
 * ``RMSNormNvfp4Forward`` (``plan.quant == "nvfp4"``, Blackwell): e2m1 values with an e4m3 scale
   a block of 16, a block's two halves in neighbouring lanes (reference.quantize_nvfp4).
 
-``QuantEpilogue`` holds the steps they all read; forward.py's schedules call them where the plan
+``QuantEpilogue`` holds the steps both read; forward.py's schedules call them where the plan
 quantizes.
 """
 
@@ -29,7 +26,6 @@ from ..device.arith import (constant_reciprocals, div_rn, div_to_e4m3, halves_ma
 from ..device.tiles import RowCopy
 from ..plan.forward import ForwardPlan
 from .forward import ForwardArgs, RMSNormForward
-from .forward_staged import RMSNormStagedForward
 
 #: fp32's largest finite value: the per-token divisor's bound (``token_scale``)
 FP32_MAX = 3.4028234663852886e38
@@ -247,54 +243,6 @@ class RMSNormFp8Forward(QuantEpilogue, RMSNormForward):
         p = self.plan
         self.launch(gX, gW, gQ, None, gR if p.residual else None, gH if p.residual else None,
                     grid, eps, offset, stream, gScale, gScaleUb if p.scale_ub else None)
-
-
-class RMSNormFp8StagedForward(QuantEpilogue, RMSNormStagedForward):
-    """y written as float8_e4m3fn with a static scale by the ``staged`` ring: the row comes
-    into shared memory by ``cp.async`` ``stages - 1`` rows ahead, so a CTA keeps rows in flight
-    that its registers, holding w and the epilogue, could not."""
-
-    def __init__(self, plan: ForwardPlan):
-        assert plan.quant == "static"
-        super().__init__(plan)
-
-    @cute.jit
-    def __call__(self, gX: cute.Tensor, gR: cute.Tensor, gW: cute.Tensor, gQ: cute.Tensor,
-                 gH: cute.Tensor, gScale: cute.Tensor, gScaleUb: cute.Tensor, grid: Int32,
-                 eps: Float32, offset: Float32, stream: cuda.CUstream):
-        """Host side: RMSNormFp8Forward's signature; the residual, h and the amax bound are
-        stand-ins the kernel never reads."""
-        _, mX, mW, mQ, _ = self.tensors(gX, gW, gQ, None)
-        mScale = cute.make_tensor(gScale.iterator, cute.make_layout((1,)))
-        self.launch_staged(self.kernel(mX, mW, mQ, eps, offset, mScale), grid, stream, rings=1)
-
-    @cute.kernel
-    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mQ: cute.Tensor, eps: Float32,
-               offset: Float32, mScale: cute.Tensor):
-        p = self.plan
-        a = ForwardArgs(mX, mW, mQ, None, eps, offset, None, None, mScale, None, None)
-        s, ring = self.staged_strip((mX,))
-        (sX,) = ring.rings
-        cp = ring.cp
-        tWrW = [None] * p.chunks  # w of every chunk, in registers for the whole strip
-        if cutlass.const_expr(self.w_type is not None):
-            for c in cutlass.range_constexpr(p.chunks):
-                tWrW[c] = cp.weight(mW, c)
-        scale = self.tensor_scale(a)
-
-        row_start, row_end = s.rows()
-        ring.fill(row_start, row_end)
-        for row in cutlass.range(row_start, row_end):
-            i = row - row_start
-            ring.refill(row, i, row_end)
-            st = ring.wait(i)
-            ss = Float32(0.0)
-            for c in cutlass.range_constexpr(p.chunks):
-                ss = ss + self.sum_of_squares(ring.read(sX, st, c))
-            rstd = self.row_rstd(s.row_sum(ss, i), eps, None, row, False)
-            for c in cutlass.range_constexpr(p.chunks):
-                self.store_chunk(cp, a, row, c, ring.read(sX, st, c), rstd, tWrW[c], True,
-                                 scale)
 
 
 class RMSNormNvfp4Forward(QuantEpilogue, RMSNormForward):

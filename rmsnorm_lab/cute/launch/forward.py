@@ -28,8 +28,7 @@ from ...registry import variant
 from ...settings import Snapshot
 from ..dtypes import TORCH_TO_CUTE
 from ..kernels.forward import RMSNormFusedAddForward
-from ..kernels.forward_quant import (RMSNormFp8Forward, RMSNormFp8StagedForward,
-                                     RMSNormNvfp4Forward)
+from ..kernels.forward_quant import RMSNormFp8Forward, RMSNormNvfp4Forward
 from ..plan.auto import auto_variant, row_class
 from ..plan.forward import (INT32_LIMIT, ForwardPlan, RowsRule, check_int32_addressable,
                             plan_forward)
@@ -50,8 +49,6 @@ def kernel_object(plan: ForwardPlan):
     serve."""
     if plan.quant == "nvfp4":
         return RMSNormNvfp4Forward(plan)
-    if plan.quant and plan.variant == "staged":
-        return RMSNormFp8StagedForward(plan)
     if plan.quant:
         return RMSNormFp8Forward(plan)
     if plan.residual:

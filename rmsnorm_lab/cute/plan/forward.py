@@ -459,7 +459,7 @@ def _staged_plan(n_vecs: int, max_vecs_of, common: dict) -> ForwardPlan:
     if common["residual"]:
         raise NotEligible("the staged variant serves rms_norm alone, not the fused add")
     per_cta = MAX_THREADS * max(1, min(MAX_COPIES_PER_CHUNK, max_vecs_of(MAX_THREADS)))
-    if n_vecs <= per_cta and not common["quant"]:
+    if n_vecs <= per_cta:
         raise NotEligible("the row fits one CTA's registers: no staging needed")
     if n_vecs % MAX_THREADS:
         raise NotEligible(f"the staged variant needs N a multiple of {MAX_THREADS} copies "

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Optional
 
 QUANT_MODES = ("static", "token", "nvfp4")
-# The kernels that write fp8: the row kernels of auto's choice, and the staged ring with a
-# static scale. A per-token scale needs the whole row's amax before the first element is stored,
-# which the row and warp tiles get from their registers (or, in column chunks, from one more
-# pass over the chunks).
-QUANT_VARIANTS = ("row", "warp", "fallback", "staged")
+# The kernels that write fp8: the row kernels of auto's choice. A per-token scale needs the whole
+# row's amax before the first element is stored, which the row and warp tiles get from their
+# registers (or, in column chunks, from one more pass over the chunks).
+QUANT_VARIANTS = ("row", "warp", "fallback")
 # NVFP4 (e2m1 values, an e4m3 scale a block of 16): Blackwell's convert and GEMM. A block's two
 # halves are two neighbouring lanes' 16-byte copies, so the vector path of 2-byte x only.
 NVFP4_ARCHS = ("sm_100a", "sm_103a")
@@ -52,8 +51,6 @@ def quant_problem(quant: str, scale_ub: bool, variant: str, N: int, x_bytes: Opt
                 f"{variant}")
     if store_rstd:
         return "the fp8 output keeps no rstd (inference only)"
-    if variant == "staged" and quant != "static":
-        return "the staged ring writes fp8 with a static scale alone"
     if quant != "nvfp4":
         return None
     if arch is not None and arch not in NVFP4_ARCHS:
