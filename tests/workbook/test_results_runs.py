@@ -133,9 +133,11 @@ def test_percent_of_copy_holds_each_row_against_its_own_runs_copy():
 
 
 def test_every_recorded_run_names_a_commit_in_this_history():
-    """A result's provenance is its commit: each one a results file names (logs included) must
-    be reachable from HEAD, or the code that was measured cannot be read back."""
+    """A result's provenance is its commit, or the code that was measured cannot be read back:
+    each commit a results table names must be reachable from HEAD; one a log names (a probe on a
+    branch) from HEAD or a branch."""
     import csv
+    import re
     import shutil
     import subprocess
     from pathlib import Path
@@ -148,15 +150,33 @@ def test_every_recorded_run_names_a_commit_in_this_history():
                              capture_output=True, text=True).stdout.strip()
     if shallow != "false":
         pytest.skip("a shallow clone holds only part of the history")
-    commits = {}
-    for path in sorted((root / "results").rglob("*.csv")):
-        with path.open(newline="") as f:
-            for row in csv.DictReader(f):
-                c = (row.get("commit") or "").removesuffix("+dirty")
-                if c and "reported" not in path.parts:
-                    commits.setdefault(c, path.relative_to(root))
-    assert commits
-    missing = {c: str(p) for c, p in commits.items() if subprocess.run(
+
+    def names_a_commit(word):
+        return subprocess.run([git, "rev-parse", "-q", "--verify", f"{word}^{{commit}}"],
+                              cwd=root, capture_output=True).returncode == 0
+
+    def on_a_branch(commit):
+        return subprocess.run([git, "for-each-ref", "--count=1", f"--contains={commit}",
+                               "refs/heads", "refs/remotes"], cwd=root, capture_output=True,
+                              text=True).stdout.strip() != ""
+
+    hex_word = r"\b(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"
+    tables, logs = {}, {}
+    for path in sorted((root / "results").rglob("*")):
+        if path.suffix == ".csv" and "reported" not in path.parts:
+            with path.open(newline="") as f:
+                for row in csv.DictReader(f):
+                    c = (row.get("commit") or "").removesuffix("+dirty")
+                    if c:
+                        tables.setdefault(c, path.relative_to(root))
+        elif path.suffix in (".txt", ".json") and "logs" in path.parts:
+            # a log names its commits in prose: every hex word git knows as a commit counts
+            for word in set(re.findall(hex_word, path.read_text())):
+                if names_a_commit(word):
+                    logs.setdefault(word, path.relative_to(root))
+    assert tables and logs
+    missing = {c: str(p) for c, p in tables.items() if subprocess.run(
         [git, "merge-base", "--is-ancestor", c, "HEAD"], cwd=root,
         capture_output=True).returncode != 0}
-    assert not missing, f"results naming commits outside HEAD's history: {missing}"
+    missing.update({c: str(p) for c, p in logs.items() if not on_a_branch(c)})
+    assert not missing, f"results naming commits outside the history: {missing}"
