@@ -155,6 +155,10 @@ def test_every_recorded_run_names_a_commit_in_this_history():
         return subprocess.run([git, "rev-parse", "-q", "--verify", f"{word}^{{commit}}"],
                               cwd=root, capture_output=True).returncode == 0
 
+    def in_head(commit):
+        return subprocess.run([git, "merge-base", "--is-ancestor", commit, "HEAD"], cwd=root,
+                              capture_output=True).returncode == 0
+
     def on_a_branch(commit):
         return subprocess.run([git, "for-each-ref", "--count=1", f"--contains={commit}",
                                "refs/heads", "refs/remotes"], cwd=root, capture_output=True,
@@ -175,8 +179,10 @@ def test_every_recorded_run_names_a_commit_in_this_history():
                 if names_a_commit(word):
                     logs.setdefault(word, path.relative_to(root))
     assert tables and logs
-    missing = {c: str(p) for c, p in tables.items() if subprocess.run(
-        [git, "merge-base", "--is-ancestor", c, "HEAD"], cwd=root,
-        capture_output=True).returncode != 0}
-    missing.update({c: str(p) for c, p in logs.items() if not on_a_branch(c)})
+    missing = {c: str(p) for c, p in tables.items() if not in_head(c)}
+    # a single-branch clone holds the branches' commits without their names: it checks the tables
+    fetch = subprocess.run([git, "config", "--get-all", "remote.origin.fetch"], cwd=root,
+                           capture_output=True, text=True).stdout.split()
+    if not fetch or any("*" in refspec for refspec in fetch):
+        missing.update({c: str(p) for c, p in logs.items() if not (in_head(c) or on_a_branch(c))})
     assert not missing, f"results naming commits outside the history: {missing}"
