@@ -146,26 +146,22 @@ def test_every_recorded_run_names_a_commit_in_this_history():
     git = shutil.which("git")
     if git is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
-    shallow = subprocess.run([git, "rev-parse", "--is-shallow-repository"], cwd=root,
-                             capture_output=True, text=True).stdout.strip()
-    if shallow != "false":
+
+    def run(*args):
+        return subprocess.run([git, *args], cwd=root, capture_output=True, text=True)
+
+    if run("rev-parse", "--is-shallow-repository").stdout.strip() != "false":
         pytest.skip("a shallow clone holds only part of the history")
 
-    def names_a_commit(word):
-        return subprocess.run([git, "rev-parse", "-q", "--verify", f"{word}^{{commit}}"],
-                              cwd=root, capture_output=True).returncode == 0
-
     def in_head(commit):
-        return subprocess.run([git, "merge-base", "--is-ancestor", commit, "HEAD"], cwd=root,
-                              capture_output=True).returncode == 0
+        return run("merge-base", "--is-ancestor", commit, "HEAD").returncode == 0
 
     def on_a_branch(commit):
-        return subprocess.run([git, "for-each-ref", "--count=1", f"--contains={commit}",
-                               "refs/heads", "refs/remotes"], cwd=root, capture_output=True,
-                              text=True).stdout.strip() != ""
+        return run("for-each-ref", "--count=1", f"--contains={commit}", "refs/heads",
+                   "refs/remotes").stdout.strip() != ""
 
     hex_word = r"\b(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"
-    tables, logs = {}, {}
+    tables, words = {}, {}
     for path in sorted((root / "results").rglob("*")):
         if path.suffix == ".csv" and "reported" not in path.parts:
             with path.open(newline="") as f:
@@ -174,15 +170,15 @@ def test_every_recorded_run_names_a_commit_in_this_history():
                     if c:
                         tables.setdefault(c, path.relative_to(root))
         elif path.suffix in (".txt", ".json") and "logs" in path.parts:
-            # a log names its commits in prose: every hex word git knows as a commit counts
-            for word in set(re.findall(hex_word, path.read_text())):
-                if names_a_commit(word):
-                    logs.setdefault(word, path.relative_to(root))
+            for word in re.findall(hex_word, path.read_text()):
+                words.setdefault(word, path.relative_to(root))
+    # a log names its commits in prose: every hex word git knows as a commit counts
+    logs = {w: p for w, p in words.items()
+            if run("rev-parse", "-q", "--verify", f"{w}^{{commit}}").returncode == 0}
     assert tables and logs
     missing = {c: str(p) for c, p in tables.items() if not in_head(c)}
     # a single-branch clone holds the branches' commits without their names: it checks the tables
-    fetch = subprocess.run([git, "config", "--get-all", "remote.origin.fetch"], cwd=root,
-                           capture_output=True, text=True).stdout.split()
+    fetch = run("config", "--get-all", "remote.origin.fetch").stdout.split()
     if not fetch or any("*" in refspec for refspec in fetch):
         missing.update({c: str(p) for c, p in logs.items() if not (in_head(c) or on_a_branch(c))})
     assert not missing, f"results naming commits outside the history: {missing}"
